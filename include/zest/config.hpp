@@ -1,0 +1,116 @@
+// The validated configuration of a zest run, parsed from YAML. A Config that exists is complete and
+// consistent: parsing collects every problem and throws one ConfigError listing them all (each
+// with file:line:col, the key path, what was expected and what was found).
+// configs/reference.yaml documents every key with its default.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "zest/dtype.hpp"
+
+namespace zest {
+
+enum class DeviceType { cpu, cuda };
+enum class CommBackend { auto_select, mpi, nccl };
+enum class OptimizerType { adam, adamw };
+enum class OffloadDevice { none, cpu, nvme };
+
+struct DeviceConfig {
+  DeviceType type = DeviceType::cpu;
+  // Budget for everything zest places on the device. cpu: default 2GiB. cuda: 0 means "what the
+  // GPU has"; a value caps zest's use below that.
+  std::size_t memory = std::size_t{2} << 30;
+};
+
+struct CommConfig {
+  CommBackend backend = CommBackend::auto_select;  // auto: mpi for cpu, nccl for cuda
+};
+
+struct BucketConfig {
+  std::size_t reduce_bytes = std::size_t{25} << 20;
+  std::size_t allgather_bytes = std::size_t{25} << 20;
+  bool overlap_comm = true;
+};
+
+struct Stage3Config {
+  std::size_t prefetch_bytes = std::size_t{50} << 20;             // gathered ahead of use
+  std::size_t max_live_bytes = std::size_t{1} << 30;              // gathered and alive at once
+  std::size_t persistence_threshold_bytes = std::size_t{64} << 10;  // smaller stay resident
+};
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::adamw;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  int threads = 0;  // CPU Adam threads; 0 = every core near the device
+};
+
+struct LossScaleConfig {
+  bool dynamic = true;             // fp16 only; fp32/bf16 always use a static scale of 1
+  double static_scale = 1.0;       // used when !dynamic
+  int initial_scale_power = 16;    // dynamic: start at 2^power
+  int window = 1000;               // dynamic: steps without overflow before the scale doubles
+  int hysteresis = 2;              // dynamic: overflows tolerated before the scale halves
+  double min_scale = 1.0;
+};
+
+struct PrecisionConfig {
+  DType dtype = DType::f32;  // parameters and gradients on the device; master weights are fp32
+  LossScaleConfig loss_scale;
+};
+
+struct OffloadTarget {
+  OffloadDevice device = OffloadDevice::none;
+  std::string path;        // nvme: an existing, writable directory for this rank's swap file
+  bool pinned = true;      // cpu: page-locked host memory
+  int buffer_count = 4;    // host staging buffers in the swap pipeline
+};
+
+struct OffloadConfig {
+  OffloadTarget optimizer;
+  OffloadTarget param;     // stage 3 only
+  std::size_t sub_group_bytes = std::size_t{256} << 20;  // unit of the offloaded step's pipeline
+};
+
+struct IoConfig {
+  std::size_t block_size = std::size_t{1} << 20;
+  int queue_depth = 8;
+  int threads = 1;
+  bool direct = true;      // O_DIRECT; falls back to buffered I/O only where the filesystem refuses
+  bool checksum = false;   // per-region checksum, verified on read-back
+};
+
+struct Config {
+  std::string source;  // file the config came from ("<string>" when parsed from text)
+  int stage = 0;       // 0 = plain data parallel (DDP), 1..3 = ZeRO stages
+  DeviceConfig device;
+  CommConfig comm;
+  BucketConfig buckets;
+  Stage3Config stage3;
+  OptimizerConfig optimizer;
+  PrecisionConfig precision;
+  double gradient_clipping = 0.0;  // max global grad norm; 0 = off
+  int gradient_accumulation_steps = 1;
+  OffloadConfig offload;
+  IoConfig io;
+};
+
+// Parses and validates. Throws ConfigError listing every problem. `source_name` is used in
+// messages; `load_config` reads the file (a missing or unreadable file is a ConfigError too).
+Config parse_config(const std::string& yaml_text, const std::string& source_name = "<string>");
+Config load_config(const std::string& path);
+
+// The resolved config (every default filled in) as YAML that parse_config accepts again.
+std::string to_yaml(const Config& config);
+
+// "25MiB", "2GiB", "1.5GB", "4096" -> bytes. Throws std::invalid_argument with a message that
+// says what a size looks like.
+std::size_t parse_size(const std::string& text);
+// 26214400 -> "25MiB" (exact binary units where they fit, else bytes).
+std::string format_size(std::size_t bytes);
+
+}  // namespace zest

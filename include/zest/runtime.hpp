@@ -1,0 +1,50 @@
+// Runtime: what a rank needs before the engine exists — its place in the world, its device, its
+// communicator and the topology. One per process.
+//
+//   zest::Config config = zest::load_config("zest.yaml");
+//   zest::Runtime runtime(config);        // MPI_Init if needed; a world of one without mpirun
+//   zest::Device& device = runtime.device();
+//   zest::Communicator& comm = runtime.comm();
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "zest/communicator.hpp"
+#include "zest/config.hpp"
+#include "zest/device.hpp"
+#include "zest/topology.hpp"
+
+namespace zest {
+
+class MpiSession;
+
+class Runtime {
+ public:
+  // Initializes MPI (unless the program already did; then it is left to the program to finalize),
+  // picks the device by local rank, and builds the communicator the config asks for.
+  explicit Runtime(const Config& config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  int local_rank() const;   // rank among the ranks on this host
+  int local_size() const;
+
+  Device& device() { return *device_; }
+  Communicator& comm() { return *comm_; }
+  const Topology& topology() const { return topology_; }
+  // The cpus this rank's host threads (Adam, offload) should run on.
+  const std::vector<int>& cpus() const { return cpus_; }
+
+ private:
+  std::unique_ptr<MpiSession> mpi_;
+  Topology topology_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Communicator> comm_;
+  std::vector<int> cpus_;
+};
+
+}  // namespace zest

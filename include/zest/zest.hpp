@@ -1,0 +1,10 @@
+// The whole public API of zest.
+#pragma once
+
+#include "zest/communicator.hpp"
+#include "zest/config.hpp"
+#include "zest/device.hpp"
+#include "zest/dtype.hpp"
+#include "zest/error.hpp"
+#include "zest/runtime.hpp"
+#include "zest/topology.hpp"

@@ -1,0 +1,12 @@
+// The `zest` command's subcommands. Each returns the process exit code: 0 success, 1 failure of
+// the work itself, 2 invalid input (usage, config).
+#pragma once
+
+namespace zest::cli {
+
+// zest config check FILE
+int config_check(int argc, char** argv);
+// zest smoke [--config FILE]: a multi-rank run of the runtime (devices, memory, collectives)
+int smoke(int argc, char** argv);
+
+}  // namespace zest::cli

@@ -1,0 +1,30 @@
+// The `zest` command: one entry point, subcommands in their own files.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/commands.hpp"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: zest <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  config check FILE        validate a config; print it resolved, or every error (exit 2)\n"
+    "  smoke [--config FILE]    run the runtime on every rank: memory, streams, collectives\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  if (command == "config" && argc >= 3 && std::strcmp(argv[2], "check") == 0)
+    return zest::cli::config_check(argc - 3, argv + 3);
+  if (command == "smoke") return zest::cli::smoke(argc - 2, argv + 2);
+  std::fprintf(stderr, "zest: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  return 2;
+}

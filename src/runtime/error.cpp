@@ -1,0 +1,48 @@
+#include "zest/error.hpp"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "zest/config.hpp"
+
+namespace zest {
+namespace {
+
+std::string join_problems(const std::vector<ConfigProblem>& problems) {
+  std::string text;
+  for (const ConfigProblem& problem : problems) {
+    if (!text.empty()) text += '\n';
+    text += problem.to_string();
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string ConfigProblem::to_string() const {
+  std::string text = file;
+  if (line > 0) text += ":" + std::to_string(line) + ":" + std::to_string(column);
+  text += ": ";
+  if (!key.empty()) text += key + ": ";
+  return text + message;
+}
+
+ConfigError::ConfigError(std::vector<ConfigProblem> problems)
+    : Error(join_problems(problems)), problems_(std::move(problems)) {}
+
+OutOfDeviceMemory::OutOfDeviceMemory(const std::string& message, std::size_t requested,
+                                     std::size_t budget)
+    : Error(message), requested_(requested), budget_(budget) {}
+
+IoError::IoError(const std::string& what_failed, std::string path, std::size_t offset,
+                 std::size_t length, int error_number)
+    : Error(what_failed + ": " + path + " at offset " + std::to_string(offset) + ", length " +
+            std::to_string(length) + ": " + std::strerror(error_number) + " (errno " +
+            std::to_string(error_number) + ")"),
+      path_(std::move(path)),
+      offset_(offset),
+      length_(length),
+      errno_(error_number) {}
+
+}  // namespace zest
