@@ -185,8 +185,9 @@ class Device {
 
 // The cpu backend: device memory is host memory under `budget` bytes.
 std::unique_ptr<Device> make_cpu_device(std::size_t budget);
-// The cuda backend on GPU `ordinal`; `budget` 0 = what the GPU has. Throws SystemError when zest
-// was built without CUDA or the GPU is missing.
+// The cuda backend on GPU `ordinal` modulo the number of visible GPUs (so a rank may pass its local
+// rank); `budget` 0 = what the GPU has. Throws SystemError when zest was built without CUDA or no
+// GPU is visible.
 std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget);
 // True when zest was built with CUDA and at least one GPU is visible.
 bool cuda_device_available();

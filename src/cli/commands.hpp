@@ -8,5 +8,7 @@ namespace zest::cli {
 int config_check(int argc, char** argv);
 // zest smoke [--config FILE]: a multi-rank run of the runtime (devices, memory, collectives)
 int smoke(int argc, char** argv);
+// zest bench adam [--threads N] [--params N] [--mode M] [--json] (bench/adam_bench.cpp)
+int bench_adam(int argc, char** argv);
 
 }  // namespace zest::cli

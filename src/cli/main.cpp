@@ -12,7 +12,8 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  config check FILE        validate a config; print it resolved, or every error (exit 2)\n"
-    "  smoke [--config FILE]    run the runtime on every rank: memory, streams, collectives\n";
+    "  smoke [--config FILE]    run the runtime on every rank: memory, streams, collectives\n"
+    "  bench adam [options]     CPU/GPU Adam throughput against the machine's memory roofline\n";
 
 }  // namespace
 
@@ -25,6 +26,8 @@ int main(int argc, char** argv) {
   if (command == "config" && argc >= 3 && std::strcmp(argv[2], "check") == 0)
     return zest::cli::config_check(argc - 3, argv + 3);
   if (command == "smoke") return zest::cli::smoke(argc - 2, argv + 2);
+  if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "adam") == 0)
+    return zest::cli::bench_adam(argc - 3, argv + 3);
   std::fprintf(stderr, "zest: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

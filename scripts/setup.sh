@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what zest builds with (Debian 12 packages) and configures the build directory.
+# Idempotent: installs only missing packages, configures only once. Sourced by main.sh and test.sh.
+set -euo pipefail
+
+ZEST_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ZEST_BUILD=${ZEST_BUILD:-$ZEST_ROOT/build}
+
+packages=(build-essential git python3 pkg-config meson ninja-build
+          libyaml-cpp-dev libopenmpi-dev openmpi-bin liburing-dev libtbb-dev libhwloc-dev
+          libgtest-dev libgmock-dev libopenblas-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "zest: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The CUDA toolkit is not a Debian package; where it is installed, the CUDA code builds too.
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+
+# Open MPI refuses to run as root without these (containers, CI).
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+# configure_build DIR [meson options...]: configures DIR once, then builds it.
+configure_build() {
+  local dir=$1
+  shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "$ZEST_ROOT" "$@"
+  fi
+  ninja -C "$dir"
+}

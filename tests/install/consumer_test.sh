@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the build into a scratch directory and builds a program against it with nothing but
+# `pkg-config --cflags --libs zest`, as a trainer would; then runs it.
+# usage: consumer_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 source=$2
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+
+meson install -C "$build" --destdir "$stage" --no-rebuild --quiet >/dev/null
+pc=$(find "$stage" -name zest.pc -print -quit)
+[ -n "$pc" ] || { echo "FAIL: zest.pc was not installed"; exit 1; }
+export PKG_CONFIG_PATH=$(dirname "$pc")
+flags=$(pkg-config --define-prefix --cflags --libs zest)
+c++ -std=c++20 "$source/tests/install/consumer.cpp" $flags -o "$stage/consumer"
+libdir=$(pkg-config --define-prefix --variable=libdir zest)
+LD_LIBRARY_PATH="$libdir" "$stage/consumer"
