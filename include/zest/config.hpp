@@ -50,7 +50,7 @@ struct OptimizerConfig {
 };
 
 struct LossScaleConfig {
-  bool dynamic = true;             // fp16 only; fp32/bf16 always use a static scale of 1
+  bool dynamic = false;            // when unset in YAML: true for fp16; fp32/bf16 need no scaling
   double static_scale = 1.0;       // used when !dynamic
   int initial_scale_power = 16;    // dynamic: start at 2^power
   int window = 1000;               // dynamic: steps without overflow before the scale doubles

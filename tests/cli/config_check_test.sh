@@ -1,2 +1,100 @@
 #!/bin/sh
-exit 0
+# zest config check: exit codes and output for a valid file, an invalid file and bad usage.
+# $1: the zest binary. ZEST_TEST_DATA: the tests/ source directory (set by tests/meson.build).
+set -eu
+
+zest=${1:?usage: config_check_test.sh PATH_TO_ZEST}
+data=${ZEST_TEST_DATA:?ZEST_TEST_DATA must name the tests/ source directory}
+cases="$data/config/cases"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# Runs zest with the given arguments; sets $rc, and leaves stdout/stderr in $work/out, $work/err.
+run() {
+  rc=0
+  "$zest" "$@" >"$work/out" 2>"$work/err" || rc=$?
+}
+
+expect_rc() {
+  [ "$rc" -eq "$1" ] || fail "$2: exit code $rc, expected $1; stderr: $(cat "$work/err")"
+}
+
+# expect_line FILE TEXT WHAT: FILE holds a line equal to TEXT.
+expect_line() {
+  grep -qxF -- "$2" "$1" || fail "$3: no line '$2' in $(basename "$1"):
+$(cat "$1")"
+}
+
+# expect_text FILE TEXT WHAT: FILE contains TEXT somewhere.
+expect_text() {
+  grep -qF -- "$2" "$1" || fail "$3: '$2' not in $(basename "$1"):
+$(cat "$1")"
+}
+
+# --- a valid file: "FILE: valid", then the resolved config, exit 0
+valid="$cases/full.yaml"
+run config check "$valid"
+expect_rc 0 "valid file"
+[ "$(head -n 1 "$work/out")" = "$valid: valid" ] ||
+  fail "valid file: first line is '$(head -n 1 "$work/out")', expected '$valid: valid'"
+expect_line "$work/out" "stage: 3" "valid file"
+expect_line "$work/out" "  memory: 4GiB" "valid file"
+expect_line "$work/out" "  betas: [0.8, 0.95]" "valid file"
+[ ! -s "$work/err" ] || fail "valid file: unexpected stderr: $(cat "$work/err")"
+
+# The printed config is itself valid and prints the same again.
+tail -n +2 "$work/out" >"$work/resolved.yaml"
+run config check "$work/resolved.yaml"
+expect_rc 0 "resolved config"
+tail -n +2 "$work/out" | cmp -s - "$work/resolved.yaml" ||
+  fail "resolved config does not print back unchanged"
+
+# An empty file is every default, with loss scaling resolved for fp32.
+: >"$work/empty.yaml"
+run config check "$work/empty.yaml"
+expect_rc 0 "empty file"
+expect_line "$work/out" "    dynamic: false" "empty file"
+expect_line "$work/out" "  memory: 2GiB" "empty file"
+
+# --- an invalid file: each problem on its own line, then the count, exit 2
+invalid="$cases/out_of_range.yaml"
+run config check "$invalid"
+expect_rc 2 "invalid file"
+expect_line "$work/err" "$invalid:1:8: stage: expected an integer from 0 to 3, found '4'" "invalid file"
+expect_line "$work/err" "$invalid:22:16: io.queue_depth: expected an integer from 1 to 4096, found '4097'" "invalid file"
+expect_line "$work/err" "17 problems in $invalid" "invalid file"
+[ "$(wc -l <"$work/err")" -eq 18 ] || fail "invalid file: expected 17 problem lines and a count"
+[ ! -s "$work/out" ] || fail "invalid file: unexpected stdout: $(cat "$work/out")"
+
+run config check "$cases/nccl_with_cpu.yaml"
+expect_rc 2 "one problem"
+expect_line "$work/err" "1 problem in $cases/nccl_with_cpu.yaml" "one problem"
+
+run config check "$cases/syntax_error.yaml"
+expect_rc 2 "syntax error"
+expect_text "$work/err" "$cases/syntax_error.yaml:5:8: YAML syntax error" "syntax error"
+
+run config check "$work/does-not-exist.yaml"
+expect_rc 2 "missing file"
+expect_text "$work/err" "$work/does-not-exist.yaml: cannot read the config file: No such file or directory" "missing file"
+
+# --- usage
+run config check
+expect_rc 2 "no FILE"
+expect_text "$work/err" "usage: zest config check FILE" "no FILE"
+
+run config check "$valid" "$valid"
+expect_rc 2 "two FILEs"
+expect_text "$work/err" "usage: zest config check FILE" "two FILEs"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "config check: all checks passed"
