@@ -1,1 +1,143 @@
-// placeholder
+// The Device base: counting and RAII shared by every backend. Backends only move bytes.
+#include "zest/device.hpp"
+
+#include <utility>
+
+#include "runtime/memory_ledger.hpp"
+#include "zest/error.hpp"
+
+namespace zest {
+
+std::string_view category_name(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::params: return "params";
+    case MemoryCategory::grads: return "grads";
+    case MemoryCategory::optimizer_states: return "optimizer_states";
+    case MemoryCategory::buffers: return "buffers";
+  }
+  return "unknown";
+}
+
+Device::Device(std::size_t budget)
+    : device_ledger_(std::make_unique<MemoryLedger>(budget)),
+      pinned_ledger_(std::make_unique<MemoryLedger>(0)) {}
+
+Device::~Device() = default;
+
+// A request of 0 bytes gives an empty buffer: nothing to count, nothing to free.
+DeviceBuffer Device::allocate(std::size_t bytes, MemoryCategory category) {
+  if (bytes == 0) return DeviceBuffer();
+  // Count first: a request past the budget must fail without touching the backend.
+  device_ledger_->reserve(bytes, category);
+  void* data = nullptr;
+  try {
+    data = allocate_bytes(bytes);
+  } catch (...) {
+    device_ledger_->release(bytes, category);
+    throw;
+  }
+  if (data == nullptr) {
+    device_ledger_->release(bytes, category);
+    device_ledger_->throw_out_of_memory(bytes, category,
+                                        "the " + name() + " backend has no memory left for it");
+  }
+  return DeviceBuffer(this, data, bytes, category);
+}
+
+HostBuffer Device::allocate_pinned(std::size_t bytes) {
+  if (bytes == 0) return HostBuffer();
+  bool locked = false;
+  void* data = allocate_pinned_bytes(bytes, locked);
+  if (data == nullptr) {
+    throw SystemError(std::string("cannot allocate ")
+                          .append(describe_bytes(bytes))
+                          .append(" of pinned host memory on ")
+                          .append(name())
+                          .append(": the system has no memory left; lower the offload buffer sizes "
+                                  "(offload.sub_group_bytes, offload.*.buffer_count)"));
+  }
+  pinned_ledger_->reserve_host(bytes, locked);
+  return HostBuffer(this, data, bytes, locked);
+}
+
+void Device::release(DeviceBuffer& buffer) noexcept {
+  free_bytes(buffer.data_, buffer.bytes_);
+  device_ledger_->release(buffer.bytes_, buffer.category_);
+}
+
+void Device::release(HostBuffer& buffer) noexcept {
+  free_pinned_bytes(buffer.data_, buffer.bytes_);
+  pinned_ledger_->release_host(buffer.bytes_, buffer.locked_);
+}
+
+MemoryStats Device::memory_stats() const {
+  MemoryStats stats = device_ledger_->stats();
+  add_backend_stats(stats);
+  return stats;
+}
+
+HostMemoryStats Device::pinned_stats() const { return pinned_ledger_->host_stats(); }
+
+void Device::reset_peak() {
+  device_ledger_->reset_peak();
+  pinned_ledger_->reset_peak();
+}
+
+// --- DeviceBuffer
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      category_(other.category_) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    owner_ = std::exchange(other.owner_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    category_ = other.category_;
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+void DeviceBuffer::reset() noexcept {
+  if (owner_ != nullptr && data_ != nullptr) owner_->release(*this);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+// --- HostBuffer
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      locked_(std::exchange(other.locked_, false)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    owner_ = std::exchange(other.owner_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    locked_ = std::exchange(other.locked_, false);
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() { reset(); }
+
+void HostBuffer::reset() noexcept {
+  if (owner_ != nullptr && data_ != nullptr) owner_->release(*this);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+  locked_ = false;
+}
+
+}  // namespace zest
