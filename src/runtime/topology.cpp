@@ -1,1 +1,269 @@
-// placeholder
+// zest::Topology over hwloc 2. hwloc's default topology already leaves out the PUs this process may
+// not use (a cgroup cpuset), so every count and every cpu handed out is one the rank may run on.
+#include "zest/topology.hpp"
+
+#include <hwloc.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/cpu_split.hpp"
+#include "runtime/sys_check.hpp"
+#include "zest/error.hpp"
+#include "zest_build_config.h"
+
+#if ZEST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <hwloc/cudart.h>
+#endif
+
+namespace zest {
+namespace {
+
+struct BitmapDeleter {
+  void operator()(hwloc_bitmap_s* bitmap) const noexcept { hwloc_bitmap_free(bitmap); }
+};
+using Bitmap = std::unique_ptr<hwloc_bitmap_s, BitmapDeleter>;
+
+Bitmap new_bitmap() {
+  Bitmap bitmap(hwloc_bitmap_alloc());
+  if (!bitmap) throw SystemError("hwloc_bitmap_alloc failed: out of memory");
+  return bitmap;
+}
+
+std::vector<int> bitmap_indices(hwloc_const_bitmap_t bitmap) {
+  std::vector<int> indices;
+  for (int i = hwloc_bitmap_first(bitmap); i != -1; i = hwloc_bitmap_next(bitmap, i)) {
+    indices.push_back(i);
+  }
+  return indices;
+}
+
+// "0-3,8,10-11": short enough for an error message even on a 256-thread machine.
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::vector<int> sorted = cpus;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  std::string text;
+  for (std::size_t i = 0; i < sorted.size();) {
+    std::size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    if (!text.empty()) text.append(",");
+    text.append(std::to_string(sorted[i]));
+    if (j > i) text.append("-").append(std::to_string(sorted[j]));
+    i = j + 1;
+  }
+  return text;
+}
+
+std::string counted(int count, const char* singular, const char* plural) {
+  return std::to_string(count).append(" ").append(count == 1 ? singular : plural);
+}
+
+struct TopologyDeleter {
+  void operator()(hwloc_topology* topology) const noexcept { hwloc_topology_destroy(topology); }
+};
+using TopologyHandle = std::unique_ptr<hwloc_topology, TopologyDeleter>;
+
+TopologyHandle load_topology() {
+  hwloc_topology_t topology = nullptr;
+  ZEST_SYS_CHECK(hwloc_topology_init(&topology));
+  TopologyHandle handle(topology);
+  ZEST_SYS_CHECK(hwloc_topology_load(topology));
+  return handle;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::vector<int> split_cpus(const std::vector<std::vector<int>>& cores, int index, int count) {
+  const auto shares = static_cast<std::size_t>(count);
+  const auto share = static_cast<std::size_t>(index);
+  std::vector<int> cpus;
+  if (shares <= cores.size()) {
+    const std::size_t begin = share * cores.size() / shares;
+    const std::size_t end = (share + 1) * cores.size() / shares;
+    for (std::size_t c = begin; c < end; ++c) cpus.insert(cpus.end(), cores[c].begin(), cores[c].end());
+  } else {
+    std::vector<int> pus;
+    for (const auto& core : cores) pus.insert(pus.end(), core.begin(), core.end());
+    if (pus.empty()) return cpus;
+    if (shares <= pus.size()) {
+      const std::size_t begin = share * pus.size() / shares;
+      const std::size_t end = (share + 1) * pus.size() / shares;
+      cpus.assign(pus.begin() + static_cast<std::ptrdiff_t>(begin),
+                  pus.begin() + static_cast<std::ptrdiff_t>(end));
+    } else {
+      cpus.push_back(pus[share % pus.size()]);
+    }
+  }
+  std::sort(cpus.begin(), cpus.end());
+  return cpus;
+}
+
+}  // namespace detail
+
+struct Topology::Impl {
+  TopologyHandle topology;
+
+  int count_of(hwloc_obj_type_t type) const {
+    return std::max(0, hwloc_get_nbobjs_by_type(topology.get(), type));
+  }
+
+  // Each core's PUs inside `set`, cores in logical order; cores with none left out.
+  std::vector<std::vector<int>> cores_within(hwloc_const_cpuset_t set) const {
+    // Some virtual machines expose no Core objects; then every PU counts as a core.
+    const hwloc_obj_type_t unit = count_of(HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
+    std::vector<std::vector<int>> cores;
+    const Bitmap inside = new_bitmap();
+    for (hwloc_obj_t core = hwloc_get_next_obj_by_type(topology.get(), unit, nullptr);
+         core != nullptr; core = hwloc_get_next_obj_by_type(topology.get(), unit, core)) {
+      if (core->cpuset == nullptr) continue;
+      hwloc_bitmap_and(inside.get(), core->cpuset, set);
+      std::vector<int> pus = bitmap_indices(inside.get());
+      if (!pus.empty()) cores.push_back(std::move(pus));
+    }
+    return cores;
+  }
+
+  hwloc_const_cpuset_t allowed() const { return hwloc_topology_get_allowed_cpuset(topology.get()); }
+
+#if ZEST_HAVE_CUDA
+  // The allowed cpus hwloc reports near visible GPU `gpu`; empty when it knows nothing.
+  Bitmap near_gpu(int gpu) const {
+    Bitmap near = new_bitmap();
+    if (hwloc_cudart_get_device_cpuset(topology.get(), gpu, near.get()) != 0) {
+      static_cast<void>(cudaGetLastError());  // not the caller's error to find later
+      hwloc_bitmap_zero(near.get());
+    }
+    hwloc_bitmap_and(near.get(), near.get(), allowed());
+    return near;
+  }
+
+  // The cpus near this rank's GPU, and which share of them is this rank's. Assumes Runtime's
+  // mapping (local rank r drives GPU r mod visible GPUs): the local ranks whose GPUs sit near the
+  // same cpus (one GPU shared, or several GPUs on one socket) divide those cpus between them.
+  // Empty when there is no GPU or hwloc knows nothing about it.
+  Bitmap near_rank_gpu(int ordinal, int local_rank, int local_size, int& share,
+                       int& shares) const {
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus <= 0) {
+      static_cast<void>(cudaGetLastError());
+      return new_bitmap();
+    }
+    const int gpu = ordinal % gpus;
+    Bitmap near = near_gpu(gpu);
+    share = 0;
+    shares = 1;
+    if (hwloc_bitmap_iszero(near.get()) || local_rank % gpus != gpu) return near;  // own mapping
+    std::vector<Bitmap> near_by_gpu(static_cast<std::size_t>(std::min(gpus, local_size)));
+    shares = 0;
+    for (int rank = 0; rank < local_size; ++rank) {
+      Bitmap& other = near_by_gpu[static_cast<std::size_t>(rank % gpus)];
+      if (!other) other = near_gpu(rank % gpus);
+      if (hwloc_bitmap_isequal(other.get(), near.get()) == 0) continue;
+      if (rank == local_rank) share = shares;
+      ++shares;
+    }
+    return near;
+  }
+#endif
+};
+
+Topology::Topology(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Topology::Topology(Topology&&) noexcept = default;
+Topology& Topology::operator=(Topology&&) noexcept = default;
+Topology::~Topology() = default;
+
+Topology Topology::detect() {
+  auto impl = std::make_unique<Impl>();
+  impl->topology = load_topology();
+  return Topology(std::move(impl));
+}
+
+int Topology::core_count() const {
+  const int cores = impl_->count_of(HWLOC_OBJ_CORE);
+  return cores > 0 ? cores : pu_count();
+}
+
+int Topology::pu_count() const { return std::max(1, impl_->count_of(HWLOC_OBJ_PU)); }
+
+int Topology::numa_node_count() const { return std::max(1, impl_->count_of(HWLOC_OBJ_NUMANODE)); }
+
+std::vector<int> Topology::cpus_for_rank(DeviceType device, int device_ordinal, int local_rank,
+                                         int local_size) const {
+  if (local_size < 1 || local_rank < 0 || local_rank >= local_size) {
+    throw SystemError(std::string("cpus_for_rank: local rank ")
+                          .append(std::to_string(local_rank))
+                          .append(" of ")
+                          .append(std::to_string(local_size))
+                          .append(" is not a rank of this host; pass 0 <= local_rank < local_size"));
+  }
+#if ZEST_HAVE_CUDA
+  if (device == DeviceType::cuda && device_ordinal >= 0) {
+    int share = 0;
+    int shares = 1;
+    const Bitmap near =
+        impl_->near_rank_gpu(device_ordinal, local_rank, local_size, share, shares);
+    const auto cores = impl_->cores_within(near.get());
+    if (!cores.empty()) return detail::split_cpus(cores, share, shares);
+  }
+#else
+  static_cast<void>(device);
+  static_cast<void>(device_ordinal);
+#endif
+  // cpu devices, and GPUs hwloc knows nothing about: the local ranks divide the whole machine.
+  return detail::split_cpus(impl_->cores_within(impl_->allowed()), local_rank, local_size);
+}
+
+void Topology::bind_current_thread(const std::vector<int>& cpus) {
+  const auto failure = [&cpus](const std::string& reason, int error_number) {
+    return SystemError(std::string("binding the thread to cpus ")
+                           .append(cpus.empty() ? std::string("(none)") : cpu_list(cpus))
+                           .append(" failed: ")
+                           .append(reason)
+                           .append(": ")
+                           .append(std::strerror(error_number))
+                           .append(" (errno ")
+                           .append(std::to_string(error_number))
+                           .append("); pass cpus from Topology::cpus_for_rank"));
+  };
+  if (cpus.empty()) throw failure("no cpus given", EINVAL);
+  // Loaded once: binding happens as threads start, and a topology load costs milliseconds.
+  static const TopologyHandle topology = load_topology();
+  const hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(topology.get());
+  const Bitmap set = new_bitmap();
+  for (const int cpu : cpus) {
+    // Checked here because the kernel silently drops unknown cpus from a mask that has others.
+    if (cpu < 0 || hwloc_bitmap_isset(allowed, static_cast<unsigned>(cpu)) == 0) {
+      throw failure(std::string("cpu ")
+                        .append(std::to_string(cpu))
+                        .append(" is not one this process may run on (allowed: ")
+                        .append(cpu_list(bitmap_indices(allowed)))
+                        .append(")"),
+                    EINVAL);
+    }
+    if (hwloc_bitmap_set(set.get(), static_cast<unsigned>(cpu)) != 0) {
+      throw failure("hwloc_bitmap_set", ENOMEM);
+    }
+  }
+  if (hwloc_set_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_THREAD) != 0) {
+    throw failure("hwloc_set_cpubind", errno);
+  }
+}
+
+std::string Topology::describe() const {
+  return counted(numa_node_count(), "NUMA node", "NUMA nodes")
+      .append(", ")
+      .append(counted(core_count(), "core", "cores"))
+      .append(", ")
+      .append(counted(pu_count(), "PU", "PUs"));
+}
+
+}  // namespace zest
