@@ -1,0 +1,102 @@
+// The MPI communicator: collectives on cpu-device buffers, each one a host task on the caller's
+// stream that issues a nonblocking MPI_I* call and waits for it on the stream's worker, so the
+// calling thread never blocks and the collectives run in stream order.
+//
+// Before moving data every collective agrees across ranks (one tiny MPI_Iallreduce) on what is
+// being done: collective, count, dtype, reduce op, root, and whether any rank's arguments were
+// invalid. On disagreement every rank throws CommError (through Stream::synchronize()) and no data
+// moves, so a mismatch is an error rather than a hang, and the communicator stays usable.
+//
+// Besides the cases in communicator.hpp, reduce_scatter also runs in place when
+// recv == send + rank() * recv_count elements (NCCL's convention).
+//
+// Threading: collectives on one communicator must reach MPI in the same order on every rank; issue
+// them on one stream, or order the streams with events. barrier() may be called while collectives
+// are in flight. Every rank constructs its communicators together (construction is collective);
+// a communicator must outlive the work it enqueued (synchronize before destroying it) and be
+// destroyed before its MpiSession.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/mpi_session.hpp"
+#include "zest/communicator.hpp"
+
+namespace zest {
+
+// Throws CommError when `device` is not host-accessible (MPI moves host memory; use nccl on cuda).
+std::unique_ptr<Communicator> make_mpi_communicator(MpiSession& session, Device& device);
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // MPI counts are int: larger collectives are split into pieces of at most this many elements.
+  static constexpr std::size_t kMaxChunkElements = static_cast<std::size_t>(INT_MAX);
+
+  // `max_chunk_elements` (1..kMaxChunkElements) exists so tests can exercise the splitting.
+  MpiCommunicator(MpiSession& session, Device& device,
+                  std::size_t max_chunk_elements = kMaxChunkElements);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "mpi"; }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                  Stream& stream) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
+                      ReduceOp op, Stream& stream) override;
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype,
+                  Stream& stream) override;
+  void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
+  void barrier() override;
+
+  // Data-moving MPI calls issued so far (not counting the agreement step): shows the splitting.
+  std::uint64_t mpi_calls_issued() const { return mpi_calls_.load(std::memory_order_relaxed); }
+
+ private:
+  enum class Kind : std::int64_t { all_reduce, reduce_scatter, all_gather, broadcast };
+  struct Call {
+    Kind kind;
+    const void* send;
+    void* recv;
+    std::size_t count;
+    DType dtype;
+    ReduceOp op;
+    int root;
+    std::string invalid;  // why this rank's arguments are unusable; empty when they are fine
+  };
+
+  static const char* kind_name(Kind kind);
+  void enqueue(Call call, Stream& stream);
+  void run(const Call& call);
+  void agree(const Call& call);
+  void run_all_reduce(const Call& call);
+  void run_reduce_scatter(const Call& call);
+  void run_all_gather(const Call& call);
+  void run_broadcast(const Call& call);
+  MPI_Datatype mpi_type(DType dtype) const;
+  MPI_Op mpi_op(DType dtype, ReduceOp op) const;
+  void wait(MPI_Request& request);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;  // collectives issued from stream workers
+  // barrier() runs on the caller's thread while a stream worker may be inside a collective on
+  // comm_; MPI matches collectives by issue order per communicator, so the two must not share one.
+  MPI_Comm host_comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::size_t max_chunk_;
+  // User-defined reductions for the 16-bit types: [fp16 sum, fp16 max, bf16 sum, bf16 max].
+  MPI_Op half_ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  std::atomic<std::uint64_t> mpi_calls_{0};
+};
+
+}  // namespace zest
