@@ -1,0 +1,42 @@
+// The fused multi-tensor Adam and the gradient statistics on CUDA: many tensors per launch, the
+// same per-element math as the CPU Adam (src/optim/adam_math.hpp). Plain C++ header: streams are
+// passed as `void*` (a cudaStream_t) so callers need no CUDA headers. All pointers are device
+// pointers; work is queued on `stream` and the calls return without waiting.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "optim/adam_math.hpp"
+#include "zest/dtype.hpp"
+
+namespace zest::kernels {
+
+struct CudaAdamTensor {
+  float* master = nullptr;   // fp32, updated in place
+  float* m = nullptr;
+  float* v = nullptr;
+  const void* grad = nullptr;  // in the launch's grad dtype
+  void* out = nullptr;         // optional bf16/fp16 copy of the updated parameters
+  std::int64_t count = 0;
+};
+
+// Updates every tensor (split into as many launches as the kernel's parameter space needs).
+// `overflow`, when not null, is a device int read by the kernel itself: nonzero (an Inf/NaN
+// gradient found by launch_grad_stats) leaves every tensor unchanged, with no host round trip.
+// `has_out` selects whether the tensors' `out` pointers are written (as out_dtype: bf16 or f16).
+void launch_multi_tensor_adam(std::span<const CudaAdamTensor> tensors, DType grad_dtype, bool has_out,
+                              DType out_dtype, const optim::AdamCoefficients& c, const int* overflow,
+                              void* stream);
+
+struct CudaGradTensor {
+  const void* grad = nullptr;
+  std::int64_t count = 0;
+};
+
+// Adds the sum of squares of all gradients to *sum_squares (device double) and sets *overflow
+// (device int) to 1 if any gradient is Inf or NaN. The caller zeroes both first (on the stream).
+void launch_grad_stats(std::span<const CudaGradTensor> grads, DType grad_dtype, double* sum_squares,
+                       int* overflow, void* stream);
+
+}  // namespace zest::kernels

@@ -1,0 +1,105 @@
+#include "optim/cpu_adam.hpp"
+
+#include <string>
+#include <utility>
+
+#include "zest/error.hpp"
+
+namespace zest::optim {
+namespace {
+
+int resolve_threads(int threads, const std::vector<int>& cpus) {
+  if (threads < 0)
+    throw Error(std::string("CPU Adam thread count must be >= 0 (0 = one per CPU), got ")
+                    .append(std::to_string(threads)));
+  if (threads > 0) return threads;
+  return static_cast<int>(cpus.empty() ? allowed_cpus().size() : cpus.size());
+}
+
+AdamRange offset(const AdamRange& r, std::size_t begin, std::size_t end) {
+  AdamRange tile = r;
+  tile.master += begin;
+  tile.m += begin;
+  tile.v += begin;
+  tile.grad = static_cast<const unsigned char*>(r.grad) + begin * dtype_size(r.grad_dtype);
+  if (r.out != nullptr) tile.out = static_cast<unsigned char*>(r.out) + begin * dtype_size(r.out_dtype);
+  tile.count = end - begin;
+  return tile;
+}
+
+std::string size_mismatch(const char* name, std::size_t got, std::size_t want) {
+  return std::string("CpuAdam::step: ").append(name).append(" has ").append(std::to_string(got))
+      .append(" elements but master has ").append(std::to_string(want))
+      .append("; pass spans of one length");
+}
+
+}  // namespace
+
+CpuAdam::CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpus)
+    : CpuAdam(hyper, threads, std::move(cpus), select_isa()) {}
+
+CpuAdam::CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpus, Isa isa)
+    : hyper_(hyper),
+      kernels_(&adam_kernels(isa)),
+      arena_(resolve_threads(threads, cpus), std::move(cpus)) {}
+
+AdamRange CpuAdam::checked_range(std::span<float> master, std::span<float> m, std::span<float> v,
+                                 ConstTensorSpan grad, TensorSpan out) const {
+  const std::size_t n = master.size();
+  if (m.size() != n) throw Error(size_mismatch("m", m.size(), n));
+  if (v.size() != n) throw Error(size_mismatch("v", v.size(), n));
+  if (grad.count != n) throw Error(size_mismatch("grad", grad.count, n));
+  if (n > 0 && grad.data == nullptr) throw Error("CpuAdam::step: grad.data is null; pass the gradients");
+  AdamRange r{master.data(), m.data(), v.data(), grad.data, grad.dtype, nullptr, DType::bf16, n};
+  if (out.data != nullptr) {
+    if (out.count != n) throw Error(size_mismatch("out", out.count, n));
+    if (out.dtype == DType::f32)
+      throw Error("CpuAdam::step: the parameter copy must be bf16 or fp16, got fp32; the master "
+                  "weights already are the fp32 parameters");
+    r.out = out.data;
+    r.out_dtype = out.dtype;
+  }
+  return r;
+}
+
+void CpuAdam::step(std::span<float> master, std::span<float> m, std::span<float> v,
+                   ConstTensorSpan grad, const AdamStepArgs& args, TensorSpan out) {
+  const AdamRange range = checked_range(master, m, v, grad, out);
+  const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
+  const auto adam = kernels_->adam;
+  arena_.for_each_tile(range.count, kTileElements, [&](std::size_t begin, std::size_t end) {
+    adam(offset(range, begin, end), c);
+  });
+}
+
+void CpuAdam::roofline_pass(std::span<float> master, std::span<float> m, std::span<float> v,
+                            ConstTensorSpan grad, TensorSpan out) {
+  const AdamRange range = checked_range(master, m, v, grad, out);
+  const auto roofline = kernels_->roofline;
+  arena_.for_each_tile(range.count, kTileElements, [&](std::size_t begin, std::size_t end) {
+    roofline(offset(range, begin, end));
+  });
+}
+
+GradStats CpuAdam::grad_stats(ConstTensorSpan grad) {
+  if (grad.count > 0 && grad.data == nullptr)
+    throw Error("CpuAdam::grad_stats: grad.data is null; pass the gradients");
+  const std::size_t tiles = (grad.count + kTileElements - 1) / kTileElements;
+  // One slot per tile, summed in tile order afterwards: the result does not depend on which
+  // thread ran which tile. The vector is small (8 bytes per 16K gradients).
+  std::vector<GradStats> partial(tiles);
+  const auto stats = kernels_->grad_stats;
+  const std::size_t size = dtype_size(grad.dtype);
+  arena_.for_each_tile(grad.count, kTileElements, [&](std::size_t begin, std::size_t end) {
+    partial[begin / kTileElements] =
+        stats(static_cast<const unsigned char*>(grad.data) + begin * size, grad.dtype, end - begin);
+  });
+  GradStats total;
+  for (const GradStats& p : partial) {
+    total.sum_squares += p.sum_squares;
+    total.nonfinite = total.nonfinite || p.nonfinite;
+  }
+  return total;
+}
+
+}  // namespace zest::optim

@@ -1,0 +1,77 @@
+// The CPU Adam: one call updates fp32 master weights and moments in place from gradients in fp32,
+// bf16 or fp16, optionally writing a bf16/fp16 copy of the updated weights, in one pass over
+// memory, in parallel over pinned threads. The engine calls it on each (sub-group of a) shard.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "optim/adam_kernels.hpp"
+#include "optim/adam_math.hpp"
+#include "optim/pinned_arena.hpp"
+#include "zest/dtype.hpp"
+
+namespace zest::optim {
+
+// A typed, read-only view of `count` elements (gradients).
+struct ConstTensorSpan {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  std::size_t count = 0;
+};
+
+// A typed view of `count` writable elements (the low-precision parameter copy).
+struct TensorSpan {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  std::size_t count = 0;
+};
+
+struct AdamStepArgs {
+  std::int64_t step = 1;     // the step being taken, from 1 (bias correction)
+  double grad_scale = 1.0;   // multiplies the gradients: 1 / loss scale
+  double clip_coef = 1.0;    // min(1, max_norm / global norm), or 1 without clipping
+};
+
+class CpuAdam {
+ public:
+  // Elements per tile: p, g, m, v and the output of one tile (about 460 KiB in fp32) stay within
+  // one core's L2 while it works through them.
+  static constexpr std::size_t kTileElements = 16384;
+
+  // threads 0: one per CPU in `cpus`. `cpus` empty: every CPU this process may use. The variant
+  // is select_isa()'s (ZEST_ADAM_ISA forces one). Throws zest::Error on invalid arguments.
+  CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpus = {});
+  CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpus, Isa isa);
+
+  // Updates master, m, v in place; when `out.data` is set, writes the updated parameters there
+  // as out.dtype (bf16 or f16). All spans must have the same length and must not overlap. Not
+  // thread-safe: one step at a time per CpuAdam. Throws zest::Error on mismatched arguments.
+  void step(std::span<float> master, std::span<float> m, std::span<float> v,
+            ConstTensorSpan grad, const AdamStepArgs& args, TensorSpan out = {});
+
+  // Sum of squares of `grad` (as stored, before any scale) and whether any element is Inf/NaN;
+  // the sum means nothing when one is.
+  GradStats grad_stats(ConstTensorSpan grad);
+
+  // Benchmark only: the same memory traffic and tiling as step() with trivial arithmetic.
+  void roofline_pass(std::span<float> master, std::span<float> m, std::span<float> v,
+                     ConstTensorSpan grad, TensorSpan out = {});
+
+  const AdamHyperParams& hyper() const { return hyper_; }
+  void set_hyper(const AdamHyperParams& hyper) { hyper_ = hyper; }
+  Isa isa() const { return kernels_->isa; }
+  int threads() const { return arena_.threads(); }
+
+ private:
+  AdamRange checked_range(std::span<float> master, std::span<float> m, std::span<float> v,
+                          ConstTensorSpan grad, TensorSpan out) const;
+
+  AdamHyperParams hyper_;
+  const AdamKernels* kernels_;
+  PinnedArena arena_;
+};
+
+}  // namespace zest::optim

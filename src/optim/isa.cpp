@@ -1,0 +1,70 @@
+// Run-time choice of the CPU Adam variant: the best the CPU runs, or the one ZEST_ADAM_ISA forces.
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "optim/adam_kernels.hpp"
+
+namespace zest::optim {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool cpu_supports(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return true;
+    case Isa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
+}
+
+Isa select_isa() {
+  const char* forced = std::getenv("ZEST_ADAM_ISA");
+  if (forced == nullptr || *forced == '\0') {
+    if (cpu_supports(Isa::avx512)) return Isa::avx512;
+    if (cpu_supports(Isa::avx2)) return Isa::avx2;
+    return Isa::scalar;
+  }
+  const std::string_view name(forced);
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (name != isa_name(isa)) continue;
+    if (!cpu_supports(isa))
+      throw Error(std::string("ZEST_ADAM_ISA=").append(name).append(
+          " asks for an instruction set this CPU does not support; unset it or choose scalar or "
+          "avx2"));
+    return isa;
+  }
+  throw Error(std::string("ZEST_ADAM_ISA=").append(name).append(
+      " is not a CPU Adam variant; use scalar, avx2 or avx512 (or unset it)"));
+}
+
+const AdamKernels& adam_kernels(Isa isa) {
+  static const AdamKernels scalar{Isa::scalar, &scalar_isa::adam, &scalar_isa::roofline,
+                                  &scalar_isa::grad_stats};
+  static const AdamKernels avx2{Isa::avx2, &avx2_isa::adam, &avx2_isa::roofline,
+                                &avx2_isa::grad_stats};
+  static const AdamKernels avx512{Isa::avx512, &avx512_isa::adam, &avx512_isa::roofline,
+                                  &avx512_isa::grad_stats};
+  if (!cpu_supports(isa))
+    throw Error(std::string("the CPU Adam variant ").append(isa_name(isa)).append(
+        " needs instructions this CPU lacks; use select_isa() to pick a supported one"));
+  switch (isa) {
+    case Isa::scalar: return scalar;
+    case Isa::avx2: return avx2;
+    case Isa::avx512: return avx512;
+  }
+  return scalar;
+}
+
+}  // namespace zest::optim
