@@ -5,6 +5,7 @@
 #include "zest/config.hpp"
 #include "zest/device.hpp"
 #include "zest/dtype.hpp"
+#include "zest/engine.hpp"
 #include "zest/error.hpp"
 #include "zest/runtime.hpp"
 #include "zest/topology.hpp"

@@ -1,0 +1,122 @@
+// Engine: the partitioned optimizer a trainer links in place of its own.
+//
+// The trainer registers its parameters (name, shape, group) once; the engine lays them out in
+// flat, aligned buffers, one segment per group, each split into equal per-rank shards (padded, never
+// a silent fall-back), and keeps what the configured ZeRO stage says each rank keeps:
+//   stage 0  full params, full grads, full optimizer states (plain data parallel)
+//   stage 1  full params, full grads, optimizer states of this rank's shard
+//   stage 2  full params, gradient and optimizer-state shards
+//   stage 3  parameter, gradient and optimizer-state shards; a group's full parameters exist only
+//            while the trainer holds a lease on it (small groups stay resident)
+// Master weights, Adam's m and v are fp32; parameters and gradients use precision.dtype.
+//
+// One training step (with gradient_accumulation_steps = K micro-batches):
+//
+//   for (int micro = 0; micro < K; ++micro) {
+//     for (int g : forward_order) { auto lease = engine.acquire(g); /* forward with lease.param(i) */ }
+//     for (int g : backward_order) {
+//       auto lease = engine.acquire(g);
+//       /* backward: write each tensor's gradient of (loss * engine.loss_scale()) to lease.grad(i) */
+//       engine.grads_ready(g);   // reduction starts on the comm stream; backward goes on
+//     }
+//   }
+//   zest::StepResult result = engine.step();
+//
+// Gradients are summed over ranks (and micro-batches): the trainer divides its loss by the global
+// number of examples in the step. Threading: one host thread drives an Engine. Every rank makes the
+// same calls in the same order (acquire/grads_ready/step are collective where the stage needs it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zest/communicator.hpp"
+#include "zest/config.hpp"
+#include "zest/device.hpp"
+
+namespace zest {
+
+struct ParamSpec {
+  std::string name;
+  std::vector<std::size_t> shape;
+  int group = 0;  // a layer: gathered, released and reduced together; groups are contiguous runs
+  std::size_t numel() const;
+};
+
+struct StepResult {
+  bool skipped = false;    // an Inf/NaN gradient on some rank (fp16 overflow): nothing was updated
+  double grad_norm = 0.0;  // global L2 norm of the unscaled gradient, before clipping
+  double loss_scale = 1.0; // the scale for the next step
+};
+
+struct EngineStats {
+  std::int64_t steps = 0;          // optimizer steps attempted
+  std::int64_t skipped_steps = 0;
+  double loss_scale = 1.0;
+  double last_grad_norm = 0.0;
+  MemoryStats memory;              // this rank's device memory by category, current and peak
+};
+
+class Engine {
+ public:
+  // Throws ConfigError/Error on an unusable parameter list (empty, a group that is not one
+  // contiguous run, a zero-sized tensor) and OutOfDeviceMemory when the stage's share does not fit.
+  Engine(const Config& config, Device& device, Communicator& comm, std::vector<ParamSpec> params);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  std::size_t size() const;                  // number of tensors
+  const ParamSpec& spec(std::size_t tensor) const;
+  std::size_t numel() const;                 // parameters, without padding
+  int group_count() const;
+  DType dtype() const;                       // of parameters and gradients on the device
+
+  // Sets a tensor's value from `numel` fp32 host values, identical on every rank: master weights and
+  // device parameters. Collective. Call before training (or to overwrite weights).
+  void set_param(std::size_t tensor, const float* values);
+  // Reads a tensor's fp32 master weights into `values` on every rank. Collective.
+  void get_param(std::size_t tensor, float* values);
+
+  // Device access to one group for forward or backward. Holding a lease keeps the group's full
+  // parameters alive (stage 3: gathered, and released when the lease ends).
+  class GroupLease {
+   public:
+    GroupLease(GroupLease&&) noexcept;
+    GroupLease& operator=(GroupLease&&) noexcept;
+    ~GroupLease();
+    // Device pointer to the tensor's parameters (dtype()). The tensor must belong to the group.
+    void* param(std::size_t tensor) const;
+    // Device pointer where backward writes (overwrites) the tensor's gradient, until grads_ready.
+    void* grad(std::size_t tensor) const;
+
+   private:
+    friend class Engine;
+    GroupLease(Engine* engine, int group) : engine_(engine), group_(group) {}
+    Engine* engine_ = nullptr;
+    int group_ = -1;
+  };
+  GroupLease acquire(int group);
+
+  // The group's gradients for this micro-batch are written: they are reduced across ranks (and
+  // added to the accumulated gradient) on the comm stream while the trainer goes on.
+  void grads_ready(int group);
+
+  // After the last micro-batch: waits for the reductions, checks overflow on every rank, computes
+  // the global gradient norm, clips, updates this rank's shard with Adam, and makes the updated
+  // parameters available again (all-gather where the stage shards them). Collective.
+  StepResult step();
+
+  // The factor the trainer multiplies its loss by before backward (1 unless fp16 loss scaling).
+  double loss_scale() const;
+  EngineStats stats() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace zest

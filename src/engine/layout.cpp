@@ -1,0 +1,68 @@
+#include "engine/layout.hpp"
+
+#include <string>
+
+#include "zest/error.hpp"
+
+namespace zest {
+
+std::size_t ParamSpec::numel() const {
+  std::size_t n = 1;
+  for (std::size_t d : shape) n *= d;
+  return n;
+}
+
+namespace engine {
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
+Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partitions_(partitions) {
+  if (params.empty()) throw Error("Engine: the parameter list is empty; register the model's parameters");
+  if (partitions < 1) throw Error("Engine: partitions must be at least 1");
+  tensors_.reserve(params.size());
+  std::vector<bool> group_seen;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& p = params[i];
+    if (p.numel() == 0)
+      throw Error(std::string("Engine: parameter '").append(p.name).append("' has no elements; "
+                  "leave it out of the list"));
+    if (p.group < 0)
+      throw Error(std::string("Engine: parameter '").append(p.name).append("' has negative group ")
+                      .append(std::to_string(p.group)));
+    const bool new_group = groups_.empty() || p.group != params[i - 1].group;
+    if (new_group) {
+      if (static_cast<std::size_t>(p.group) < group_seen.size() && group_seen[static_cast<std::size_t>(p.group)])
+        throw Error(std::string("Engine: group ").append(std::to_string(p.group))
+                        .append(" is not one contiguous run of parameters (it resumes at '")
+                        .append(p.name).append("'); register each group's parameters together"));
+      if (static_cast<std::size_t>(p.group) != groups_.size())
+        throw Error(std::string("Engine: groups must be numbered 0, 1, 2, ... in registration order; '")
+                        .append(p.name).append("' starts group ").append(std::to_string(p.group))
+                        .append(" where group ").append(std::to_string(groups_.size()))
+                        .append(" was expected"));
+      if (group_seen.size() <= static_cast<std::size_t>(p.group)) group_seen.resize(static_cast<std::size_t>(p.group) + 1);
+      group_seen[static_cast<std::size_t>(p.group)] = true;
+      groups_.push_back(GroupPlace{i, i, 0, 0, 0, 0});
+    }
+    GroupPlace& g = groups_.back();
+    tensors_.push_back(TensorPlace{p.group, g.padded, p.numel()});
+    g.padded = round_up(g.padded + p.numel(), kAlign);
+    g.end_tensor = i + 1;
+    numel_ += p.numel();
+  }
+  for (GroupPlace& g : groups_) {
+    g.padded = round_up(g.padded, kAlign * static_cast<std::size_t>(partitions));
+    g.shard = g.padded / static_cast<std::size_t>(partitions);
+    g.full_offset = full_numel_;
+    g.shard_offset = shard_numel_;
+    full_numel_ += g.padded;
+    shard_numel_ += g.shard;
+    if (g.padded > largest_segment_) largest_segment_ = g.padded;
+  }
+}
+
+}  // namespace engine
+}  // namespace zest
