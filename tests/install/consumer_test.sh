@@ -11,7 +11,9 @@ meson install -C "$build" --destdir "$stage" --no-rebuild --quiet >/dev/null
 pc=$(find "$stage" -name zest.pc -print -quit)
 [ -n "$pc" ] || { echo "FAIL: zest.pc was not installed"; exit 1; }
 export PKG_CONFIG_PATH=$(dirname "$pc")
-flags=$(pkg-config --define-prefix --cflags --libs zest)
+# The .pc file names the install prefix; point it into the scratch directory.
+prefix=$stage$(pkg-config --variable=prefix zest)
+flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs zest)
 c++ -std=c++20 "$source/tests/install/consumer.cpp" $flags -o "$stage/consumer"
-libdir=$(pkg-config --define-prefix --variable=libdir zest)
+libdir=$(pkg-config --define-variable=prefix="$prefix" --variable=libdir zest)
 LD_LIBRARY_PATH="$libdir" "$stage/consumer"
