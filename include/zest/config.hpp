@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "zest/dtype.hpp"
 
@@ -101,8 +102,11 @@ struct Config {
 
 // Parses and validates. Throws ConfigError listing every problem. `source_name` is used in
 // messages; `load_config` reads the file (a missing or unreadable file is a ConfigError too).
-Config parse_config(const std::string& yaml_text, const std::string& source_name = "<string>");
-Config load_config(const std::string& path);
+// `application_sections` names top-level sections that belong to the program (a trainer's
+// "model:", "train:"): zest skips them, and the program validates them itself.
+Config parse_config(const std::string& yaml_text, const std::string& source_name = "<string>",
+                    const std::vector<std::string>& application_sections = {});
+Config load_config(const std::string& path, const std::vector<std::string>& application_sections = {});
 
 // The resolved config (every default filled in) as YAML that parse_config accepts again.
 std::string to_yaml(const Config& config);

@@ -110,7 +110,8 @@ std::string parent_of(const std::string& path) {
 
 class ConfigReader {
  public:
-  explicit ConfigReader(std::string file) : file_(std::move(file)) {}
+  ConfigReader(std::string file, std::vector<std::string> application_sections)
+      : file_(std::move(file)), application_sections_(std::move(application_sections)) {}
 
   // Walks `root` (nullptr for an empty file) against the schema and checks the combinations.
   Config read(const YAML::Node* root);
@@ -229,6 +230,8 @@ class ConfigReader {
   std::set<std::string> invalid_;            // keys with a problem
   std::vector<std::string> schema_paths_;    // every valid dotted key, from walking the schema
   std::vector<UnknownKey> unknown_keys_;
+  // Top-level sections that belong to the program (zest-train's "model", "train"): not zest's.
+  std::vector<std::string> application_sections_;
 };
 
 void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
@@ -262,6 +265,9 @@ void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
       continue;
     }
     const std::string& key = key_node.Scalar();
+    if (path.empty() && std::find(application_sections_.begin(), application_sections_.end(), key) !=
+                            application_sections_.end())
+      continue;
     const std::string key_path = child_path(path, key);
     const bool known = std::any_of(fields.begin(), fields.end(),
                                    [&](const Field& field) { return field.key == key; });
@@ -709,8 +715,9 @@ void ConfigReader::check_directory(const std::string& key, const std::string& di
 
 }  // namespace
 
-Config parse_config(const std::string& yaml_text, const std::string& source_name) {
-  ConfigReader reader(source_name);
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& application_sections) {
+  ConfigReader reader(source_name, application_sections);
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(yaml_text);
@@ -731,7 +738,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   return config;
 }
 
-Config load_config(const std::string& path) {
+Config load_config(const std::string& path, const std::vector<std::string>& application_sections) {
   const auto unreadable = [&path](int error) {
     ConfigProblem problem;
     problem.file = path;
@@ -756,7 +763,7 @@ Config load_config(const std::string& path) {
     text.append(buffer, static_cast<std::size_t>(got));
   }
   ::close(fd);
-  return parse_config(text, path);
+  return parse_config(text, path, application_sections);
 }
 
 }  // namespace zest

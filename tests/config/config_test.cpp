@@ -610,3 +610,25 @@ TEST(ConfigReference, SetsEveryKeyToYamlPrints) {
 
 }  // namespace
 }  // namespace zest
+
+namespace zest {
+namespace {
+
+TEST(ApplicationSections, AreLeftToTheProgramAndStayErrorsOtherwise) {
+  const std::string text = "stage: 2\nmodel:\n  layers: 4\ntrain:\n  steps: 10\n";
+  const Config config = parse_config(text, "trainer.yaml", {"model", "train"});
+  EXPECT_EQ(config.stage, 2);
+  try {
+    parse_config(text, "trainer.yaml");
+    FAIL() << "a program's section was accepted without being declared";
+  } catch (const ConfigError& error) {
+    ASSERT_EQ(error.problems().size(), 2u);
+    EXPECT_EQ(error.problems()[0].key, "model");
+    EXPECT_EQ(error.problems()[0].line, 2);
+  }
+  // Only top-level sections are skipped: a nested key of that name is still checked.
+  EXPECT_THROW(parse_config("optimizer:\n  model: 1\n", "trainer.yaml", {"model"}), ConfigError);
+}
+
+}  // namespace
+}  // namespace zest
