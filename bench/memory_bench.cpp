@@ -1,0 +1,305 @@
+// zest bench memory: what each ZeRO stage saves against plain data parallel (stage 0) on a real
+// model. It trains the example character MLP for a few steps under each configuration on every rank
+// and reports per-rank peak device memory by category, the ZeRO formula's prediction, step time and
+// whether the loss equals DDP's; then it searches, per configuration, the largest model that trains
+// within a device budget.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "charlm/text_corpus.hpp"
+#include "cli/commands.hpp"
+#include "memory_report.hpp"
+#include "trainer.hpp"
+#include "zest/zest.hpp"
+
+namespace zest::cli {
+namespace {
+
+using bench::FitRecord;
+using bench::MemoryRecord;
+
+constexpr const char* kUsage =
+    "usage: zest bench memory [--config FILE] [--params N] [--steps N] [--device-memory SIZE]\n"
+    "                         [--json FILE] [--csv FILE] [--chart FILE.svg] [--no-fit]\n"
+    "  Run under mpirun -np N (or alone: a world of one). Defaults: the built-in config (cpu device,\n"
+    "  bf16, AdamW), --params 4000000, --steps 4, --device-memory 128MiB for the largest-model search,\n"
+    "  outputs zest-memory.json, zest-memory.csv and zest-memory.svg in the current directory.\n";
+
+struct Options {
+  std::string config_path;
+  std::size_t params = 4'000'000;
+  int steps = 4;
+  std::size_t fit_budget = std::size_t{128} << 20;
+  bool fit = true;
+  std::string json = "zest-memory.json", csv = "zest-memory.csv", chart = "zest-memory.svg";
+};
+
+struct Configuration {
+  std::string name;
+  int stage;
+};
+
+// The character MLP whose parameter count is closest above `params`, with `shape.layers` hidden
+// layers of a width grown to fit.
+charlm::CharMlpShape shape_for(std::size_t params, std::size_t vocab, charlm::CharMlpShape shape) {
+  shape.vocab = vocab;
+  std::size_t lo = 1, hi = 1;
+  shape.hidden = hi;
+  while (charlm::CharMlp::parameter_count(shape) < params) shape.hidden = hi *= 2;
+  while (lo < hi) {
+    shape.hidden = (lo + hi) / 2;
+    if (charlm::CharMlp::parameter_count(shape) < params) lo = shape.hidden + 1;
+    else hi = shape.hidden;
+  }
+  shape.hidden = hi;
+  return shape;
+}
+
+// Stage 3 keeps a layer's full parameters only while it is used: prefetch one layer ahead and keep
+// at most three layers gathered, whatever the model's size.
+void fit_stage3_to(Config& config, const charlm::CharMlp& model) {
+  std::vector<std::size_t> group_numel(static_cast<std::size_t>(model.group_count()), 0);
+  for (const auto& p : model.parameters()) group_numel[static_cast<std::size_t>(p.group)] += p.numel();
+  const std::size_t largest = *std::max_element(group_numel.begin(), group_numel.end());
+  const std::size_t layer_bytes = largest * dtype_size(config.precision.dtype);
+  config.stage3.prefetch_bytes = layer_bytes;
+  config.stage3.max_live_bytes = 3 * layer_bytes;
+}
+
+// The ZeRO paper's per-rank bytes for params + grads + optimizer states: d bytes per parameter and
+// per gradient (2 for bf16/fp16), 12 for fp32 master, m and v; sharded over N from stage 1, 2, 3 on.
+std::size_t formula_bytes(int stage, std::size_t params, std::size_t d, int ranks) {
+  const double psi = static_cast<double>(params), n = ranks;
+  const double p = static_cast<double>(d) * psi, g = p, os = 12 * psi;
+  switch (stage) {
+    case 0: return static_cast<std::size_t>(p + g + os);
+    case 1: return static_cast<std::size_t>(p + g + os / n);
+    case 2: return static_cast<std::size_t>(p + (g + os) / n);
+    default: return static_cast<std::size_t>((p + g + os) / n);
+  }
+}
+
+// The largest value over ranks, in KiB so that a float carries it exactly up to 16 GiB.
+std::size_t max_over_ranks(Communicator& comm, Device& device, Stream& stream, std::size_t bytes) {
+  DeviceBuffer buffer = device.allocate(sizeof(float), MemoryCategory::buffers);
+  *buffer.as<float>() = static_cast<float>((bytes + 1023) / 1024);
+  comm.all_reduce(buffer.data(), buffer.data(), 1, DType::f32, ReduceOp::max, stream);
+  stream.synchronize();
+  return static_cast<std::size_t>(*buffer.as<float>()) * 1024;
+}
+
+class Progress {
+ public:
+  Progress(bool leader, int total) : leader_(leader), total_(total), tty_(isatty(STDERR_FILENO) != 0) {}
+  void show(int done, const std::string& what) {
+    if (!leader_) return;
+    constexpr int kWidth = 30;
+    const int filled = kWidth * done / std::max(1, total_);
+    std::fprintf(stderr, "%s[%s%s] %d/%d %-50s%s", tty_ ? "\r" : "", std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(kWidth - filled), '.').c_str(), done, total_, what.c_str(),
+                 tty_ ? "" : "\n");
+    if (tty_ && done == total_) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  bool leader_;
+  int total_;
+  bool tty_;
+};
+
+MemoryRecord measure(const Configuration& conf, Config config, const train::TrainConfig& train,
+                     const charlm::TextCorpus& corpus, Runtime& runtime, Stream& stream, int steps) {
+  config.stage = conf.stage;
+  Device& device = runtime.device();
+  Communicator& comm = runtime.comm();
+  comm.barrier();
+  device.reset_peak();
+  MemoryRecord r;
+  r.name = conf.name;
+  r.stage = conf.stage;
+  r.ranks = comm.size();
+  std::vector<double> seconds;
+  {
+    const int blas_threads = std::max<int>(1, static_cast<int>(runtime.cpus().size()));
+    train::Trainer trainer(config, train, corpus, device, comm, blas_threads);
+    r.params = trainer.engine().numel();
+    for (int step = 1; step <= steps; ++step) {
+      comm.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      r.final_loss = trainer.step(step);
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  const MemoryStats stats = device.memory_stats();
+  r.peak_params_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::params));
+  r.peak_grads_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::grads));
+  r.peak_optimizer_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::optimizer_states));
+  r.peak_buffers_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::buffers));
+  r.peak_device_bytes = max_over_ranks(comm, device, stream, stats.peak_total);
+  r.peak_host_pinned_bytes = max_over_ranks(comm, device, stream, device.pinned_stats().peak);
+  r.formula_bytes = formula_bytes(conf.stage, r.params, dtype_size(config.precision.dtype), r.ranks);
+  const double model_state = static_cast<double>(r.peak_params_bytes + r.peak_grads_bytes + r.peak_optimizer_bytes);
+  r.formula_deviation = model_state / static_cast<double>(r.formula_bytes) - 1;
+  // The first step pays page faults of fresh buffers; the median of the rest is the step time.
+  std::sort(seconds.begin() + (seconds.size() > 1 ? 1 : 0), seconds.end());
+  r.step_seconds = seconds.size() > 1 ? seconds[1 + (seconds.size() - 1) / 2] : seconds.front();
+  return r;
+}
+
+// True when a model of `params_wanted` parameters can take a step within `budget` bytes per rank,
+// on every rank. Only the engine runs (gradients of zero): the question is memory, not learning.
+bool fits(Config config, const charlm::CharMlpShape& shape, std::size_t budget, Communicator& comm,
+          Runtime& runtime, Stream& stream) {
+  bool ok = true;
+  try {
+    auto device = make_cpu_device(budget);
+    charlm::CharMlp model(shape, 1, 1);
+    fit_stage3_to(config, model);
+    Engine engine(config, *device, comm, train::engine_params(model));
+    for (int g = engine.group_count() - 1; g >= 0; --g) {
+      auto lease = engine.acquire(g);
+      for (std::size_t t = 0; t < engine.size(); ++t)
+        if (engine.spec(t).group == g) lease.grad(t);
+      engine.grads_ready(g);
+    }
+    engine.step();
+  } catch (const OutOfDeviceMemory&) {
+    ok = false;
+  }
+  // Every rank must agree, or the next trial's collectives would not match.
+  DeviceBuffer flag = runtime.device().allocate(sizeof(float), MemoryCategory::buffers);
+  *flag.as<float>() = ok ? 0.0f : 1.0f;
+  comm.all_reduce(flag.data(), flag.data(), 1, DType::f32, ReduceOp::max, stream);
+  stream.synchronize();
+  return *flag.as<float>() == 0.0f;
+}
+
+FitRecord largest_fit(const Configuration& conf, Config config, charlm::CharMlpShape shape, std::size_t budget,
+                      Runtime& runtime, Stream& stream) {
+  config.stage = conf.stage;
+  // Bisect the hidden width: the largest that fits, within 2%.
+  std::size_t lo = 1, hi = 2;
+  shape.hidden = hi;
+  while (fits(config, shape, budget, runtime.comm(), runtime, stream)) shape.hidden = hi *= 2;
+  while (hi - lo > std::max<std::size_t>(1, lo / 50)) {
+    shape.hidden = (lo + hi) / 2;
+    if (fits(config, shape, budget, runtime.comm(), runtime, stream)) lo = shape.hidden;
+    else hi = shape.hidden;
+  }
+  shape.hidden = lo;
+  return FitRecord{conf.name, budget, charlm::CharMlp::parameter_count(shape)};
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) throw IoError("zest bench memory: cannot write its output", path, 0, text.size(), errno);
+}
+
+Config default_config() {
+  Config c;
+  c.device.memory = std::size_t{4} << 30;  // room for stage 0; the fit search sets its own budget
+  c.precision.dtype = DType::bf16;
+  c.optimizer.threads = 1;
+  c.buckets.reduce_bytes = c.buckets.allgather_bytes = std::size_t{8} << 20;
+  return c;
+}
+
+}  // namespace
+
+int bench_memory(int argc, char** argv) {
+  Options o;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    try {
+      if (arg == "--config" && has_value) o.config_path = argv[++i];
+      else if (arg == "--params" && has_value) o.params = static_cast<std::size_t>(std::stod(argv[++i]));
+      else if (arg == "--steps" && has_value) o.steps = std::stoi(argv[++i]);
+      else if (arg == "--device-memory" && has_value) o.fit_budget = parse_size(argv[++i]);
+      else if (arg == "--json" && has_value) o.json = argv[++i];
+      else if (arg == "--csv" && has_value) o.csv = argv[++i];
+      else if (arg == "--chart" && has_value) o.chart = argv[++i];
+      else if (arg == "--no-fit") o.fit = false;
+      else {
+        std::fprintf(stderr, "zest bench memory: invalid argument '%s'\n%s", arg.c_str(), kUsage);
+        return 2;
+      }
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "zest bench memory: %s: %s\n%s", arg.c_str(), error.what(), kUsage);
+      return 2;
+    }
+  }
+  if (o.steps < 2 || o.params < 1000) {
+    std::fprintf(stderr, "zest bench memory: --steps must be at least 2 and --params at least 1000\n%s", kUsage);
+    return 2;
+  }
+  try {
+    const Config config = o.config_path.empty() ? default_config() : load_config(o.config_path, {"model", "train"});
+    train::TrainConfig train = o.config_path.empty() ? train::TrainConfig{} : train::load_train_config(o.config_path);
+    Runtime runtime(config);
+    const bool leader = runtime.rank() == 0;
+    const charlm::TextCorpus corpus = charlm::TextCorpus::load(train.text);
+    if (o.config_path.empty()) train.model.layers = 8;  // many layers: what stage 3 gathers one at a time
+    train.model = shape_for(o.params, corpus.vocab_size(), train.model);
+    Config tuned = config;
+    fit_stage3_to(tuned, charlm::CharMlp(train.model, 1, 1));
+    auto stream = runtime.device().create_stream();
+
+    const std::vector<Configuration> configurations = {
+        {"stage 0 (DDP)", 0}, {"stage 1", 1}, {"stage 2", 2}, {"stage 3", 3}};
+    Progress progress(leader, static_cast<int>(configurations.size() * (o.fit ? 2 : 1)));
+    int done = 0;
+    std::vector<MemoryRecord> records;
+    for (const Configuration& conf : configurations) {
+      progress.show(done++, "training " + conf.name);
+      records.push_back(measure(conf, tuned, train, corpus, runtime, *stream, o.steps));
+    }
+    const MemoryRecord& ddp = records.front();
+    for (MemoryRecord& r : records) {
+      r.ratio_to_ddp = static_cast<double>(r.peak_device_bytes) / static_cast<double>(ddp.peak_device_bytes);
+      r.step_time_ratio_to_ddp = r.step_seconds / ddp.step_seconds;
+      // bf16/fp16 reductions round in a different order per stage; fp32 agrees to 1e-5.
+      const double tolerance = config.precision.dtype == DType::f32 ? 1e-5 : 2e-3;
+      r.loss_matches_ddp = std::abs(r.final_loss - ddp.final_loss) <= tolerance * std::abs(ddp.final_loss);
+    }
+    std::vector<FitRecord> fit_records;
+    if (o.fit) {
+      for (const Configuration& conf : configurations) {
+        progress.show(done++, "largest model for " + conf.name);
+        fit_records.push_back(largest_fit(conf, tuned, train.model, o.fit_budget, runtime, *stream));
+      }
+    }
+    progress.show(done, "done");
+    if (leader) {
+      std::printf("\nzest bench memory: %zu parameters (char MLP, %zu layers of %zu), %s, %d rank(s), %d steps "
+                  "each; stage 3 prefetches 1 layer and keeps at most 3 gathered\n\n",
+                  records.front().params, train.model.layers, train.model.hidden,
+                  std::string(dtype_name(config.precision.dtype)).c_str(), runtime.world_size(), o.steps);
+      std::printf("%s%s", bench::format_table(records).c_str(), bench::format_fit_table(fit_records).c_str());
+      write_file(o.json, bench::to_json(records, fit_records));
+      write_file(o.csv, bench::to_csv(records));
+      write_file(o.chart, bench::to_svg(records));
+      std::printf("\nwrote %s, %s and the chart %s\n", o.json.c_str(), o.csv.c_str(), o.chart.c_str());
+    }
+    return 0;
+  } catch (const ConfigError& error) {
+    std::fprintf(stderr, "%s\n", error.what());
+    return 2;
+  } catch (const Error& error) {
+    std::fprintf(stderr, "zest bench memory: %s\n", error.what());
+    return 1;
+  }
+}
+
+}  // namespace zest::cli

@@ -1,0 +1,47 @@
+// What `zest bench memory` measured for each configuration, and the ways it is shown: a table on
+// the terminal, JSON and CSV files, and an SVG bar chart of memory per rank by category.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace zest::bench {
+
+struct MemoryRecord {
+  std::string name;                 // "stage 2", "stage 3 + offload optimizer=cpu", ...
+  int stage = 0;
+  std::string offload_optimizer = "none";
+  std::string offload_param = "none";
+  int ranks = 1;
+  std::size_t params = 0;
+  std::size_t peak_params_bytes = 0;  // per rank (the largest rank), by category
+  std::size_t peak_grads_bytes = 0;
+  std::size_t peak_optimizer_bytes = 0;
+  std::size_t peak_buffers_bytes = 0;
+  std::size_t peak_device_bytes = 0;  // the peak of the total, not the sum of the peaks
+  std::size_t peak_host_pinned_bytes = 0;
+  std::size_t nvme_bytes = 0;
+  std::size_t formula_bytes = 0;      // the ZeRO formula for params + grads + optimizer states
+  double ratio_to_ddp = 0;            // peak_device_bytes / stage 0's
+  double formula_deviation = 0;       // (params + grads + optimizer states) / formula - 1
+  double step_seconds = 0;            // median over the measured steps
+  double step_time_ratio_to_ddp = 0;
+  double final_loss = 0;
+  bool loss_matches_ddp = false;
+};
+
+struct FitRecord {
+  std::string name;
+  std::size_t device_budget = 0;
+  std::size_t largest_params = 0;  // the largest model that trained within the budget
+};
+
+std::string format_table(const std::vector<MemoryRecord>& records);
+std::string format_fit_table(const std::vector<FitRecord>& fits);
+std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<FitRecord>& fits);
+std::string to_csv(const std::vector<MemoryRecord>& records);
+// Stacked bars (params, grads, optimizer states, buffers) of per-rank peak memory per configuration.
+std::string to_svg(const std::vector<MemoryRecord>& records);
+
+}  // namespace zest::bench
