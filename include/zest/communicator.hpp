@@ -30,6 +30,7 @@ class Communicator {
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                           Stream& stream) = 0;
   // send holds size() * recv_count elements; rank r receives op over ranks of block r.
+  // In place when recv == send + rank() * recv_count elements (the rank's own block).
   virtual void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                               ReduceOp op, Stream& stream) = 0;
   // recv holds size() * send_count elements; block r comes from rank r.
