@@ -25,6 +25,12 @@
 // Gradients are summed over ranks (and micro-batches): the trainer divides its loss by the global
 // number of examples in the step. Threading: one host thread drives an Engine. Every rank makes the
 // same calls in the same order (acquire/grads_ready/step are collective where the stage needs it).
+//
+// Backends: the engine runs on any Device (its math sits behind an internal interface). lease.param()
+// and lease.grad() are device pointers: on cpu the trainer reads and writes them directly; on cuda
+// its kernels do, and it must have finished writing a group's gradients (its stream synchronized)
+// before grads_ready(), because the engine reduces them on its own stream. When acquire() and
+// step() return, the parameters they make available are complete on the device.
 #pragma once
 
 #include <cstddef>
@@ -101,8 +107,9 @@ class Engine {
   };
   GroupLease acquire(int group);
 
-  // The group's gradients for this micro-batch are written: they are reduced across ranks (and
-  // added to the accumulated gradient) on the comm stream while the trainer goes on.
+  // The group's gradients for this micro-batch are written (cuda: the writes have completed): they
+  // are reduced across ranks (and added to the accumulated gradient) on the comm stream while the
+  // trainer goes on.
   void grads_ready(int group);
 
   // After the last micro-batch: waits for the reductions, checks overflow on every rank, computes

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "engine/device_math.hpp"
 #include "engine/layout.hpp"
 #include "engine/loss_scaler.hpp"
 #include "optim/cpu_adam.hpp"
@@ -19,36 +21,26 @@ namespace {
 
 using engine::Layout;
 
-float load_element(const void* data, DType dtype, std::size_t i) {
+// Host-side conversion of fp32 values into the pinned upload buffer: bit-identical to the GPU cast,
+// and it halves the bytes that cross to the device for 16-bit parameters.
+void convert(const float* src, void* dst, DType dtype, std::size_t count) {
   switch (dtype) {
-    case DType::f32: return static_cast<const float*>(data)[i];
-    case DType::f16: return fp16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-  }
-  return 0;
-}
-
-void store_element(void* data, DType dtype, std::size_t i, float value) {
-  switch (dtype) {
-    case DType::f32: static_cast<float*>(data)[i] = value; break;
-    case DType::f16: static_cast<std::uint16_t*>(data)[i] = float_to_fp16(value); break;
-    case DType::bf16: static_cast<std::uint16_t*>(data)[i] = float_to_bf16(value); break;
+    case DType::f32: std::memcpy(dst, src, count * sizeof(float)); break;
+    case DType::f16:
+      for (std::size_t i = 0; i < count; ++i) static_cast<std::uint16_t*>(dst)[i] = float_to_fp16(src[i]);
+      break;
+    case DType::bf16:
+      for (std::size_t i = 0; i < count; ++i) static_cast<std::uint16_t*>(dst)[i] = float_to_bf16(src[i]);
+      break;
   }
 }
 
-// dst[i] (+)= src[i] in `dtype`: the first micro-batch of a step copies, later ones add.
-void accumulate(void* dst, const void* src, std::size_t count, DType dtype, bool first) {
-  if (first) {
-    std::memcpy(dst, src, count * dtype_size(dtype));
-  } else if (dtype == DType::f32) {
-    float* d = static_cast<float*>(dst);
-    const float* s = static_cast<const float*>(src);
-    for (std::size_t i = 0; i < count; ++i) d[i] += s[i];
-  } else {
-    for (std::size_t i = 0; i < count; ++i)
-      store_element(dst, dtype, i, load_element(dst, dtype, i) + load_element(src, dtype, i));
-  }
-}
+// set_param/get_param move a tensor through pinned memory in chunks of at most this many elements,
+// so the staging stays small however large the largest tensor is.
+constexpr std::size_t kStagingElements = std::size_t{1} << 20;
+// The step's scalars sit at the start of the pinned block; the staging follows, aligned.
+constexpr std::size_t kScalarsBytes = 256;
+static_assert(sizeof(engine::GradStatsScalars) <= kScalarsBytes);
 
 char* at(const DeviceBuffer& buffer, std::size_t elements, DType dtype) {
   return static_cast<char*>(buffer.data()) + elements * dtype_size(dtype);
@@ -80,12 +72,9 @@ struct Engine::State {
         rank(k.rank()),
         layout(specs, c.stage == 0 ? 1 : k.size()),
         scaler(c.precision.loss_scale),
-        adam(optim::hyper_params_from(c.optimizer), default_threads(c, k)),
-        comm_stream(d.create_stream()) {
-    if (!device.host_accessible())
-      throw Error("Engine: this build's optimizer step runs on host-accessible devices (device.type: "
-                  "cpu); the CUDA step is not built yet — use device.type: cpu");
-  }
+        math(engine::make_device_math(d, optim::hyper_params_from(c.optimizer), default_threads(c, k),
+                                      static_cast<std::size_t>(layout.group_count()))),
+        comm_stream(d.create_stream()) {}
 
   const Config config;
   Device& device;
@@ -96,8 +85,7 @@ struct Engine::State {
   const int rank;
   const Layout layout;
   engine::LossScaler scaler;
-  optim::CpuAdam adam;
-  std::unique_ptr<Stream> comm_stream;
+  std::unique_ptr<engine::DeviceMath> math;
 
   // Stage 0-2: every segment in full. Stage 3: this rank's shards, plus resident small groups.
   DeviceBuffer full_params;
@@ -107,9 +95,17 @@ struct Engine::State {
   DeviceBuffer grads;
   // fp32 master weights and Adam moments of this rank's shards (all segments in stage 0).
   DeviceBuffer master, m, v;
-  DeviceBuffer scalars;  // two floats reduced across ranks in step()
+  DeviceBuffer scalars;  // engine::GradStatsScalars; its two floats are reduced across ranks
 
-  std::vector<Slot> staging;      // where backward writes a group's gradients
+  // Pinned host memory: the step's scalars as the host reads them (first kScalarsBytes), then the
+  // set_param/get_param staging of staging_elements fp32 values and as many in dtype.
+  HostBuffer pinned;
+  std::size_t staging_elements = 0;
+  // The spans of one step's math, reserved for every group; the stream reads them until step() ends.
+  std::vector<engine::GradSpan> grad_spans;
+  std::vector<engine::AdamShard> adam_shards;
+
+  std::vector<Slot> staging;      // where backward writes a group's gradients; all zero while free
   std::vector<Slot> gathered;     // stage 3: full parameters of non-resident groups
   std::vector<int> staging_of;    // group -> staging slot or -1
   std::vector<int> gathered_of;   // group -> gathered slot or -1
@@ -121,6 +117,19 @@ struct Engine::State {
 
   std::int64_t steps = 0, skipped = 0;
   double last_norm = 0;
+
+  // Declared last, so it is destroyed first: destroying a stream waits for its work, which may
+  // still refer to the buffers and spans above (when construction or a step failed part-way).
+  std::unique_ptr<Stream> comm_stream;
+
+  engine::GradStatsScalars* device_scalars() const { return scalars.as<engine::GradStatsScalars>(); }
+  const engine::GradStatsScalars& host_scalars() const { return *pinned.as<engine::GradStatsScalars>(); }
+  float* staging_f32() const { return reinterpret_cast<float*>(pinned.as<char>() + kScalarsBytes); }
+  // fp32 parameters upload straight from staging_f32.
+  void* staging_param() const {
+    return dtype == DType::f32 ? static_cast<void*>(staging_f32())
+                               : static_cast<void*>(staging_f32() + staging_elements);
+  }
 
   bool grads_full() const { return stage <= 1; }
   bool params_sharded() const { return stage == 3; }
@@ -161,6 +170,28 @@ struct Engine::State {
     comm.all_gather(at(param_shards, place.shard_offset, dtype), s.buffer.data(), place.shard, dtype,
                     *comm_stream);
     comm_stream->record(*s.free_after);
+  }
+
+  // Before a lease's gather: when prefetching has filled every buffer with groups nobody holds
+  // yet (the trainer left the previous step's order), gives up the one needed last; it is gathered
+  // again when its turn comes. Leased buffers are never taken.
+  void make_room_for_lease() {
+    if (std::any_of(gathered.begin(), gathered.end(), [](const Slot& s) { return s.owner < 0; })) return;
+    const auto upcoming = previous_order.begin() + static_cast<std::ptrdiff_t>(order_position);
+    std::size_t victim = gathered.size();
+    std::ptrdiff_t victim_turn = -1;
+    for (std::size_t i = 0; i < gathered.size(); ++i) {
+      const int owner = gathered[i].owner;
+      if (leases[static_cast<std::size_t>(owner)] > 0) continue;
+      const std::ptrdiff_t turn = std::find(upcoming, previous_order.end(), owner) - upcoming;
+      if (turn > victim_turn) {
+        victim = i;
+        victim_turn = turn;
+      }
+    }
+    if (victim == gathered.size()) return;  // every buffer is leased: take_slot says so
+    gathered_of[static_cast<std::size_t>(gathered[victim].owner)] = -1;
+    gathered[victim].owner = -1;  // take_slot waits for its gather to finish before reuse
   }
 
   // Stage 3: gathers the next groups of the previous step's order, within prefetch_bytes.
@@ -207,10 +238,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   s.master = device.allocate(states, MemoryCategory::optimizer_states);
   s.m = device.allocate(states, MemoryCategory::optimizer_states);
   s.v = device.allocate(states, MemoryCategory::optimizer_states);
-  std::memset(s.master.data(), 0, states);
-  std::memset(s.m.data(), 0, states);
-  std::memset(s.v.data(), 0, states);
-  s.scalars = device.allocate(2 * sizeof(float), MemoryCategory::buffers);
+  s.scalars = device.allocate(sizeof(engine::GradStatsScalars), MemoryCategory::buffers);
 
   // Two staging buffers let backward write one group while the previous one is reduced.
   const std::size_t segment_bytes = s.bytes(layout.largest_segment());
@@ -224,15 +252,26 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     for (std::size_t i = 0; i < count; ++i)
       s.gathered.push_back(Slot{device.allocate(segment_bytes, MemoryCategory::buffers), device.create_event(), -1});
   }
+  std::size_t largest_tensor = 0;
+  for (std::size_t t = 0; t < layout.tensor_count(); ++t) largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
+  s.staging_elements = std::min(largest_tensor, kStagingElements);
+  const std::size_t low_bytes = s.dtype == DType::f32 ? 0 : s.bytes(s.staging_elements);
+  s.pinned = device.allocate_pinned(kScalarsBytes + s.staging_elements * sizeof(float) + low_bytes);
+  s.grad_spans.reserve(groups);
+  s.adam_shards.reserve(groups);
   s.staging_of.assign(groups, -1);
   s.gathered_of.assign(groups, -1);
   s.leases.assign(groups, 0);
   s.accumulated.assign(groups, false);
-  std::memset(s.grads.data(), 0, s.grads.bytes());
-  if (s.full_params) std::memset(s.full_params.data(), 0, s.full_params.bytes());
-  if (s.param_shards) std::memset(s.param_shards.data(), 0, s.param_shards.bytes());
-  for (DeviceBuffer& r : s.resident)
-    if (r) std::memset(r.data(), 0, r.bytes());
+
+  // Zeros where the step reads before anything is written: padding, moments, unwritten gradients.
+  Stream& stream = *s.comm_stream;
+  for (const DeviceBuffer* b : {&s.master, &s.m, &s.v, &s.grads, &s.full_params, &s.param_shards})
+    if (*b) device.memset_async(b->data(), 0, b->bytes(), stream);
+  for (const DeviceBuffer& r : s.resident)
+    if (r) device.memset_async(r.data(), 0, r.bytes(), stream);
+  for (const Slot& slot : s.staging) device.memset_async(slot.buffer.data(), 0, slot.buffer.bytes(), stream);
+  stream.synchronize();
 }
 
 Engine::~Engine() {
@@ -254,22 +293,36 @@ void Engine::set_param(std::size_t tensor, const float* values) {
   State& s = *state_;
   const auto& t = s.layout.tensor(tensor);
   const auto& g = s.layout.group(t.group);
-  // Master weights: the part of the tensor inside this rank's shard of the segment.
+  Stream& stream = *s.comm_stream;
+  // This rank's shard of the segment: [begin, end) in segment elements.
   const std::size_t begin = s.shard_begin(t.group), end = begin + g.shard;
-  float* master = s.master.as<float>() + g.shard_offset;
-  for (std::size_t i = std::max(begin, t.offset); i < std::min(end, t.offset + t.numel); ++i)
-    master[i - begin] = values[i - t.offset];
-  // Device parameters in the working dtype.
-  auto write = [&](char* segment, std::size_t first, std::size_t last, std::size_t base) {
-    for (std::size_t i = std::max(first, t.offset); i < std::min(last, t.offset + t.numel); ++i)
-      store_element(segment, s.dtype, i - base, values[i - t.offset]);
-  };
-  if (!s.params_sharded()) {
-    write(at(s.full_params, g.full_offset, s.dtype), 0, g.padded, 0);
-  } else {
-    write(at(s.param_shards, g.shard_offset, s.dtype), begin, end, begin);
-    if (s.resident[static_cast<std::size_t>(t.group)])
-      write(static_cast<char*>(s.resident[static_cast<std::size_t>(t.group)].data()), 0, g.padded, 0);
+  char* const master = reinterpret_cast<char*>(s.master.as<float>() + g.shard_offset);
+  for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
+    const std::size_t count = std::min(s.staging_elements, t.numel - first);
+    std::memcpy(s.staging_f32(), values + first, count * sizeof(float));
+    if (s.dtype != DType::f32) convert(values + first, s.staging_param(), s.dtype, count);
+    // The chunk in segment elements, and its part inside this rank's shard.
+    const std::size_t lo = t.offset + first, hi = lo + count;
+    const std::size_t mine_lo = std::max(lo, begin), mine_hi = std::min(hi, end);
+    const bool has_mine = mine_lo < mine_hi;
+    const char* param = static_cast<const char*>(s.staging_param());
+    if (has_mine) {
+      // Master weights: the part of the tensor inside this rank's shard of the segment.
+      s.device.copy_async(master + (mine_lo - begin) * sizeof(float),
+                          reinterpret_cast<const char*>(s.staging_f32()) + (mine_lo - lo) * sizeof(float),
+                          (mine_hi - mine_lo) * sizeof(float), stream);
+    }
+    // Device parameters in the working dtype.
+    if (!s.params_sharded()) {
+      s.device.copy_async(at(s.full_params, g.full_offset + lo, s.dtype), param, s.bytes(count), stream);
+    } else {
+      if (has_mine)
+        s.device.copy_async(at(s.param_shards, g.shard_offset + (mine_lo - begin), s.dtype),
+                            param + s.bytes(mine_lo - lo), s.bytes(mine_hi - mine_lo), stream);
+      if (const DeviceBuffer& full = s.resident[static_cast<std::size_t>(t.group)])
+        s.device.copy_async(static_cast<char*>(full.data()) + s.bytes(lo), param, s.bytes(count), stream);
+    }
+    stream.synchronize();  // the staging is refilled next
   }
 }
 
@@ -277,21 +330,35 @@ void Engine::get_param(std::size_t tensor, float* values) {
   State& s = *state_;
   const auto& t = s.layout.tensor(tensor);
   const auto& g = s.layout.group(t.group);
+  Stream& stream = *s.comm_stream;
   const std::size_t begin = s.shard_begin(t.group), end = begin + g.shard;
-  const float* master = s.master.as<float>() + g.shard_offset;
+  const float* const master = s.master.as<float>() + g.shard_offset;
+  float* const staging = s.staging_f32();
   if (s.layout.partitions() == 1) {
-    std::memcpy(values, master + t.offset, t.numel * sizeof(float));
+    for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
+      const std::size_t count = std::min(s.staging_elements, t.numel - first);
+      s.device.copy_async(staging, master + t.offset + first, count * sizeof(float), stream);
+      stream.synchronize();
+      std::memcpy(values + first, staging, count * sizeof(float));
+    }
     return;
   }
   // Each rank fills its part, zeros elsewhere; a sum across ranks assembles the tensor exactly.
-  DeviceBuffer assembled = s.device.allocate(t.numel * sizeof(float), MemoryCategory::buffers);
-  float* out = assembled.as<float>();
-  std::memset(out, 0, t.numel * sizeof(float));
-  for (std::size_t i = std::max(begin, t.offset); i < std::min(end, t.offset + t.numel); ++i)
-    out[i - t.offset] = master[i - begin];
-  s.comm.all_reduce(out, out, t.numel, DType::f32, ReduceOp::sum, *s.comm_stream);
-  s.comm_stream->synchronize();
-  std::memcpy(values, out, t.numel * sizeof(float));
+  DeviceBuffer assembled =
+      s.device.allocate(std::min(t.numel, s.staging_elements) * sizeof(float), MemoryCategory::buffers);
+  float* const out = assembled.as<float>();
+  for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
+    const std::size_t count = std::min(s.staging_elements, t.numel - first);
+    const std::size_t lo = t.offset + first, hi = lo + count;
+    const std::size_t mine_lo = std::max(lo, begin), mine_hi = std::min(hi, end);
+    s.device.memset_async(out, 0, count * sizeof(float), stream);
+    if (mine_lo < mine_hi)
+      s.device.copy_async(out + (mine_lo - lo), master + (mine_lo - begin), (mine_hi - mine_lo) * sizeof(float), stream);
+    s.comm.all_reduce(out, out, count, DType::f32, ReduceOp::sum, stream);
+    s.device.copy_async(staging, out, count * sizeof(float), stream);
+    stream.synchronize();
+    std::memcpy(values + first, staging, count * sizeof(float));
+  }
 }
 
 Engine::GroupLease Engine::acquire(int group) {
@@ -303,7 +370,10 @@ Engine::GroupLease Engine::acquire(int group) {
   if (s.params_sharded()) {
     s.order.push_back(group);
     if (s.order_position < s.previous_order.size() && s.previous_order[s.order_position] == group) ++s.order_position;
-    if (!s.resident[g] && s.gathered_of[g] < 0) s.start_gather(group);
+    if (!s.resident[g] && s.gathered_of[g] < 0) {
+      s.make_room_for_lease();
+      s.start_gather(group);
+    }
     if (!s.resident[g]) s.gathered[static_cast<std::size_t>(s.gathered_of[g])].free_after->synchronize();
     s.prefetch();
   }
@@ -343,11 +413,9 @@ void* Engine::GroupLease::grad(std::size_t tensor) const {
     throw Error(std::string("Engine: gradient of '").append(s.specs[tensor].name).append("' belongs to group ")
                     .append(std::to_string(t.group)).append(", not to the leased group ").append(std::to_string(group_)));
   int& slot = s.staging_of[static_cast<std::size_t>(group_)];
-  if (slot < 0) {
-    slot = s.take_slot(s.staging, group_, "gradient staging");
-    // Padding and tensors the trainer leaves unwritten reduce as zeros.
-    std::memset(s.staging[static_cast<std::size_t>(slot)].buffer.data(), 0, s.bytes(s.layout.group(group_).padded));
-  }
+  // A free slot is all zeros (zeroed after each use, on the comm stream), so padding and tensors
+  // the trainer leaves unwritten reduce as zeros.
+  if (slot < 0) slot = s.take_slot(s.staging, group_, "gradient staging");
   return static_cast<char*>(s.staging[static_cast<std::size_t>(slot)].buffer.data()) + s.bytes(t.offset);
 }
 
@@ -363,17 +431,16 @@ void Engine::grads_ready(int group) {
   char* data = static_cast<char*>(staging.buffer.data());
   const bool first = !s.accumulated[g];
   s.accumulated[g] = true;
+  Stream& stream = *s.comm_stream;
   if (s.grads_full()) {
-    if (s.comm.size() > 1)
-      s.comm.all_reduce(data, data, place.padded, s.dtype, ReduceOp::sum, *s.comm_stream);
-    char* dst = at(s.grads, place.full_offset, s.dtype);
-    s.comm_stream->host_task([=, &s] { accumulate(dst, data, place.padded, s.dtype, first); });
+    if (s.comm.size() > 1) s.comm.all_reduce(data, data, place.padded, s.dtype, ReduceOp::sum, stream);
+    s.math->accumulate(at(s.grads, place.full_offset, s.dtype), data, place.padded, s.dtype, first, stream);
   } else {
     char* mine = data + s.bytes(s.shard_begin(group));
-    s.comm.reduce_scatter(data, mine, place.shard, s.dtype, ReduceOp::sum, *s.comm_stream);
-    char* dst = at(s.grads, place.shard_offset, s.dtype);
-    s.comm_stream->host_task([=, &s] { accumulate(dst, mine, place.shard, s.dtype, first); });
+    s.comm.reduce_scatter(data, mine, place.shard, s.dtype, ReduceOp::sum, stream);
+    s.math->accumulate(at(s.grads, place.shard_offset, s.dtype), mine, place.shard, s.dtype, first, stream);
   }
+  s.device.memset_async(data, 0, s.bytes(place.padded), stream);
   s.comm_stream->record(*staging.free_after);
   staging.owner = -1;
   s.staging_of[g] = -1;
@@ -382,7 +449,7 @@ void Engine::grads_ready(int group) {
 
 StepResult Engine::step() {
   State& s = *state_;
-  s.comm_stream->synchronize();
+  Stream& stream = *s.comm_stream;
   const Layout& layout = s.layout;
   ++s.steps;
 
@@ -390,25 +457,23 @@ StepResult Engine::step() {
   auto grad_of = [&](int g) {
     const auto& place = layout.group(g);
     const std::size_t offset = s.grads_full() ? place.full_offset + s.shard_begin(g) : place.shard_offset;
-    return optim::ConstTensorSpan{at(s.grads, offset, s.dtype), s.dtype, place.shard};
+    return at(s.grads, offset, s.dtype);
   };
-  double sum_squares = 0;
-  bool overflow = false;
-  for (int g = 0; g < layout.group_count(); ++g) {
-    if (!s.accumulated[static_cast<std::size_t>(g)]) continue;
-    const optim::GradStats stats = s.adam.grad_stats(grad_of(g));
-    sum_squares += stats.sum_squares;
-    overflow = overflow || stats.nonfinite;
-  }
-  if (layout.partitions() > 1) {
-    float* scalars = s.scalars.as<float>();
-    scalars[0] = overflow ? 0.0f : static_cast<float>(sum_squares);
-    scalars[1] = overflow ? 1.0f : 0.0f;
-    s.comm.all_reduce(scalars, scalars, 2, DType::f32, ReduceOp::sum, *s.comm_stream);
-    s.comm_stream->synchronize();
-    sum_squares = scalars[0];
-    overflow = scalars[1] > 0;
-  }
+  // Statistics after the reductions (same stream), agreed across ranks, then read by the host.
+  s.grad_spans.clear();
+  for (int g = 0; g < layout.group_count(); ++g)
+    if (s.accumulated[static_cast<std::size_t>(g)]) s.grad_spans.push_back({grad_of(g), layout.group(g).shard});
+  engine::GradStatsScalars* scalars = s.device_scalars();
+  s.math->grad_stats(s.grad_spans, s.dtype, scalars, stream);
+  if (layout.partitions() > 1)
+    s.comm.all_reduce(scalars->reduced, scalars->reduced, 2, DType::f32, ReduceOp::sum, stream);
+  s.device.copy_async(s.pinned.data(), scalars, sizeof(engine::GradStatsScalars), stream);
+  stream.synchronize();
+  const engine::GradStatsScalars& agreed = s.host_scalars();
+  // One partition: nothing was reduced, and the double sum is exact.
+  const bool reduced = layout.partitions() > 1;
+  const double sum_squares = reduced ? agreed.reduced[0] : agreed.sum_squares;
+  const bool overflow = reduced ? agreed.reduced[1] > 0 : agreed.nonfinite != 0;
 
   const double scale = s.scaler.scale();
   StepResult result;
@@ -418,12 +483,13 @@ StepResult Engine::step() {
   result.loss_scale = s.scaler.scale();
   s.last_norm = result.grad_norm;
   std::fill(s.accumulated.begin(), s.accumulated.end(), false);
-  s.previous_order = std::move(s.order);
+  std::swap(s.previous_order, s.order);  // keeps both vectors' capacity
   s.order.clear();
   s.order_position = 0;
   if (result.skipped) {
     ++s.skipped;
-    std::memset(s.grads.data(), 0, s.grads.bytes());
+    // Ordered before the next step's first accumulation, on the same stream.
+    s.device.memset_async(s.grads.data(), 0, s.grads.bytes(), stream);
     return result;
   }
 
@@ -432,22 +498,17 @@ StepResult Engine::step() {
   args.step = s.steps - s.skipped;
   args.grad_scale = 1.0 / scale;
   args.clip_coef = max_norm > 0 && result.grad_norm > max_norm ? max_norm / (result.grad_norm + 1e-6) : 1.0;
+  s.adam_shards.clear();
   for (int g = 0; g < layout.group_count(); ++g) {
     const auto& place = layout.group(g);
-    std::span<float> master(s.master.as<float>() + place.shard_offset, place.shard);
-    std::span<float> m(s.m.as<float>() + place.shard_offset, place.shard);
-    std::span<float> v(s.v.as<float>() + place.shard_offset, place.shard);
-    // Where the updated low-precision parameters of this shard go.
+    // Where the updated parameters of this shard go, in the working dtype.
     char* out = s.params_sharded() ? at(s.param_shards, place.shard_offset, s.dtype)
                                    : at(s.full_params, place.full_offset + s.shard_begin(g), s.dtype);
-    if (s.dtype == DType::f32) {
-      s.adam.step(master, m, v, grad_of(g), args);
-      std::memcpy(out, master.data(), place.shard * sizeof(float));
-    } else {
-      s.adam.step(master, m, v, grad_of(g), args, optim::TensorSpan{out, s.dtype, place.shard});
-    }
+    s.adam_shards.push_back({s.master.as<float>() + place.shard_offset, s.m.as<float>() + place.shard_offset,
+                             s.v.as<float>() + place.shard_offset, grad_of(g), out, place.shard});
   }
-  std::memset(s.grads.data(), 0, s.grads.bytes());
+  s.math->adam_step(s.adam_shards, s.dtype, s.dtype, args, stream);
+  s.device.memset_async(s.grads.data(), 0, s.grads.bytes(), stream);
 
   // Every rank needs the full updated parameters again, except stage 3's gathered-on-use groups.
   for (int g = 0; g < layout.group_count(); ++g) {
@@ -457,13 +518,13 @@ StepResult Engine::step() {
       full = at(s.full_params, place.full_offset, s.dtype);
     } else if (s.resident[static_cast<std::size_t>(g)]) {
       full = static_cast<char*>(s.resident[static_cast<std::size_t>(g)].data());
-      std::memcpy(full + s.bytes(s.shard_begin(g)), at(s.param_shards, place.shard_offset, s.dtype),
-                  s.bytes(place.shard));
+      s.device.copy_async(full + s.bytes(s.shard_begin(g)), at(s.param_shards, place.shard_offset, s.dtype),
+                          s.bytes(place.shard), stream);
     }
     if (full && layout.partitions() > 1)
-      s.comm.all_gather(full + s.bytes(s.shard_begin(g)), full, place.shard, s.dtype, *s.comm_stream);
+      s.comm.all_gather(full + s.bytes(s.shard_begin(g)), full, place.shard, s.dtype, stream);
   }
-  s.comm_stream->synchronize();
+  stream.synchronize();
   return result;
 }
 

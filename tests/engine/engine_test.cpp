@@ -1,18 +1,15 @@
 // The engine against a single-process reference Adam, under mpirun with 1, 2 and 4 ranks, for every
-// stage: a least-squares model whose gradient depends on the parameters, trained with the global
-// batch split across ranks. Every rank must end with parameters equal to the reference's.
+// stage: the model and reference of reference_training.hpp on the cpu device with MPI. Every rank
+// must end with parameters equal to the reference's.
 #include "zest/engine.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
+#include <string>
 #include <vector>
 
-#include "runtime/half.hpp"
+#include "engine/reference_training.hpp"
 #include "runtime/mpi_communicator.hpp"
 #include "runtime/mpi_session.hpp"
 #include "zest/error.hpp"
@@ -20,161 +17,13 @@
 namespace zest {
 namespace {
 
-// Odd sizes, several tensors per group, one tiny group (resident under stage 3's threshold).
-std::vector<ParamSpec> model() {
-  return {{"embed", {331, 3}, 0}, {"w1", {37, 11}, 1}, {"b1", {5}, 1}, {"w2", {2049}, 2}, {"bias", {1}, 3}};
-}
+using namespace reference_training;
 
-constexpr int kExamples = 8;  // global batch
-
-double target(int step, int example, std::size_t tensor, std::size_t j) {
-  return std::sin(0.37 * step + 1.3 * example + 0.7 * static_cast<double>(tensor) + 0.011 * static_cast<double>(j));
-}
-double weight(int example) { return 0.5 + 0.125 * example; }
-
-// Gradient of (1/E) sum_e w_e/2 |p - t_e|^2 over examples [first, last), for one element.
-double partial_grad(double p, int step, int first, int last, std::size_t tensor, std::size_t j) {
-  double g = 0;
-  for (int e = first; e < last; ++e) g += weight(e) * (p - target(step, e, tensor, j));
-  return g / kExamples;
-}
-
-double initial(std::size_t tensor, std::size_t j) { return 0.5 * std::cos(0.3 * static_cast<double>(tensor) + 0.05 * static_cast<double>(j)); }
-
-struct Options {
-  int stage = 0;
-  DType dtype = DType::f32;
-  int accumulation = 1;
-  double clip = 0;
-  int overflow_at_step = -1;  // the last rank writes an Inf gradient at this step
-  std::size_t max_live = std::size_t{1} << 30;
-};
-
-Config make_config(const Options& o) {
-  Config c;
-  c.stage = o.stage;
-  c.device.memory = std::size_t{256} << 20;
-  c.optimizer.type = OptimizerType::adamw;
-  c.optimizer.lr = 0.01;
-  c.optimizer.weight_decay = 0.01;
-  c.optimizer.threads = 1;
-  c.precision.dtype = o.dtype;
-  c.precision.loss_scale.dynamic = o.dtype == DType::f16;
-  c.precision.loss_scale.initial_scale_power = 8;
-  c.precision.loss_scale.hysteresis = 1;
-  c.gradient_clipping = o.clip;
-  c.gradient_accumulation_steps = o.accumulation;
-  c.stage3.persistence_threshold_bytes = 1024;
-  c.stage3.prefetch_bytes = 1 << 20;
-  c.stage3.max_live_bytes = o.max_live;
-  return c;
-}
-
-float load(const void* p, DType dtype, std::size_t i) {
-  if (dtype == DType::f32) return static_cast<const float*>(p)[i];
-  const auto bits = static_cast<const std::uint16_t*>(p)[i];
-  return dtype == DType::f16 ? fp16_to_float(bits) : bf16_to_float(bits);
-}
-void store(void* p, DType dtype, std::size_t i, float value) {
-  if (dtype == DType::f32) static_cast<float*>(p)[i] = value;
-  else static_cast<std::uint16_t*>(p)[i] = dtype == DType::f16 ? float_to_fp16(value) : float_to_bf16(value);
-}
-
-// Trains `steps` steps with the engine; returns every tensor's final master weights.
 std::vector<std::vector<float>> train_with_engine(const Options& o, int steps, EngineStats* stats_out = nullptr) {
   MpiSession session;
   auto device = make_cpu_device(std::size_t{256} << 20);
   auto comm = make_mpi_communicator(session, *device);
-  const std::vector<ParamSpec> specs = model();
-  Engine engine(make_config(o), *device, *comm, specs);
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    std::vector<float> values(specs[t].numel());
-    for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<float>(initial(t, j));
-    engine.set_param(t, values.data());
-  }
-  const int ranks = comm->size(), rank = comm->rank();
-  const int per_micro = kExamples / o.accumulation;
-  for (int step = 1; step <= steps; ++step) {
-    for (int micro = 0; micro < o.accumulation; ++micro) {
-      // This rank's examples of this micro-batch.
-      const int base = micro * per_micro;
-      const int first = base + rank * per_micro / ranks, last = base + (rank + 1) * per_micro / ranks;
-      for (int g = 0; g < engine.group_count(); ++g) auto forward = engine.acquire(g);  // forward: gathers
-      for (int g = engine.group_count() - 1; g >= 0; --g) {
-        auto lease = engine.acquire(g);
-        for (std::size_t t = 0; t < specs.size(); ++t) {
-          if (specs[t].group != g) continue;
-          const void* p = lease.param(t);
-          void* grad = lease.grad(t);
-          for (std::size_t j = 0; j < specs[t].numel(); ++j) {
-            double value = partial_grad(load(p, o.dtype, j), step, first, last, t, j) * engine.loss_scale();
-            if (step == o.overflow_at_step && rank == ranks - 1 && t == 0 && j == 0)
-              value = std::numeric_limits<double>::infinity();
-            store(grad, o.dtype, j, static_cast<float>(value));
-          }
-        }
-        engine.grads_ready(g);
-      }
-    }
-    engine.step();
-  }
-  std::vector<std::vector<float>> result;
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    result.emplace_back(specs[t].numel());
-    engine.get_param(t, result.back().data());
-  }
-  if (stats_out) *stats_out = engine.stats();
-  return result;
-}
-
-// The same training in one process, in double precision, Adam written out plainly.
-std::vector<std::vector<double>> train_reference(const Options& o, int steps) {
-  const Config c = make_config(o);
-  const std::vector<ParamSpec> specs = model();
-  std::vector<std::vector<double>> p, m, v;
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    p.emplace_back(specs[t].numel());
-    for (std::size_t j = 0; j < p[t].size(); ++j) p[t][j] = static_cast<float>(initial(t, j));
-    m.emplace_back(specs[t].numel(), 0.0);
-    v.emplace_back(specs[t].numel(), 0.0);
-  }
-  int taken = 0;
-  for (int step = 1; step <= steps; ++step) {
-    if (step == o.overflow_at_step) continue;  // skipped on every rank
-    ++taken;
-    std::vector<std::vector<double>> grad;
-    double norm_sq = 0;
-    for (std::size_t t = 0; t < specs.size(); ++t) {
-      grad.emplace_back(specs[t].numel());
-      for (std::size_t j = 0; j < grad[t].size(); ++j) {
-        grad[t][j] = partial_grad(p[t][j], step, 0, kExamples, t, j);
-        norm_sq += grad[t][j] * grad[t][j];
-      }
-    }
-    const double norm = std::sqrt(norm_sq);
-    const double clip = c.gradient_clipping > 0 && norm > c.gradient_clipping ? c.gradient_clipping / (norm + 1e-6) : 1.0;
-    const auto& h = c.optimizer;
-    for (std::size_t t = 0; t < specs.size(); ++t) {
-      for (std::size_t j = 0; j < p[t].size(); ++j) {
-        const double g = grad[t][j] * clip;
-        p[t][j] *= 1 - h.lr * h.weight_decay;
-        m[t][j] = h.beta1 * m[t][j] + (1 - h.beta1) * g;
-        v[t][j] = h.beta2 * v[t][j] + (1 - h.beta2) * g * g;
-        const double denom = std::sqrt(v[t][j]) / std::sqrt(1 - std::pow(h.beta2, taken)) + h.eps;
-        p[t][j] -= h.lr / (1 - std::pow(h.beta1, taken)) * m[t][j] / denom;
-      }
-    }
-  }
-  return p;
-}
-
-// Largest |got - want| / max(1, |want|) over every element.
-double max_relative_error(const std::vector<std::vector<float>>& got, const std::vector<std::vector<double>>& want) {
-  double worst = 0;
-  for (std::size_t t = 0; t < want.size(); ++t)
-    for (std::size_t j = 0; j < want[t].size(); ++j)
-      worst = std::max(worst, std::abs(got[t][j] - want[t][j]) / std::max(1.0, std::abs(want[t][j])));
-  return worst;
+  return train_engine(o, steps, *device, *comm, stats_out);
 }
 
 constexpr int kSteps = 12;

@@ -1,0 +1,99 @@
+// The engine's math on the cpu backend: device memory is host memory, so each call is a host task
+// on the stream's worker — plain loops for accumulation, the CPU Adam (SIMD, on its own pinned
+// threads) for the statistics and the step.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "engine/device_math.hpp"
+#include "runtime/half.hpp"
+
+namespace zest::engine {
+namespace {
+
+float load_element(const void* data, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(data)[i];
+    case DType::f16: return fp16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+  }
+  return 0;
+}
+
+void store_element(void* data, DType dtype, std::size_t i, float value) {
+  switch (dtype) {
+    case DType::f32: static_cast<float*>(data)[i] = value; break;
+    case DType::f16: static_cast<std::uint16_t*>(data)[i] = float_to_fp16(value); break;
+    case DType::bf16: static_cast<std::uint16_t*>(data)[i] = float_to_bf16(value); break;
+  }
+}
+
+void accumulate_now(void* dst, const void* src, std::size_t count, DType dtype, bool first) {
+  if (first) {
+    std::memcpy(dst, src, count * dtype_size(dtype));
+  } else if (dtype == DType::f32) {
+    float* d = static_cast<float*>(dst);
+    const float* s = static_cast<const float*>(src);
+    for (std::size_t i = 0; i < count; ++i) d[i] += s[i];
+  } else {
+    for (std::size_t i = 0; i < count; ++i)
+      store_element(dst, dtype, i, load_element(dst, dtype, i) + load_element(src, dtype, i));
+  }
+}
+
+// The engine submits all of its math to one stream, so the CPU Adam (one step at a time) is only
+// ever used by that stream's worker.
+class CpuDeviceMath final : public DeviceMath {
+ public:
+  CpuDeviceMath(const optim::AdamHyperParams& hyper, int threads) : adam_(hyper, threads) {}
+
+  void accumulate(void* dst, const void* src, std::size_t count, DType dtype, bool first,
+                  Stream& stream) override {
+    stream.host_task([=] { accumulate_now(dst, src, count, dtype, first); });
+  }
+
+  void grad_stats(std::span<const GradSpan> grads, DType dtype, GradStatsScalars* out,
+                  Stream& stream) override {
+    stream.host_task([this, grads, dtype, out] {
+      double sum_squares = 0;
+      bool nonfinite = false;
+      for (const GradSpan& g : grads) {
+        const optim::GradStats stats = adam_.grad_stats(optim::ConstTensorSpan{g.data, dtype, g.count});
+        sum_squares += stats.sum_squares;
+        nonfinite = nonfinite || stats.nonfinite;
+      }
+      out->reduced[0] = nonfinite ? 0.0f : static_cast<float>(sum_squares);
+      out->reduced[1] = nonfinite ? 1.0f : 0.0f;
+      out->sum_squares = sum_squares;
+      out->nonfinite = nonfinite ? 1 : 0;
+    });
+  }
+
+  void adam_step(std::span<const AdamShard> shards, DType grad_dtype, DType out_dtype,
+                 const optim::AdamStepArgs& args, Stream& stream) override {
+    stream.host_task([this, shards, grad_dtype, out_dtype, args] {
+      for (const AdamShard& s : shards) {
+        std::span<float> master(s.master, s.count), m(s.m, s.count), v(s.v, s.count);
+        const optim::ConstTensorSpan grad{s.grad, grad_dtype, s.count};
+        if (out_dtype == DType::f32) {
+          // The CPU Adam writes only low-precision copies; fp32 parameters are the master weights.
+          adam_.step(master, m, v, grad, args);
+          std::memcpy(s.out, s.master, s.count * sizeof(float));
+        } else {
+          adam_.step(master, m, v, grad, args, optim::TensorSpan{s.out, out_dtype, s.count});
+        }
+      }
+    });
+  }
+
+ private:
+  optim::CpuAdam adam_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMath> make_cpu_device_math(const optim::AdamHyperParams& hyper, int threads) {
+  return std::make_unique<CpuDeviceMath>(hyper, threads);
+}
+
+}  // namespace zest::engine

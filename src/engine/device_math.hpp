@@ -1,0 +1,79 @@
+// The arithmetic the engine does on device memory — adding micro-batch gradients, the gradient
+// statistics, the Adam step — behind one small interface, so the engine itself never touches device
+// memory and runs unchanged on every backend. cpu: host tasks on the stream's worker, running the
+// CPU Adam; cuda: kernels on the stream's CUDA stream.
+//
+// Every call enqueues its work on `stream` and returns at once, so it is ordered with the
+// communicator's collectives on the same stream; errors surface from Stream::synchronize(). All
+// data pointers are device memory of the Device the math was made for. What they point at, and the
+// span arrays passed in, must stay valid and unchanged until the stream has run the work.
+// Threading: one host thread submits at a time (the Stream contract).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+#include "optim/adam_math.hpp"
+#include "optim/cpu_adam.hpp"
+#include "zest/device.hpp"
+#include "zest/dtype.hpp"
+
+namespace zest::engine {
+
+// `count` gradients in the call's dtype.
+struct GradSpan {
+  const void* data = nullptr;
+  std::size_t count = 0;
+};
+
+// One contiguous run of a rank's shard: fp32 master weights and moments, updated in place, the
+// gradient (in the call's grad dtype) and where the updated parameters go (in the call's out dtype).
+struct AdamShard {
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  const void* grad = nullptr;
+  void* out = nullptr;
+  std::size_t count = 0;
+};
+
+// The gradient statistics of one step, in device memory. `reduced` comes first so the ranks can
+// all-reduce it in place (sum) as two floats; the rest is this rank's own result.
+struct GradStatsScalars {
+  float reduced[2];    // [sum of squares, or 0 when nonfinite; 1 when nonfinite, else 0]
+  double sum_squares;  // this rank's, in double: exact where nothing is reduced; void if nonfinite
+  int nonfinite;       // this rank's: 1 when some gradient is Inf or NaN
+};
+
+class DeviceMath {
+ public:
+  virtual ~DeviceMath() = default;
+
+  // dst[i] = src[i] when `first`, else dst[i] += src[i], the sum formed in float and rounded once
+  // to `dtype` (bit-identical on every backend). dst and src must not overlap.
+  virtual void accumulate(void* dst, const void* src, std::size_t count, DType dtype, bool first,
+                          Stream& stream) = 0;
+
+  // Fills *out from all `grads` (as stored, before any scale). No spans: a zero sum, finite.
+  virtual void grad_stats(std::span<const GradSpan> grads, DType dtype, GradStatsScalars* out,
+                          Stream& stream) = 0;
+
+  // One Adam/AdamW step over every shard (the math of optim/adam_math.hpp), then each shard's
+  // updated master weights written to its `out` as `out_dtype` (fp32: a copy).
+  virtual void adam_step(std::span<const AdamShard> shards, DType grad_dtype, DType out_dtype,
+                         const optim::AdamStepArgs& args, Stream& stream) = 0;
+};
+
+// The math for `device`'s backend. `threads`: the CPU Adam's threads (cpu only). `max_spans`: the
+// most spans one call passes, so the calls themselves allocate nothing. Throws SystemError for a
+// cuda device when zest was built without CUDA.
+std::unique_ptr<DeviceMath> make_device_math(Device& device, const optim::AdamHyperParams& hyper,
+                                             int threads, std::size_t max_spans);
+
+// The backends, for make_device_math.
+std::unique_ptr<DeviceMath> make_cpu_device_math(const optim::AdamHyperParams& hyper, int threads);
+std::unique_ptr<DeviceMath> make_cuda_device_math(Device& device, const optim::AdamHyperParams& hyper,
+                                                  std::size_t max_spans);
+
+}  // namespace zest::engine
