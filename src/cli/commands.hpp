@@ -10,6 +10,8 @@ int config_check(int argc, char** argv);
 int smoke(int argc, char** argv);
 // zest bench adam [--threads N] [--params N] [--mode M] [--json] (bench/adam_bench.cpp)
 int bench_adam(int argc, char** argv);
+// zest bench io --path DIR [--size GiB] [--json]: NVMe store bandwidth (bench/io_bench.cpp)
+int bench_io(int argc, char** argv);
 // zest bench memory [options] (bench/memory_bench.cpp)
 int bench_memory(int argc, char** argv);
 

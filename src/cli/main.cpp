@@ -14,6 +14,7 @@ constexpr const char* kUsage =
     "  config check FILE        validate a config; print it resolved, or every error (exit 2)\n"
     "  smoke [--config FILE]    run the runtime on every rank: memory, streams, collectives\n"
     "  bench adam [options]     CPU/GPU Adam throughput against the machine's memory roofline\n"
+    "  bench io --path DIR      NVMe store bandwidth against a synchronous O_DIRECT loop\n"
     "  bench memory [options]   memory per rank of ZeRO stages 0-3 against DDP on a real model\n";
 
 }  // namespace
@@ -29,6 +30,8 @@ int main(int argc, char** argv) {
   if (command == "smoke") return zest::cli::smoke(argc - 2, argv + 2);
   if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "adam") == 0)
     return zest::cli::bench_adam(argc - 3, argv + 3);
+  if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "io") == 0)
+    return zest::cli::bench_io(argc - 3, argv + 3);
   if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "memory") == 0)
     return zest::cli::bench_memory(argc - 3, argv + 3);
   std::fprintf(stderr, "zest: unknown command '%s'\n\n%s", command.c_str(), kUsage);

@@ -1,0 +1,150 @@
+#include "offload/host_store.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <future>
+#include <utility>
+
+#include "offload/checksum.hpp"
+#include "zest/error.hpp"
+#include "zest/topology.hpp"
+
+namespace zest::offload {
+
+struct HostStore::Request : detail::Transfer {
+  RegionId id = 0;
+  Op op = Op::write;
+  Region region;
+  char* buffer = nullptr;
+  char* memory = nullptr;
+  std::uint32_t* crc = nullptr;
+};
+
+HostStore::HostStore(Device& device, const IoConfig& io, std::vector<int> cpus)
+    : Store(4096), device_(device), checksum_(io.checksum) {
+  std::promise<void> started;
+  std::future<void> started_future = started.get_future();
+  thread_ = std::thread([this, &started, cpus = std::move(cpus)] {
+    try {
+      if (!cpus.empty()) Topology::bind_current_thread(cpus);
+      started.set_value();
+    } catch (...) {
+      started.set_exception(std::current_exception());
+      return;
+    }
+    run();
+  });
+  try {
+    started_future.get();
+  } catch (...) {
+    thread_.join();
+    throw;
+  }
+}
+
+HostStore::~HostStore() {
+  {
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [this] { return running_ == 0; });
+    stopping_ = true;
+  }
+  work_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HostStore::reserve(RegionId id, const Region& region) {
+  HostBuffer buffer = device_.allocate_pinned(region.padded_bytes);
+  std::lock_guard lock(mutex_);
+  if (memory_.size() != id) throw Error("HostStore: regions reserved out of order");
+  memory_.push_back(std::move(buffer));
+  crcs_.push_back(0);
+}
+
+const void* HostStore::region_data(RegionId id) const {
+  std::lock_guard lock(mutex_);
+  if (id >= memory_.size()) throw Error(std::string("store has no region id ").append(std::to_string(id)));
+  return memory_[id].data();
+}
+
+IoHandle HostStore::write_async(RegionId id, const void* src) {
+  // The store only reads `src` for a write; the request type holds one pointer for both ways.
+  return submit(id, Op::write, const_cast<void*>(src));
+}
+
+IoHandle HostStore::read_async(RegionId id, void* dst) { return submit(id, Op::read, dst); }
+
+IoHandle HostStore::submit(RegionId id, Op op, void* buffer) {
+  const Region region = begin_transfer(id, op, buffer);
+  std::shared_ptr<Request> request;
+  try {
+    request = std::make_shared<Request>();
+  } catch (...) {
+    end_transfer(id, op, false);
+    throw;
+  }
+  request->id = id;
+  request->op = op;
+  request->region = region;
+  request->buffer = static_cast<char*>(buffer);
+  {
+    std::lock_guard lock(mutex_);
+    request->memory = static_cast<char*>(memory_[id].data());
+    request->crc = &crcs_[id];
+    ++running_;
+    queued_.push_back(request);
+  }
+  work_.notify_one();
+  return IoHandle(std::move(request));
+}
+
+void HostStore::flush() {
+  {
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [this] { return running_ == 0; });
+  }
+  rethrow_unobserved_failure();
+}
+
+void HostStore::run() noexcept {
+  for (;;) {
+    std::shared_ptr<Request> request;
+    {
+      std::unique_lock lock(mutex_);
+      work_.wait(lock, [this] { return stopping_ || !queued_.empty(); });
+      if (queued_.empty()) return;
+      request = std::move(queued_.front());
+      queued_.pop_front();
+    }
+    execute(request);
+    {
+      std::lock_guard lock(mutex_);
+      --running_;
+    }
+    idle_.notify_all();
+  }
+}
+
+void HostStore::execute(const std::shared_ptr<Request>& owner) {
+  Request& request = *owner;
+  const std::size_t bytes = request.region.padded_bytes;
+  std::exception_ptr error;
+  if (request.op == Op::write) {
+    std::memcpy(request.memory, request.buffer, bytes);
+    if (checksum_) *request.crc = crc32c(request.memory, bytes);
+  } else {
+    if (checksum_ && crc32c(request.memory, bytes) != *request.crc) {
+      error = std::make_exception_ptr(IoError(
+          std::string("checksum mismatch reading region '").append(request.region.name)
+              .append("': the host copy is not what was written (memory corrupted or overwritten); its data cannot be used"),
+          location(), request.region.offset, bytes, EBADMSG));
+    } else {
+      std::memcpy(request.buffer, request.memory, bytes);
+    }
+  }
+  end_transfer(request.id, request.op, error == nullptr);
+  if (error) note_failure(owner);
+  request.complete(error);
+}
+
+}  // namespace zest::offload
