@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "runtime/thread_binding.hpp"
 #include "zest/error.hpp"
 
 namespace zest::optim {
@@ -13,7 +14,7 @@ int resolve_threads(int threads, const std::vector<int>& cpus) {
     throw Error(std::string("CPU Adam thread count must be >= 0 (0 = one per CPU), got ")
                     .append(std::to_string(threads)));
   if (threads > 0) return threads;
-  return static_cast<int>(cpus.empty() ? allowed_cpus().size() : cpus.size());
+  return static_cast<int>(cpus.empty() ? detail::allowed_cpus().size() : cpus.size());
 }
 
 AdamRange offset(const AdamRange& r, std::size_t begin, std::size_t end) {

@@ -1,8 +1,7 @@
 #include "optim/pinned_arena.hpp"
 
-#include <hwloc.h>
-
 #include <string>
+#include <utility>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -10,6 +9,7 @@
 #include <tbb/task_arena.h>
 #include <tbb/task_scheduler_observer.h>
 
+#include "runtime/thread_binding.hpp"
 #include "zest/error.hpp"
 
 // oneTBB is not built with ThreadSanitizer, so TSan cannot see the synchronization by which a
@@ -28,52 +28,6 @@ extern "C" void __tsan_release(void* addr);
 namespace zest::optim {
 namespace {
 
-// hwloc's topology, loaded once: loading costs milliseconds, binding a thread microseconds.
-class SharedTopology {
- public:
-  SharedTopology() {
-    if (hwloc_topology_init(&topology_) != 0 || hwloc_topology_load(topology_) != 0)
-      throw SystemError("hwloc could not load this machine's topology; CPU Adam threads cannot be "
-                        "pinned (check that /sys is mounted)");
-  }
-  ~SharedTopology() { hwloc_topology_destroy(topology_); }
-  SharedTopology(const SharedTopology&) = delete;
-  SharedTopology& operator=(const SharedTopology&) = delete;
-  hwloc_topology_t get() const { return topology_; }
-
- private:
-  hwloc_topology_t topology_ = nullptr;
-};
-
-hwloc_topology_t topology() {
-  static const SharedTopology shared;
-  return shared.get();
-}
-
-class Bitmap {
- public:
-  Bitmap() : bitmap_(hwloc_bitmap_alloc()) {
-    if (bitmap_ == nullptr) throw SystemError("hwloc_bitmap_alloc failed: out of memory");
-  }
-  ~Bitmap() { hwloc_bitmap_free(bitmap_); }
-  Bitmap(const Bitmap&) = delete;
-  Bitmap& operator=(const Bitmap&) = delete;
-  hwloc_bitmap_t get() const { return bitmap_; }
-
- private:
-  hwloc_bitmap_t bitmap_;
-};
-
-// Pins the calling thread; false when the OS refused (pinning is a speed matter, never fatal).
-bool bind_thread_to(int cpu) noexcept {
-  hwloc_bitmap_t set = hwloc_bitmap_alloc();
-  if (set == nullptr) return false;
-  hwloc_bitmap_only(set, static_cast<unsigned>(cpu));
-  const bool ok = hwloc_set_cpubind(topology(), set, HWLOC_CPUBIND_THREAD) == 0;
-  hwloc_bitmap_free(set);
-  return ok;
-}
-
 class PinningObserver : public tbb::task_scheduler_observer {
  public:
   PinningObserver(tbb::task_arena& arena, const std::vector<int>& cpus)
@@ -87,47 +41,21 @@ class PinningObserver : public tbb::task_scheduler_observer {
     ZEST_TSAN_ACQUIRE(this);
     // A refused binding only costs speed; the work itself runs correctly anywhere.
     const int slot = tbb::this_task_arena::current_thread_index();
-    if (slot >= 0) bind_thread_to(cpus_[static_cast<std::size_t>(slot) % cpus_.size()]);
+    if (slot >= 0)
+      static_cast<void>(
+          detail::try_bind_current_thread(cpus_[static_cast<std::size_t>(slot) % cpus_.size()]));
   }
 
   void on_scheduler_exit(bool is_worker) override {
     // A worker may go on to serve other arenas: give it back every allowed CPU.
-    if (is_worker)
-      hwloc_set_cpubind(topology(), hwloc_topology_get_allowed_cpuset(topology()),
-                        HWLOC_CPUBIND_THREAD);
+    if (is_worker) detail::unbind_current_thread();
   }
 
  private:
   const std::vector<int>& cpus_;
 };
 
-// Pins the calling thread for a scope and restores its previous binding.
-class ScopedBinding {
- public:
-  explicit ScopedBinding(int cpu) {
-    saved_ok_ = hwloc_get_cpubind(topology(), saved_.get(), HWLOC_CPUBIND_THREAD) == 0;
-    if (saved_ok_) bind_thread_to(cpu);
-  }
-  ~ScopedBinding() {
-    if (saved_ok_) hwloc_set_cpubind(topology(), saved_.get(), HWLOC_CPUBIND_THREAD);
-  }
-  ScopedBinding(const ScopedBinding&) = delete;
-  ScopedBinding& operator=(const ScopedBinding&) = delete;
-
- private:
-  Bitmap saved_;
-  bool saved_ok_ = false;
-};
-
 }  // namespace
-
-std::vector<int> allowed_cpus() {
-  std::vector<int> cpus;
-  const hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(topology());
-  for (int cpu = hwloc_bitmap_first(allowed); cpu != -1; cpu = hwloc_bitmap_next(allowed, cpu))
-    cpus.push_back(cpu);
-  return cpus;
-}
 
 struct PinnedArena::Impl {
   Impl(int threads, std::vector<int> cpu_list)
@@ -141,7 +69,7 @@ PinnedArena::PinnedArena(int threads, std::vector<int> cpus) {
   if (threads < 1)
     throw Error(std::string("CPU Adam needs at least one thread, got ")
                     .append(std::to_string(threads)).append("; set optimizer.threads >= 0"));
-  const std::vector<int> allowed = allowed_cpus();
+  const std::vector<int> allowed = detail::allowed_cpus();
   if (cpus.empty()) cpus = allowed;
   for (int cpu : cpus) {
     bool found = false;
@@ -168,7 +96,7 @@ void PinnedArena::for_each_tile(std::size_t count, std::size_t tile,
                                 const std::function<void(std::size_t, std::size_t)>& body) {
   if (count == 0) return;
   const std::size_t tiles = (count + tile - 1) / tile;
-  const ScopedBinding pin(impl_->cpus.front());
+  const detail::ScopedThreadBinding pin(impl_->cpus.front());
   char fork = 0, join = 0;
   ZEST_TSAN_RELEASE(&fork);
   impl_->arena.execute([&] {

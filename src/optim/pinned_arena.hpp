@@ -33,7 +33,4 @@ class PinnedArena {
   std::unique_ptr<Impl> impl_;
 };
 
-// The CPUs (OS indices) this process may run on.
-std::vector<int> allowed_cpus();
-
 }  // namespace zest::optim

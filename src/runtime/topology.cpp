@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "runtime/cpu_split.hpp"
-#include "runtime/sys_check.hpp"
+#include "runtime/thread_binding.hpp"
 #include "zest/error.hpp"
 #include "zest_build_config.h"
 
@@ -25,24 +25,9 @@
 namespace zest {
 namespace {
 
-struct BitmapDeleter {
-  void operator()(hwloc_bitmap_s* bitmap) const noexcept { hwloc_bitmap_free(bitmap); }
-};
-using Bitmap = std::unique_ptr<hwloc_bitmap_s, BitmapDeleter>;
-
-Bitmap new_bitmap() {
-  Bitmap bitmap(hwloc_bitmap_alloc());
-  if (!bitmap) throw SystemError("hwloc_bitmap_alloc failed: out of memory");
-  return bitmap;
-}
-
-std::vector<int> bitmap_indices(hwloc_const_bitmap_t bitmap) {
-  std::vector<int> indices;
-  for (int i = hwloc_bitmap_first(bitmap); i != -1; i = hwloc_bitmap_next(bitmap, i)) {
-    indices.push_back(i);
-  }
-  return indices;
-}
+using detail::bitmap_indices;
+using detail::new_bitmap;
+using Bitmap = detail::HwlocBitmap;
 
 // "0-3,8,10-11": short enough for an error message even on a 256-thread machine.
 std::string cpu_list(const std::vector<int>& cpus) {
@@ -63,19 +48,6 @@ std::string cpu_list(const std::vector<int>& cpus) {
 
 std::string counted(int count, const char* singular, const char* plural) {
   return std::to_string(count).append(" ").append(count == 1 ? singular : plural);
-}
-
-struct TopologyDeleter {
-  void operator()(hwloc_topology* topology) const noexcept { hwloc_topology_destroy(topology); }
-};
-using TopologyHandle = std::unique_ptr<hwloc_topology, TopologyDeleter>;
-
-TopologyHandle load_topology() {
-  hwloc_topology_t topology = nullptr;
-  ZEST_SYS_CHECK(hwloc_topology_init(&topology));
-  TopologyHandle handle(topology);
-  ZEST_SYS_CHECK(hwloc_topology_load(topology));
-  return handle;
 }
 
 }  // namespace
@@ -110,7 +82,7 @@ std::vector<int> split_cpus(const std::vector<std::vector<int>>& cores, int inde
 }  // namespace detail
 
 struct Topology::Impl {
-  TopologyHandle topology;
+  detail::HwlocTopology topology;
 
   int count_of(hwloc_obj_type_t type) const {
     return std::max(0, hwloc_get_nbobjs_by_type(topology.get(), type));
@@ -183,7 +155,7 @@ Topology::~Topology() = default;
 
 Topology Topology::detect() {
   auto impl = std::make_unique<Impl>();
-  impl->topology = load_topology();
+  impl->topology = detail::load_topology();
   return Topology(std::move(impl));
 }
 
@@ -235,27 +207,19 @@ void Topology::bind_current_thread(const std::vector<int>& cpus) {
                            .append("); pass cpus from Topology::cpus_for_rank"));
   };
   if (cpus.empty()) throw failure("no cpus given", EINVAL);
-  // Loaded once: binding happens as threads start, and a topology load costs milliseconds.
-  static const TopologyHandle topology = load_topology();
-  const hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(topology.get());
-  const Bitmap set = new_bitmap();
+  const std::vector<int> allowed = detail::allowed_cpus();
   for (const int cpu : cpus) {
     // Checked here because the kernel silently drops unknown cpus from a mask that has others.
-    if (cpu < 0 || hwloc_bitmap_isset(allowed, static_cast<unsigned>(cpu)) == 0) {
+    if (!std::binary_search(allowed.begin(), allowed.end(), cpu)) {
       throw failure(std::string("cpu ")
                         .append(std::to_string(cpu))
                         .append(" is not one this process may run on (allowed: ")
-                        .append(cpu_list(bitmap_indices(allowed)))
+                        .append(cpu_list(allowed))
                         .append(")"),
                     EINVAL);
     }
-    if (hwloc_bitmap_set(set.get(), static_cast<unsigned>(cpu)) != 0) {
-      throw failure("hwloc_bitmap_set", ENOMEM);
-    }
   }
-  if (hwloc_set_cpubind(topology.get(), set.get(), HWLOC_CPUBIND_THREAD) != 0) {
-    throw failure("hwloc_set_cpubind", errno);
-  }
+  if (!detail::try_bind_current_thread(cpus)) throw failure("hwloc_set_cpubind", errno);
 }
 
 std::string Topology::describe() const {
