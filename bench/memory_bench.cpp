@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -29,10 +31,12 @@ using bench::MemoryRecord;
 
 constexpr const char* kUsage =
     "usage: zest bench memory [--config FILE] [--params N] [--steps N] [--device-memory SIZE]\n"
-    "                         [--json FILE] [--csv FILE] [--chart FILE.svg] [--no-fit]\n"
+    "                         [--json FILE] [--csv FILE] [--chart FILE.svg] [--no-fit] [--nvme-path DIR]\n"
     "  Run under mpirun -np N (or alone: a world of one). Defaults: the built-in config (cpu device,\n"
     "  bf16, AdamW), --params 4000000, --steps 4, --device-memory 128MiB for the largest-model search,\n"
-    "  outputs zest-memory.json, zest-memory.csv and zest-memory.svg in the current directory.\n";
+    "  outputs zest-memory.json, zest-memory.csv and zest-memory.svg in the current directory.\n"
+    "  The nvme offload rows keep their swap files in --nvme-path (default: a fresh directory in the\n"
+    "  current directory, removed afterwards).\n";
 
 struct Options {
   std::string config_path;
@@ -41,11 +45,44 @@ struct Options {
   std::size_t fit_budget = std::size_t{128} << 20;
   bool fit = true;
   std::string json = "zest-memory.json", csv = "zest-memory.csv", chart = "zest-memory.svg";
+  std::string nvme_path;
 };
 
 struct Configuration {
   std::string name;
   int stage;
+  OffloadDevice optimizer = OffloadDevice::none;
+  OffloadDevice param = OffloadDevice::none;
+};
+
+std::string offload_name(OffloadDevice d) {
+  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
+}
+
+// The directory the nvme rows swap to: the one given, or a fresh one in the current directory that
+// goes away with this object (each rank makes its own; the swap files are per rank anyway).
+class SwapDirectory {
+ public:
+  explicit SwapDirectory(const std::string& given) : path_(given) {
+    if (!path_.empty()) return;
+    std::string pattern = "zest-bench-nvme-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr)
+      throw IoError("zest bench memory: cannot create a directory for the nvme swap files (use --nvme-path DIR)",
+                    std::filesystem::current_path().string(), 0, 0, errno);
+    path_ = std::filesystem::absolute(pattern).string();
+    owned_ = true;
+  }
+  ~SwapDirectory() {
+    std::error_code ignored;
+    if (owned_) std::filesystem::remove_all(path_, ignored);
+  }
+  SwapDirectory(const SwapDirectory&) = delete;
+  SwapDirectory& operator=(const SwapDirectory&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool owned_ = false;
 };
 
 // The character MLP whose parameter count is closest above `params`, with `shape.layers` hidden
@@ -77,9 +114,13 @@ void fit_stage3_to(Config& config, const charlm::CharMlp& model) {
 
 // The ZeRO paper's per-rank bytes for params + grads + optimizer states: d bytes per parameter and
 // per gradient (2 for bf16/fp16), 12 for fp32 master, m and v; sharded over N from stage 1, 2, 3 on.
-std::size_t formula_bytes(int stage, std::size_t params, std::size_t d, int ranks) {
+// What is offloaded counts 0 on the device: optimizer states, and stage 3's parameters.
+std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::size_t d, int ranks) {
+  const int stage = conf.stage;
   const double psi = static_cast<double>(params), n = ranks;
-  const double p = static_cast<double>(d) * psi, g = p, os = 12 * psi;
+  const double p = conf.param == OffloadDevice::none ? static_cast<double>(d) * psi : 0.0;
+  const double g = static_cast<double>(d) * psi;
+  const double os = conf.optimizer == OffloadDevice::none ? 12 * psi : 0.0;
   switch (stage) {
     case 0: return static_cast<std::size_t>(p + g + os);
     case 1: return static_cast<std::size_t>(p + g + os / n);
@@ -117,9 +158,20 @@ class Progress {
   bool tty_;
 };
 
-MemoryRecord measure(const Configuration& conf, Config config, const train::TrainConfig& train,
-                     const charlm::TextCorpus& corpus, Runtime& runtime, Stream& stream, int steps) {
+// The configuration's stage and offload on top of `config`.
+Config configured(const Configuration& conf, Config config, const std::string& nvme_path) {
   config.stage = conf.stage;
+  config.offload.optimizer.device = conf.optimizer;
+  config.offload.param.device = conf.param;
+  config.offload.optimizer.path = conf.optimizer == OffloadDevice::nvme ? nvme_path : "";
+  config.offload.param.path = conf.param == OffloadDevice::nvme ? nvme_path : "";
+  return config;
+}
+
+MemoryRecord measure(const Configuration& conf, Config config, const train::TrainConfig& train,
+                     const charlm::TextCorpus& corpus, Runtime& runtime, Stream& stream, int steps,
+                     const std::string& nvme_path) {
+  config = configured(conf, config, nvme_path);
   Device& device = runtime.device();
   Communicator& comm = runtime.comm();
   comm.barrier();
@@ -127,7 +179,10 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   MemoryRecord r;
   r.name = conf.name;
   r.stage = conf.stage;
+  r.offload_optimizer = offload_name(conf.optimizer);
+  r.offload_param = offload_name(conf.param);
   r.ranks = comm.size();
+  std::size_t nvme_bytes = 0;
   std::vector<double> seconds;
   {
     const int blas_threads = std::max<int>(1, static_cast<int>(runtime.cpus().size()));
@@ -139,6 +194,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
       r.final_loss = trainer.step(step);
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
+    nvme_bytes = trainer.engine().stats().nvme_bytes;
   }
   const MemoryStats stats = device.memory_stats();
   r.peak_params_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::params));
@@ -147,7 +203,8 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   r.peak_buffers_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::buffers));
   r.peak_device_bytes = max_over_ranks(comm, device, stream, stats.peak_total);
   r.peak_host_pinned_bytes = max_over_ranks(comm, device, stream, device.pinned_stats().peak);
-  r.formula_bytes = formula_bytes(conf.stage, r.params, dtype_size(config.precision.dtype), r.ranks);
+  r.nvme_bytes = max_over_ranks(comm, device, stream, nvme_bytes);
+  r.formula_bytes = formula_bytes(conf, r.params, dtype_size(config.precision.dtype), r.ranks);
   const double model_state = static_cast<double>(r.peak_params_bytes + r.peak_grads_bytes + r.peak_optimizer_bytes);
   r.formula_deviation = model_state / static_cast<double>(r.formula_bytes) - 1;
   // The first step pays page faults of fresh buffers; the median of the rest is the step time.
@@ -187,6 +244,8 @@ bool fits(Config config, const charlm::CharMlpShape& shape, std::size_t budget, 
 FitRecord largest_fit(const Configuration& conf, Config config, charlm::CharMlpShape shape, std::size_t budget,
                       Runtime& runtime, Stream& stream) {
   config.stage = conf.stage;
+  config.offload.optimizer.device = conf.optimizer;
+  config.offload.param.device = conf.param;
   // Bisect the hidden width: the largest that fits, within 2%.
   std::size_t lo = 1, hi = 2;
   shape.hidden = hi;
@@ -230,6 +289,7 @@ int bench_memory(int argc, char** argv) {
       else if (arg == "--json" && has_value) o.json = argv[++i];
       else if (arg == "--csv" && has_value) o.csv = argv[++i];
       else if (arg == "--chart" && has_value) o.chart = argv[++i];
+      else if (arg == "--nvme-path" && has_value) o.nvme_path = argv[++i];
       else if (arg == "--no-fit") o.fit = false;
       else {
         std::fprintf(stderr, "zest bench memory: invalid argument '%s'\n%s", arg.c_str(), kUsage);
@@ -256,14 +316,26 @@ int bench_memory(int argc, char** argv) {
     fit_stage3_to(tuned, charlm::CharMlp(train.model, 1, 1));
     auto stream = runtime.device().create_stream();
 
+    // The stages first, then the offloads. The largest-model search runs over the stages and the
+    // headline offload (stage 3 with the optimizer on the host); the NVMe rows would write gigabytes
+    // per trial.
+    const std::vector<std::size_t> searched = {0, 1, 2, 3, 5};
     const std::vector<Configuration> configurations = {
-        {"stage 0 (DDP)", 0}, {"stage 1", 1}, {"stage 2", 2}, {"stage 3", 3}};
-    Progress progress(leader, static_cast<int>(configurations.size() * (o.fit ? 2 : 1)));
+        {"stage 0 (DDP)", 0},
+        {"stage 1", 1},
+        {"stage 2", 2},
+        {"stage 3", 3},
+        {"stage 2 + offload optimizer cpu", 2, OffloadDevice::cpu},
+        {"stage 3 + offload optimizer cpu", 3, OffloadDevice::cpu},
+        {"stage 3 + offload optimizer nvme", 3, OffloadDevice::nvme},
+        {"stage 3 + offload optimizer+param nvme", 3, OffloadDevice::nvme, OffloadDevice::nvme}};
+    const SwapDirectory swap(o.nvme_path);
+    Progress progress(leader, static_cast<int>(configurations.size() + (o.fit ? searched.size() : 0)));
     int done = 0;
     std::vector<MemoryRecord> records;
     for (const Configuration& conf : configurations) {
       progress.show(done++, "training " + conf.name);
-      records.push_back(measure(conf, tuned, train, corpus, runtime, *stream, o.steps));
+      records.push_back(measure(conf, tuned, train, corpus, runtime, *stream, o.steps, swap.path()));
     }
     const MemoryRecord& ddp = records.front();
     for (MemoryRecord& r : records) {
@@ -275,7 +347,8 @@ int bench_memory(int argc, char** argv) {
     }
     std::vector<FitRecord> fit_records;
     if (o.fit) {
-      for (const Configuration& conf : configurations) {
+      for (const std::size_t i : searched) {
+        const Configuration& conf = configurations[i];
         progress.show(done++, "largest model for " + conf.name);
         fit_records.push_back(largest_fit(conf, tuned, train.model, o.fit_budget, runtime, *stream));
       }

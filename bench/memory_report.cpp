@@ -27,15 +27,15 @@ std::string json_string(const std::string& text) {
 }  // namespace
 
 std::string format_table(const std::vector<MemoryRecord>& records) {
-  std::string out = printf_string("%-34s %9s %8s %8s %8s %8s %7s %10s %8s %8s %7s %s\n", "configuration (per rank)",
-                                  "peak MiB", "params", "grads", "optim", "buffers", "vs DDP", "formula", "dev",
-                                  "step ms", "vs DDP", "loss = DDP");
+  std::string out = printf_string("%-38s %9s %8s %8s %8s %8s %7s %10s %8s %8s %8s %8s %7s %s\n",
+                                  "configuration (per rank)", "peak MiB", "params", "grads", "optim", "buffers",
+                                  "vs DDP", "formula", "dev", "pinned", "nvme", "step ms", "vs DDP", "loss = DDP");
   for (const MemoryRecord& r : records) {
-    out += printf_string("%-34s %9.1f %8.1f %8.1f %8.1f %8.1f %6.2fx %10.1f %+7.1f%% %8.1f %6.2fx %s\n",
+    out += printf_string("%-38s %9.1f %8.1f %8.1f %8.1f %8.1f %6.2fx %10.1f %+7.1f%% %8.1f %8.1f %8.1f %6.2fx %s\n",
                          r.name.c_str(), mib(r.peak_device_bytes), mib(r.peak_params_bytes), mib(r.peak_grads_bytes),
                          mib(r.peak_optimizer_bytes), mib(r.peak_buffers_bytes), r.ratio_to_ddp, mib(r.formula_bytes),
-                         100 * r.formula_deviation, 1000 * r.step_seconds, r.step_time_ratio_to_ddp,
-                         r.loss_matches_ddp ? "yes" : "NO");
+                         100 * r.formula_deviation, mib(r.peak_host_pinned_bytes), mib(r.nvme_bytes),
+                         1000 * r.step_seconds, r.step_time_ratio_to_ddp, r.loss_matches_ddp ? "yes" : "NO");
   }
   return out;
 }

@@ -26,6 +26,14 @@
 // number of examples in the step. Threading: one host thread drives an Engine. Every rank makes the
 // same calls in the same order (acquire/grads_ready/step are collective where the stage needs it).
 //
+// Offload (config offload.*): optimizer.device cpu|nvme keeps this rank's fp32 master weights and
+// Adam moments in pinned host memory or in an NVMe swap file (DIRECTORY/zest-rank<rank>.swap, one
+// engine per directory and rank) and runs the step as a pipeline of sub-groups on the host;
+// param.device cpu|nvme (stage 3) keeps the parameter shards there too, fetched before each gather.
+// Results are bit-identical to the same run without offload. After an IoError from step() the
+// offloaded state is partly updated: the engine refuses further steps; rebuild it and set or load
+// its weights again.
+//
 // Backends: the engine runs on any Device (its math sits behind an internal interface). lease.param()
 // and lease.grad() are device pointers: on cpu the trainer reads and writes them directly; on cuda
 // its kernels do, and it must have finished writing a group's gradients (its stream synchronized)
@@ -64,6 +72,10 @@ struct EngineStats {
   double loss_scale = 1.0;
   double last_grad_norm = 0.0;
   MemoryStats memory;              // this rank's device memory by category, current and peak
+  // Offload (config offload.*): bytes this rank keeps in its NVMe swap file, and the pinned host
+  // memory the offloaded optimizer and parameters hold (also counted in Device::pinned_stats).
+  std::size_t nvme_bytes = 0;
+  std::size_t offload_pinned_bytes = 0;
 };
 
 class Engine {
@@ -114,7 +126,8 @@ class Engine {
 
   // After the last micro-batch: waits for the reductions, checks overflow on every rank, computes
   // the global gradient norm, clips, updates this rank's shard with Adam, and makes the updated
-  // parameters available again (all-gather where the stage shards them). Collective.
+  // parameters available again (all-gather where the stage shards them). Collective. Throws
+  // IoError when the offload's swap file fails (see Offload above).
   StepResult step();
 
   // The factor the trainer multiplies its loss by before backward (1 unless fp16 loss scaling).

@@ -12,6 +12,9 @@
 #include "engine/device_math.hpp"
 #include "engine/layout.hpp"
 #include "engine/loss_scaler.hpp"
+#include "engine/offloaded_optimizer.hpp"
+#include "engine/param_offload.hpp"
+#include "offload/nvme_store.hpp"
 #include "optim/cpu_adam.hpp"
 #include "runtime/half.hpp"
 #include "zest/error.hpp"
@@ -57,7 +60,23 @@ struct Slot {
   DeviceBuffer buffer;
   std::unique_ptr<Event> free_after;
   int owner = -1;  // group using it, or -1
+  DeviceBuffer shard;  // stage 3 with offloaded parameters: the fetched shard the gather reads
 };
+
+// The rank's swap file for `target` (nvme), shared by the optimizer and the parameters when both
+// name the same directory: one store per directory keeps one file per rank there.
+std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTarget& target, int rank,
+                                           std::shared_ptr<offload::Store>& shared, std::string& shared_path) {
+  if (target.device != OffloadDevice::nvme) return nullptr;
+  if (shared && shared_path == target.path) return shared;
+  offload::NvmeStoreOptions options;
+  options.directory = target.path;
+  options.rank = rank;
+  options.io = config.io;
+  shared = std::make_shared<offload::NvmeStore>(std::move(options));
+  shared_path = target.path;
+  return shared;
+}
 
 }  // namespace
 
@@ -118,6 +137,13 @@ struct Engine::State {
   std::int64_t steps = 0, skipped = 0;
   double last_norm = 0;
 
+  // Offload (issue 5): optimizer states on the host or NVMe, stage 3's parameter shards likewise.
+  std::shared_ptr<offload::Store> optimizer_store, param_store;
+  std::unique_ptr<engine::OffloadedOptimizer> offloaded;
+  std::unique_ptr<engine::ParamOffload> param_offload;
+  std::vector<engine::OffloadGroup> offload_groups;
+  DeviceBuffer update_out;  // offloaded parameters, device Adam: one group's updated shard
+
   // Declared last, so it is destroyed first: destroying a stream waits for its work, which may
   // still refer to the buffers and spans above (when construction or a step failed part-way).
   std::unique_ptr<Stream> comm_stream;
@@ -132,6 +158,7 @@ struct Engine::State {
   }
 
   bool grads_full() const { return stage <= 1; }
+  bool params_offloaded(int g) const { return param_offload && param_offload->offloaded(g); }
   bool params_sharded() const { return stage == 3; }
   std::size_t shard_begin(int g) const {
     return layout.partitions() == 1 ? 0 : static_cast<std::size_t>(rank) * layout.group(g).shard;
@@ -167,8 +194,12 @@ struct Engine::State {
     gathered_of[static_cast<std::size_t>(g)] = slot;
     const auto& place = layout.group(g);
     Slot& s = gathered[static_cast<std::size_t>(slot)];
-    comm.all_gather(at(param_shards, place.shard_offset, dtype), s.buffer.data(), place.shard, dtype,
-                    *comm_stream);
+    const void* shard = param_shards ? at(param_shards, place.shard_offset, dtype) : nullptr;
+    if (params_offloaded(g)) {
+      param_offload->fetch(g, s.shard.data(), static_cast<std::size_t>(slot), *comm_stream);
+      shard = s.shard.data();
+    }
+    comm.all_gather(shard, s.buffer.data(), place.shard, dtype, *comm_stream);
     comm_stream->record(*s.free_after);
   }
 
@@ -223,8 +254,10 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   State& s = *state_;
   const Layout& layout = s.layout;
   const std::size_t groups = static_cast<std::size_t>(layout.group_count());
+  const bool offload_optimizer = config.offload.optimizer.device != OffloadDevice::none;
+  const bool offload_params = s.params_sharded() && config.offload.param.device != OffloadDevice::none;
   if (s.params_sharded()) {
-    s.param_shards = device.allocate(s.bytes(layout.shard_numel()), MemoryCategory::params);
+    if (!offload_params) s.param_shards = device.allocate(s.bytes(layout.shard_numel()), MemoryCategory::params);
     s.resident.resize(groups);
     for (int g = 0; g < layout.group_count(); ++g)
       if (s.bytes(layout.group(g).padded) <= config.stage3.persistence_threshold_bytes)
@@ -234,23 +267,45 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   }
   s.grads = device.allocate(s.bytes(s.grads_full() ? layout.full_numel() : layout.shard_numel()),
                             MemoryCategory::grads);
-  const std::size_t states = layout.shard_numel() * sizeof(float);
-  s.master = device.allocate(states, MemoryCategory::optimizer_states);
-  s.m = device.allocate(states, MemoryCategory::optimizer_states);
-  s.v = device.allocate(states, MemoryCategory::optimizer_states);
+  if (!offload_optimizer) {
+    const std::size_t states = layout.shard_numel() * sizeof(float);
+    s.master = device.allocate(states, MemoryCategory::optimizer_states);
+    s.m = device.allocate(states, MemoryCategory::optimizer_states);
+    s.v = device.allocate(states, MemoryCategory::optimizer_states);
+  }
   s.scalars = device.allocate(sizeof(engine::GradStatsScalars), MemoryCategory::buffers);
 
   // Two staging buffers let backward write one group while the previous one is reduced.
   const std::size_t segment_bytes = s.bytes(layout.largest_segment());
   for (int i = 0; i < 2; ++i)
-    s.staging.push_back(Slot{device.allocate(segment_bytes, MemoryCategory::buffers), device.create_event(), -1});
+    s.staging.push_back(Slot{device.allocate(segment_bytes, MemoryCategory::buffers), device.create_event(), -1, {}});
   if (s.params_sharded()) {
     std::size_t sharded_groups = 0;
     for (const DeviceBuffer& r : s.resident) sharded_groups += r ? 0 : 1;
     const std::size_t by_budget = config.stage3.max_live_bytes / segment_bytes;
     const std::size_t count = std::min(sharded_groups, std::max<std::size_t>(2, by_budget));
+    const std::size_t shard_bytes = offload_params ? s.bytes(layout.largest_segment() / static_cast<std::size_t>(layout.partitions())) : 0;
     for (std::size_t i = 0; i < count; ++i)
-      s.gathered.push_back(Slot{device.allocate(segment_bytes, MemoryCategory::buffers), device.create_event(), -1});
+      s.gathered.push_back(Slot{device.allocate(segment_bytes, MemoryCategory::buffers), device.create_event(), -1,
+                                offload_params ? device.allocate(shard_bytes, MemoryCategory::buffers) : DeviceBuffer{}});
+  }
+  std::string store_path;
+  std::shared_ptr<offload::Store> shared_store;
+  if (offload_optimizer) {
+    s.optimizer_store = nvme_store(config, config.offload.optimizer, s.rank, shared_store, store_path);
+    s.offloaded = std::make_unique<engine::OffloadedOptimizer>(config, device, layout, s.dtype,
+                                                               default_threads(config, comm), s.optimizer_store);
+    s.offload_groups.resize(groups);
+  }
+  if (offload_params) {
+    s.param_store = nvme_store(config, config.offload.param, s.rank, shared_store, store_path);
+    std::vector<bool> offloaded(groups);
+    for (std::size_t g = 0; g < groups; ++g) offloaded[g] = !s.resident[g];
+    s.param_offload = std::make_unique<engine::ParamOffload>(device, layout, s.dtype, std::move(offloaded),
+                                                             s.gathered.size(), s.param_store);
+    if (!offload_optimizer)
+      s.update_out = device.allocate(s.bytes(layout.largest_segment() / static_cast<std::size_t>(layout.partitions())),
+                                     MemoryCategory::buffers);
   }
   std::size_t largest_tensor = 0;
   for (std::size_t t = 0; t < layout.tensor_count(); ++t) largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
@@ -296,7 +351,7 @@ void Engine::set_param(std::size_t tensor, const float* values) {
   Stream& stream = *s.comm_stream;
   // This rank's shard of the segment: [begin, end) in segment elements.
   const std::size_t begin = s.shard_begin(t.group), end = begin + g.shard;
-  char* const master = reinterpret_cast<char*>(s.master.as<float>() + g.shard_offset);
+  char* const master = s.master ? reinterpret_cast<char*>(s.master.as<float>() + g.shard_offset) : nullptr;
   for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
     const std::size_t count = std::min(s.staging_elements, t.numel - first);
     std::memcpy(s.staging_f32(), values + first, count * sizeof(float));
@@ -306,7 +361,9 @@ void Engine::set_param(std::size_t tensor, const float* values) {
     const std::size_t mine_lo = std::max(lo, begin), mine_hi = std::min(hi, end);
     const bool has_mine = mine_lo < mine_hi;
     const char* param = static_cast<const char*>(s.staging_param());
-    if (has_mine) {
+    if (has_mine && s.offloaded) {
+      s.offloaded->write_master(g.shard_offset + (mine_lo - begin), s.staging_f32() + (mine_lo - lo), mine_hi - mine_lo);
+    } else if (has_mine) {
       // Master weights: the part of the tensor inside this rank's shard of the segment.
       s.device.copy_async(master + (mine_lo - begin) * sizeof(float),
                           reinterpret_cast<const char*>(s.staging_f32()) + (mine_lo - lo) * sizeof(float),
@@ -316,7 +373,9 @@ void Engine::set_param(std::size_t tensor, const float* values) {
     if (!s.params_sharded()) {
       s.device.copy_async(at(s.full_params, g.full_offset + lo, s.dtype), param, s.bytes(count), stream);
     } else {
-      if (has_mine)
+      if (has_mine && s.params_offloaded(t.group))
+        s.param_offload->write(t.group, mine_lo - begin, param + s.bytes(mine_lo - lo), mine_hi - mine_lo);
+      else if (has_mine && s.param_shards)
         s.device.copy_async(at(s.param_shards, g.shard_offset + (mine_lo - begin), s.dtype),
                             param + s.bytes(mine_lo - lo), s.bytes(mine_hi - mine_lo), stream);
       if (const DeviceBuffer& full = s.resident[static_cast<std::size_t>(t.group)])
@@ -332,11 +391,15 @@ void Engine::get_param(std::size_t tensor, float* values) {
   const auto& g = s.layout.group(t.group);
   Stream& stream = *s.comm_stream;
   const std::size_t begin = s.shard_begin(t.group), end = begin + g.shard;
-  const float* const master = s.master.as<float>() + g.shard_offset;
+  const float* const master = s.master ? s.master.as<float>() + g.shard_offset : nullptr;
   float* const staging = s.staging_f32();
   if (s.layout.partitions() == 1) {
     for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
       const std::size_t count = std::min(s.staging_elements, t.numel - first);
+      if (s.offloaded) {
+        s.offloaded->read_master(g.shard_offset + t.offset + first, values + first, count);
+        continue;
+      }
       s.device.copy_async(staging, master + t.offset + first, count * sizeof(float), stream);
       stream.synchronize();
       std::memcpy(values + first, staging, count * sizeof(float));
@@ -352,8 +415,13 @@ void Engine::get_param(std::size_t tensor, float* values) {
     const std::size_t lo = t.offset + first, hi = lo + count;
     const std::size_t mine_lo = std::max(lo, begin), mine_hi = std::min(hi, end);
     s.device.memset_async(out, 0, count * sizeof(float), stream);
-    if (mine_lo < mine_hi)
+    if (mine_lo < mine_hi && s.offloaded) {
+      // Through the staging, which the last copy of this chunk overwrites in stream order.
+      s.offloaded->read_master(g.shard_offset + (mine_lo - begin), staging, mine_hi - mine_lo);
+      s.device.copy_async(out + (mine_lo - lo), staging, (mine_hi - mine_lo) * sizeof(float), stream);
+    } else if (mine_lo < mine_hi) {
       s.device.copy_async(out + (mine_lo - lo), master + (mine_lo - begin), (mine_hi - mine_lo) * sizeof(float), stream);
+    }
     s.comm.all_reduce(out, out, count, DType::f32, ReduceOp::sum, stream);
     s.device.copy_async(staging, out, count * sizeof(float), stream);
     stream.synchronize();
@@ -498,16 +566,43 @@ StepResult Engine::step() {
   args.step = s.steps - s.skipped;
   args.grad_scale = 1.0 / scale;
   args.clip_coef = max_norm > 0 && result.grad_norm > max_norm ? max_norm / (result.grad_norm + 1e-6) : 1.0;
-  s.adam_shards.clear();
-  for (int g = 0; g < layout.group_count(); ++g) {
+  // Where the updated parameters of a group's shard go on the device, in the working dtype; null
+  // where they stay off the device (stage 3, offloaded parameters).
+  auto out_of = [&](int g) -> char* {
     const auto& place = layout.group(g);
-    // Where the updated parameters of this shard go, in the working dtype.
-    char* out = s.params_sharded() ? at(s.param_shards, place.shard_offset, s.dtype)
-                                   : at(s.full_params, place.full_offset + s.shard_begin(g), s.dtype);
-    s.adam_shards.push_back({s.master.as<float>() + place.shard_offset, s.m.as<float>() + place.shard_offset,
-                             s.v.as<float>() + place.shard_offset, grad_of(g), out, place.shard});
+    if (!s.params_sharded()) return at(s.full_params, place.full_offset + s.shard_begin(g), s.dtype);
+    if (!s.param_offload) return at(s.param_shards, place.shard_offset, s.dtype);
+    if (s.params_offloaded(g)) return nullptr;
+    return static_cast<char*>(s.resident[static_cast<std::size_t>(g)].data()) + s.bytes(s.shard_begin(g));
+  };
+  if (s.offloaded) {
+    for (int g = 0; g < layout.group_count(); ++g) s.offload_groups[static_cast<std::size_t>(g)] = {grad_of(g), out_of(g)};
+    s.offloaded->step(s.offload_groups, args, s.param_offload.get());
+    if (s.param_offload) s.param_offload->finish_updates();
+  } else {
+    s.adam_shards.clear();
+    for (int g = 0; g < layout.group_count(); ++g) {
+      const auto& place = layout.group(g);
+      if (char* out = out_of(g))
+        s.adam_shards.push_back({s.master.as<float>() + place.shard_offset, s.m.as<float>() + place.shard_offset,
+                                 s.v.as<float>() + place.shard_offset, grad_of(g), out, place.shard});
+    }
+    s.math->adam_step(s.adam_shards, s.dtype, s.dtype, args, stream);
+    if (s.param_offload) stream.synchronize();  // the stream has read adam_shards, refilled below
+    // Offloaded parameters with the optimizer on the device: each group's updated shard passes
+    // through one device buffer on its way to the host.
+    for (int g = 0; s.param_offload && g < layout.group_count(); ++g) {
+      if (!s.params_offloaded(g)) continue;
+      const auto& place = layout.group(g);
+      s.adam_shards.assign(1, {s.master.as<float>() + place.shard_offset, s.m.as<float>() + place.shard_offset,
+                               s.v.as<float>() + place.shard_offset, grad_of(g), s.update_out.data(), place.shard});
+      s.math->adam_step(s.adam_shards, s.dtype, s.dtype, args, stream);
+      s.device.copy_async(s.param_offload->begin_update(g), s.update_out.data(), s.bytes(place.shard), stream);
+      stream.synchronize();
+      s.param_offload->end_update(g);
+    }
+    if (s.param_offload) s.param_offload->finish_updates();
   }
-  s.math->adam_step(s.adam_shards, s.dtype, s.dtype, args, stream);
   s.device.memset_async(s.grads.data(), 0, s.grads.bytes(), stream);
 
   // Every rank needs the full updated parameters again, except stage 3's gathered-on-use groups.
@@ -518,8 +613,9 @@ StepResult Engine::step() {
       full = at(s.full_params, place.full_offset, s.dtype);
     } else if (s.resident[static_cast<std::size_t>(g)]) {
       full = static_cast<char*>(s.resident[static_cast<std::size_t>(g)].data());
-      s.device.copy_async(full + s.bytes(s.shard_begin(g)), at(s.param_shards, place.shard_offset, s.dtype),
-                          s.bytes(place.shard), stream);
+      if (s.param_shards)
+        s.device.copy_async(full + s.bytes(s.shard_begin(g)), at(s.param_shards, place.shard_offset, s.dtype),
+                            s.bytes(place.shard), stream);
     }
     if (full && layout.partitions() > 1)
       s.comm.all_gather(full + s.bytes(s.shard_begin(g)), full, place.shard, s.dtype, stream);
@@ -530,7 +626,16 @@ StepResult Engine::step() {
 
 EngineStats Engine::stats() const {
   const State& s = *state_;
-  return EngineStats{s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats()};
+  EngineStats stats{s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats(), 0, 0};
+  if (s.offloaded) {
+    stats.nvme_bytes += s.offloaded->nvme_bytes();
+    stats.offload_pinned_bytes += s.offloaded->pinned_bytes();
+  }
+  if (s.param_offload) {
+    stats.nvme_bytes += s.param_offload->nvme_bytes();
+    stats.offload_pinned_bytes += s.param_offload->pinned_bytes();
+  }
+  return stats;
 }
 
 }  // namespace zest

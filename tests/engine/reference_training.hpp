@@ -47,6 +47,12 @@ struct Options {
   double clip = 0;
   int overflow_at_step = -1;  // the last rank writes an Inf gradient at this step
   std::size_t max_live = std::size_t{1} << 30;
+  // Offload (engine_offload_test): where optimizer states and stage 3's parameter shards live.
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  OffloadDevice offload_param = OffloadDevice::none;
+  std::string nvme_path;              // the directory for nvme
+  std::size_t sub_group_bytes = 0;    // 0: the default
+  int buffer_count = 4;
 };
 
 inline Config make_config(const Options& o) {
@@ -66,6 +72,12 @@ inline Config make_config(const Options& o) {
   c.stage3.persistence_threshold_bytes = 1024;
   c.stage3.prefetch_bytes = 1 << 20;
   c.stage3.max_live_bytes = o.max_live;
+  c.offload.optimizer.device = o.offload_optimizer;
+  c.offload.param.device = o.offload_param;
+  c.offload.optimizer.buffer_count = c.offload.param.buffer_count = o.buffer_count;
+  if (o.offload_optimizer == OffloadDevice::nvme) c.offload.optimizer.path = o.nvme_path;
+  if (o.offload_param == OffloadDevice::nvme) c.offload.param.path = o.nvme_path;
+  if (o.sub_group_bytes > 0) c.offload.sub_group_bytes = o.sub_group_bytes;
   return c;
 }
 

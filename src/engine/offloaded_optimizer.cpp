@@ -1,0 +1,284 @@
+#include "engine/offloaded_optimizer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "zest/error.hpp"
+
+namespace zest::engine {
+namespace {
+
+std::size_t round_up(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// Staging slots start on 256-byte boundaries, as device allocations do.
+constexpr std::size_t kSlotAlign = 256;
+
+}  // namespace
+
+struct OffloadedOptimizer::Impl {
+  struct SubGroup {
+    int group = 0;
+    std::size_t offset = 0;    // in the shard buffer, elements
+    std::size_t in_group = 0;  // from the start of the group's shard
+    std::size_t count = 0;
+    offload::RegionId region = 0;  // nvme: master, m and v, one after the other
+    bool first_of_group = false;
+    bool last_of_group = false;
+  };
+
+  Impl(const Config& config, Device& d, const Layout& l, DType t, int threads, std::shared_ptr<offload::Store> s)
+      : device(d),
+        layout(l),
+        dtype(t),
+        store(std::move(s)),
+        slots(static_cast<std::size_t>(config.offload.optimizer.buffer_count)),
+        adam(optim::hyper_params_from(config.optimizer), threads),
+        down(d.create_stream()),
+        up(d.create_stream()) {
+    if (slots < 2)
+      throw Error(std::string("offloaded optimizer: offload.optimizer.buffer_count must be at least 2, got ")
+                      .append(std::to_string(slots)));
+    const std::size_t per = std::max(Layout::kAlign, config.offload.sub_group_bytes / 12 / Layout::kAlign * Layout::kAlign);
+    for (int g = 0; g < layout.group_count(); ++g) {
+      const auto& place = layout.group(g);
+      for (std::size_t first = 0; first < place.shard; first += per) {
+        SubGroup sub;
+        sub.group = g;
+        sub.in_group = first;
+        sub.offset = place.shard_offset + first;
+        sub.count = std::min(per, place.shard - first);
+        sub.first_of_group = first == 0;
+        sub.last_of_group = first + sub.count == place.shard;
+        largest = std::max(largest, sub.count);
+        subs.push_back(sub);
+      }
+    }
+    grad_slot_bytes = round_up(largest * dtype_size(dtype), kSlotAlign);
+    grad_staging = device.allocate_pinned(slots * grad_slot_bytes);
+    out_staging = device.allocate_pinned(slots * grad_slot_bytes);
+    for (std::size_t i = 0; i < slots; ++i) {
+      grad_ready.push_back(device.create_event());
+      out_done.push_back(device.create_event());
+    }
+    reads.resize(slots);
+    writes.resize(slots);
+    if (!store) {
+      states = device.allocate_pinned(3 * layout.shard_numel() * sizeof(float));
+      std::memset(states.data(), 0, states.bytes());
+      return;
+    }
+    state_slot_bytes = round_up(3 * largest * sizeof(float), store->alignment());
+    state_slots = device.allocate_pinned(slots * state_slot_bytes);
+    std::memset(state_slots.data(), 0, state_slots.bytes());
+    // Every region starts as zeros (master weights until set, moments, padding), so every read
+    // finds data. Writes of zeros from every slot in turn keep `slots` writes in flight.
+    for (std::size_t i = 0; i < subs.size(); ++i) {
+      subs[i].region = store->allocate(std::string("optimizer.subgroup.").append(std::to_string(i)),
+                                       3 * subs[i].count * sizeof(float));
+      offload::IoHandle& previous = writes[i % slots];
+      previous.wait();
+      previous = store->write_async(subs[i].region, state_slot(i % slots));
+    }
+    for (offload::IoHandle& w : writes) w.wait();
+  }
+
+  char* grad_slot(std::size_t s) const { return grad_staging.as<char>() + s * grad_slot_bytes; }
+  char* out_slot(std::size_t s) const { return out_staging.as<char>() + s * grad_slot_bytes; }
+  char* state_slot(std::size_t s) const { return state_slots.as<char>() + s * state_slot_bytes; }
+  std::size_t bytes(std::size_t elements) const { return elements * dtype_size(dtype); }
+
+  // The sub-group's master, m and v: in the whole-shard arrays (cpu) or in a slot (nvme).
+  float* master_of(const SubGroup& sub, std::size_t slot) const {
+    return store ? reinterpret_cast<float*>(state_slot(slot)) : states.as<float>() + sub.offset;
+  }
+  float* m_of(const SubGroup& sub, std::size_t slot) const {
+    return store ? master_of(sub, slot) + sub.count : states.as<float>() + layout.shard_numel() + sub.offset;
+  }
+  float* v_of(const SubGroup& sub, std::size_t slot) const {
+    return store ? master_of(sub, slot) + 2 * sub.count : states.as<float>() + 2 * layout.shard_numel() + sub.offset;
+  }
+
+  void check_usable() const {
+    if (!broken_reason.empty())
+      throw Error(std::string("offloaded optimizer: unusable after an earlier I/O failure (")
+                      .append(broken_reason)
+                      .append("); its states are partly updated. Rebuild the engine and set or load its weights again"));
+  }
+
+  // Calls visit(master, first, n) for the master weights of [offset, offset + count) piece by
+  // piece (`first`: the piece's place from `offset`); nvme: with each touched sub-group read into
+  // a slot and, when `write_back`, written again afterwards.
+  template <class Visit>
+  void visit_master(std::size_t offset, std::size_t count, bool write_back, Visit visit) {
+    check_usable();
+    if (!store) return visit(states.as<float>() + offset, std::size_t{0}, count);
+    const std::size_t end = offset + count;
+    for (const SubGroup& sub : subs) {
+      const std::size_t lo = std::max(offset, sub.offset), hi = std::min(end, sub.offset + sub.count);
+      if (lo >= hi) continue;
+      try {
+        store->read_async(sub.region, state_slot(0)).wait();
+        visit(master_of(sub, 0) + (lo - sub.offset), lo - offset, hi - lo);
+        if (write_back) store->write_async(sub.region, state_slot(0)).wait();
+      } catch (const IoError& error) {
+        if (write_back) broken_reason = error.what();
+        throw;
+      }
+    }
+  }
+
+  void step(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) {
+    check_usable();
+    try {
+      run(groups, args, sink);
+    } catch (const std::exception& error) {
+      broken_reason = error.what();
+      drain();
+      throw;
+    }
+  }
+
+  void run(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) {
+    const std::size_t n = subs.size();
+    // Gradients run slots - 1 sub-groups ahead; states are read max(1, slots - 2) ahead, which
+    // leaves a slot for the update and one for the write of the previous sub-group.
+    const std::size_t grads_ahead = slots - 1;
+    const std::size_t reads_ahead = std::max<std::size_t>(1, slots - 2);
+    auto fetch_grad = [&](std::size_t j) {
+      const SubGroup& sub = subs[j];
+      const char* grad = static_cast<const char*>(groups[static_cast<std::size_t>(sub.group)].grad) + bytes(sub.in_group);
+      device.copy_async(grad_slot(j % slots), grad, bytes(sub.count), *down);
+      down->record(*grad_ready[j % slots]);
+    };
+    auto read_states = [&](std::size_t j) {
+      offload::IoHandle& write = writes[j % slots];
+      write.wait();  // the slot's previous sub-group is on disk
+      reads[j % slots] = store->read_async(subs[j].region, state_slot(j % slots));
+    };
+    for (std::size_t j = 0; j < std::min(grads_ahead, n); ++j) fetch_grad(j);
+    if (store)
+      for (std::size_t j = 0; j < std::min(reads_ahead, n); ++j) read_states(j);
+    char* host_group = nullptr;
+    for (std::size_t i = 0; i < n; ++i) {
+      const SubGroup& sub = subs[i];
+      const std::size_t slot = i % slots;
+      if (i + grads_ahead < n) fetch_grad(i + grads_ahead);
+      if (store && i + reads_ahead < n) read_states(i + reads_ahead);
+      grad_ready[slot]->synchronize();
+      if (store) reads[slot].wait();
+      float* master = master_of(sub, slot);
+      const OffloadGroup& io = groups[static_cast<std::size_t>(sub.group)];
+      const bool upload = io.device_out != nullptr;
+      // fp32 parameters on the device are the master weights: uploaded from the whole-shard array
+      // where it exists, else copied next to the low-precision outputs.
+      char* out = nullptr;
+      if (upload) {
+        if (store || dtype != DType::f32) {
+          out_done[slot]->synchronize();  // the upload of sub-group i - slots is over
+          out = out_slot(slot);
+        }
+      } else {
+        if (sub.first_of_group) host_group = static_cast<char*>(sink->begin_update(sub.group));
+        out = host_group + bytes(sub.in_group);
+      }
+      const optim::ConstTensorSpan grad{grad_slot(slot), dtype, sub.count};
+      std::span<float> m(m_of(sub, slot), sub.count), v(v_of(sub, slot), sub.count);
+      if (dtype == DType::f32) {
+        adam.step({master, sub.count}, m, v, grad, args);
+        if (out) std::memcpy(out, master, sub.count * sizeof(float));
+      } else {
+        adam.step({master, sub.count}, m, v, grad, args, optim::TensorSpan{out, dtype, sub.count});
+      }
+      if (store) writes[slot] = store->write_async(sub.region, state_slot(slot));
+      if (upload) {
+        const char* source = out ? out : reinterpret_cast<const char*>(master);
+        device.copy_async(static_cast<char*>(io.device_out) + bytes(sub.in_group), source, bytes(sub.count), *up);
+        up->record(*out_done[slot]);
+      } else if (sub.last_of_group) {
+        sink->end_update(sub.group);
+      }
+    }
+    up->synchronize();
+    for (offload::IoHandle& w : writes) w.wait();
+  }
+
+  // After a failure: nothing may still run into the buffers. Errors were already reported.
+  void drain() noexcept {
+    for (Stream* s : {down.get(), up.get()}) {
+      try {
+        s->synchronize();
+      } catch (...) {
+      }
+    }
+    for (std::vector<offload::IoHandle>* handles : {&reads, &writes}) {
+      for (offload::IoHandle& h : *handles) {
+        try {
+          h.wait();
+        } catch (...) {
+        }
+        h = offload::IoHandle();
+      }
+    }
+  }
+
+  Device& device;
+  const Layout& layout;
+  const DType dtype;
+  std::shared_ptr<offload::Store> store;
+  const std::size_t slots;
+  optim::CpuAdam adam;
+  std::vector<SubGroup> subs;
+  std::size_t largest = 0;
+  std::size_t grad_slot_bytes = 0;
+  std::size_t state_slot_bytes = 0;
+  HostBuffer states;       // cpu: master, m, v of the whole shard
+  HostBuffer state_slots;  // nvme: `slots` sub-groups' master, m, v
+  HostBuffer grad_staging, out_staging;
+  std::vector<std::unique_ptr<Event>> grad_ready, out_done;
+  std::vector<offload::IoHandle> reads, writes;
+  std::string broken_reason;
+  // Declared last, destroyed first: their work refers to the buffers above.
+  std::unique_ptr<Stream> down, up;
+};
+
+OffloadedOptimizer::OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, DType dtype,
+                                       int threads, std::shared_ptr<offload::Store> store)
+    : impl_(std::make_unique<Impl>(config, device, layout, dtype, threads, std::move(store))) {}
+
+OffloadedOptimizer::~OffloadedOptimizer() {
+  if (impl_) impl_->drain();
+}
+
+void OffloadedOptimizer::write_master(std::size_t offset, const float* values, std::size_t count) {
+  impl_->visit_master(offset, count, true, [values](float* master, std::size_t first, std::size_t n) {
+    std::memcpy(master, values + first, n * sizeof(float));
+  });
+}
+
+void OffloadedOptimizer::read_master(std::size_t offset, float* values, std::size_t count) {
+  impl_->visit_master(offset, count, false, [values](float* master, std::size_t first, std::size_t n) {
+    std::memcpy(values + first, master, n * sizeof(float));
+  });
+}
+
+void OffloadedOptimizer::step(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args,
+                              HostParamSink* sink) {
+  impl_->step(groups, args, sink);
+}
+
+std::size_t OffloadedOptimizer::sub_group_count() const { return impl_->subs.size(); }
+std::size_t OffloadedOptimizer::sub_group_elements() const { return impl_->largest; }
+std::size_t OffloadedOptimizer::nvme_bytes() const {
+  if (!impl_->store) return 0;
+  std::size_t total = 0;
+  for (const auto& sub : impl_->subs) total += impl_->store->region(sub.region).padded_bytes;
+  return total;
+}
+std::size_t OffloadedOptimizer::pinned_bytes() const {
+  return impl_->states.bytes() + impl_->state_slots.bytes() + impl_->grad_staging.bytes() + impl_->out_staging.bytes();
+}
+
+}  // namespace zest::engine

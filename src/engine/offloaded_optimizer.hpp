@@ -1,0 +1,85 @@
+// The optimizer step with its fp32 master weights and Adam moments off the device
+// (offload.optimizer.device: cpu | nvme). The rank's shard is cut into sub-groups of at most
+// offload.sub_group_bytes / 12 parameters (a group's shard split further where it is larger), and
+// the step runs them through a pipeline on the host thread that calls step():
+//
+//   gradient of sub-group i+k  device -> pinned staging   (copy stream, k = buffer_count - 1 ahead)
+//   states of sub-group i+1    NVMe -> pinned slot          (nvme only; read next)
+//   sub-group i                CPU Adam on the pinned states (update this)
+//   states of sub-group i-1    pinned slot -> NVMe          (nvme only; write previous)
+//   parameters of sub-group i  pinned staging -> device     (upload stream) or into a host sink
+//
+// cpu: master, m and v of the whole shard live in pinned host memory (12 bytes per parameter).
+// nvme: they live in an NvmeStore, one region per sub-group holding master, m and v; the host holds
+// only buffer_count sub-group slots, so the host memory is bounded by the configuration whatever
+// the model's size. Everything is allocated at construction; step() allocates nothing large.
+//
+// After an IoError from step(), the states are inconsistent (some sub-groups hold the new step, one
+// whose write failed holds nothing): the optimizer refuses every later call with an Error saying so,
+// and the engine must be rebuilt (and its weights set again or loaded from a checkpoint).
+// Threading: one host thread drives it (the Engine's).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/layout.hpp"
+#include "offload/io_handle.hpp"
+#include "offload/store.hpp"
+#include "optim/cpu_adam.hpp"
+#include "zest/config.hpp"
+#include "zest/device.hpp"
+
+namespace zest::engine {
+
+// Where the updated low-precision parameters of a group go when they stay on the host (stage 3 with
+// offloaded parameters): begin_update gives the host buffer for the group's whole shard (dtype),
+// end_update says it is complete. Called from the thread that runs step().
+class HostParamSink {
+ public:
+  virtual ~HostParamSink() = default;
+  virtual void* begin_update(int group) = 0;
+  virtual void end_update(int group) = 0;
+};
+
+// One group's part of the step: this rank's gradient shard on the device (in dtype), and where the
+// updated parameters of the shard go: device memory, or (device_out null) the step's HostParamSink.
+struct OffloadGroup {
+  const void* grad = nullptr;
+  void* device_out = nullptr;
+};
+
+class OffloadedOptimizer {
+ public:
+  // `store`: the NvmeStore for nvme (may be shared with the parameters' offload), null for cpu.
+  // Throws OutOfDeviceMemory/SystemError from the pinned allocations, IoError from the store.
+  OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, DType dtype, int threads,
+                     std::shared_ptr<offload::Store> store);
+  ~OffloadedOptimizer();
+  OffloadedOptimizer(const OffloadedOptimizer&) = delete;
+  OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;
+
+  // Master weights of [offset, offset + count) of the shard buffer (elements), synchronously.
+  // nvme: reads (and for write_master rewrites) the sub-groups the range touches.
+  void write_master(std::size_t offset, const float* values, std::size_t count);
+  void read_master(std::size_t offset, float* values, std::size_t count);
+
+  // One Adam step over the whole shard. `groups` has one entry per layout group; the gradients
+  // must be complete on the device. Returns when the parameters are on the device (or handed to
+  // `sink`) and the states are stored. Throws IoError (then the optimizer is unusable, see above).
+  void step(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink);
+
+  std::size_t sub_group_count() const;
+  std::size_t sub_group_elements() const;  // the largest sub-group
+  std::size_t nvme_bytes() const;          // bytes of the store taken by the states
+  std::size_t pinned_bytes() const;        // pinned host memory it holds
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zest::engine

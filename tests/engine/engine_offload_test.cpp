@@ -1,0 +1,264 @@
+// The engine with its optimizer states (stages 1-3) and stage 3's parameter shards offloaded to
+// pinned host memory (cpu) or an NVMe swap file (nvme), under mpirun with 1, 2 and 4 ranks: every
+// mode must train to the reference Adam's values AND to exactly the bits of the same run without
+// offload; the device must hold no optimizer states (and, with parameters offloaded, only the small
+// resident groups' parameters); the host and NVMe bytes must be what the mode promises; and an I/O
+// failure of the swap file must surface from step() naming the file and errno.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/layout.hpp"
+#include "engine/reference_training.hpp"
+#include "offload/scratch_dir.hpp"
+#include "runtime/mpi_communicator.hpp"
+#include "runtime/mpi_session.hpp"
+#include "zest/engine.hpp"
+#include "zest/error.hpp"
+
+namespace zest {
+namespace {
+
+using namespace reference_training;
+
+constexpr int kSteps = 12;
+// 128 parameters per sub-group: every group's shard is cut into several, so the pipeline runs
+// (and wraps around its buffers) within each group and across group boundaries.
+constexpr std::size_t kSubGroupBytes = 12 * 128;
+
+struct TrainedRun {
+  std::vector<std::vector<float>> params;
+  EngineStats stats;
+  HostMemoryStats pinned;
+};
+
+TrainedRun train(const Options& o, int steps = kSteps) {
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{256} << 20);
+  auto comm = make_mpi_communicator(session, *device);
+  TrainedRun run;
+  run.params = train_engine(o, steps, *device, *comm, &run.stats);
+  run.pinned = device->pinned_stats();
+  return run;
+}
+
+// Bit for bit: the offloaded step runs the same CPU Adam over the same elements.
+bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t t = 0; t < a.size(); ++t)
+    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
+  return true;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+std::size_t shard_numel(int stage) {
+  return engine::Layout(model(), stage == 0 ? 1 : world_size()).shard_numel();
+}
+
+std::string device_name(OffloadDevice d) {
+  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
+}
+
+struct Mode {
+  int stage;
+  OffloadDevice optimizer;
+  OffloadDevice param;
+};
+
+std::string mode_name(const testing::TestParamInfo<Mode>& info) {
+  return "stage" + std::to_string(info.param.stage) + "_optimizer_" + device_name(info.param.optimizer) + "_param_" +
+         device_name(info.param.param);
+}
+
+class EveryOffloadMode : public testing::TestWithParam<Mode> {
+ protected:
+  Options options(const test::ScratchDir& dir) const {
+    Options o;
+    o.stage = GetParam().stage;
+    o.offload_optimizer = GetParam().optimizer;
+    o.offload_param = GetParam().param;
+    o.nvme_path = dir.path();
+    o.sub_group_bytes = kSubGroupBytes;
+    return o;
+  }
+  static Options without_offload(Options o) {
+    o.offload_optimizer = o.offload_param = OffloadDevice::none;
+    return o;
+  }
+};
+
+TEST_P(EveryOffloadMode, Fp32MatchesReferenceAndTheRunWithoutOffloadBitForBit) {
+  test::ScratchDir dir;
+  const Options o = options(dir);
+  const TrainedRun got = train(o);
+  EXPECT_LT(max_relative_error(got.params, train_reference(o, kSteps)), 1e-6);
+  EXPECT_TRUE(identical(got.params, train(without_offload(o)).params));
+}
+
+TEST_P(EveryOffloadMode, AccumulationAndClippingMatchTheRunWithoutOffload) {
+  test::ScratchDir dir;
+  Options o = options(dir);
+  o.accumulation = 2;
+  o.clip = 0.05;
+  const TrainedRun got = train(o);
+  EXPECT_LT(max_relative_error(got.params, train_reference(o, kSteps)), 1e-6);
+  EXPECT_TRUE(identical(got.params, train(without_offload(o)).params));
+}
+
+TEST_P(EveryOffloadMode, Fp16OverflowSkipsTheStepAsWithoutOffload) {
+  test::ScratchDir dir;
+  Options o = options(dir);
+  o.dtype = DType::f16;
+  o.overflow_at_step = 3;
+  const TrainedRun got = train(o);
+  EXPECT_EQ(got.stats.skipped_steps, 1);
+  EXPECT_EQ(got.stats.loss_scale, 128.0);
+  EXPECT_LT(max_relative_error(got.params, train_reference(o, kSteps)), 2e-3);
+  EXPECT_TRUE(identical(got.params, train(without_offload(o)).params));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, EveryOffloadMode,
+    testing::Values(Mode{1, OffloadDevice::cpu, OffloadDevice::none}, Mode{1, OffloadDevice::nvme, OffloadDevice::none},
+                    Mode{2, OffloadDevice::cpu, OffloadDevice::none}, Mode{2, OffloadDevice::nvme, OffloadDevice::none},
+                    Mode{3, OffloadDevice::cpu, OffloadDevice::none}, Mode{3, OffloadDevice::nvme, OffloadDevice::none},
+                    Mode{3, OffloadDevice::none, OffloadDevice::cpu}, Mode{3, OffloadDevice::none, OffloadDevice::nvme},
+                    Mode{3, OffloadDevice::cpu, OffloadDevice::cpu}, Mode{3, OffloadDevice::nvme, OffloadDevice::nvme},
+                    Mode{3, OffloadDevice::cpu, OffloadDevice::nvme}),
+    mode_name);
+
+TEST(OffloadPipeline, TwoBuffersStillGiveTheSameBits) {
+  test::ScratchDir dir;
+  Options o;
+  o.stage = 2;
+  o.offload_optimizer = OffloadDevice::nvme;
+  o.nvme_path = dir.path();
+  o.sub_group_bytes = kSubGroupBytes;
+  o.buffer_count = 2;
+  const TrainedRun got = train(o);
+  o.offload_optimizer = OffloadDevice::none;
+  EXPECT_TRUE(identical(got.params, train(o).params));
+}
+
+TEST(OffloadMemory, CpuOptimizerKeepsNoStatesOnTheDeviceAndTwelveBytesPerParameterPinned) {
+  Options o;
+  o.stage = 2;
+  o.offload_optimizer = OffloadDevice::cpu;
+  o.sub_group_bytes = kSubGroupBytes;
+  const TrainedRun got = train(o, 2);
+  EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 0u);
+  EXPECT_EQ(got.stats.nvme_bytes, 0u);
+  const std::size_t states = 12 * shard_numel(2);
+  EXPECT_GE(got.stats.offload_pinned_bytes, states);
+  EXPECT_LE(got.stats.offload_pinned_bytes, states + 2 * 4 * 512);  // + gradient and parameter staging
+  EXPECT_GE(got.pinned.peak, got.stats.offload_pinned_bytes);
+
+  // The same run without offload holds the states on the device.
+  o.offload_optimizer = OffloadDevice::none;
+  EXPECT_GE(train(o, 2).stats.memory.peak_of(MemoryCategory::optimizer_states), states);
+}
+
+TEST(OffloadMemory, NvmeOptimizerKeepsStatesOnDiskAndOnlyItsBuffersOnTheHost) {
+  test::ScratchDir dir;
+  Options o;
+  o.stage = 2;
+  o.offload_optimizer = OffloadDevice::nvme;
+  o.nvme_path = dir.path();
+  o.sub_group_bytes = kSubGroupBytes;
+  const TrainedRun got = train(o, 2);
+  EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 0u);
+  const std::size_t states = 12 * shard_numel(2);
+  EXPECT_GE(got.stats.nvme_bytes, states);
+  // buffer_count slots of one sub-group's states (4 KiB-aligned) plus its gradient and parameter
+  // staging: bounded by the configuration, whatever the model's size.
+  EXPECT_EQ(got.stats.offload_pinned_bytes, 4u * (4096 + 2 * 512));
+  EXPECT_GE(got.pinned.peak, got.stats.offload_pinned_bytes);
+}
+
+TEST(OffloadMemory, OffloadedParametersLeaveOnlyResidentGroupsOnTheDevice) {
+  for (const OffloadDevice where : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    test::ScratchDir dir;
+    Options o;
+    o.stage = 3;
+    o.offload_optimizer = where;
+    o.offload_param = where;
+    o.nvme_path = dir.path();
+    o.sub_group_bytes = kSubGroupBytes;
+    const TrainedRun got = train(o, 2);
+    const engine::Layout layout(model(), world_size());
+    std::size_t resident = 0, offloaded = 0;
+    for (int g = 0; g < layout.group_count(); ++g) {
+      const std::size_t bytes = layout.group(g).padded * sizeof(float);
+      if (bytes <= make_config(o).stage3.persistence_threshold_bytes) resident += bytes;
+      else offloaded += layout.group(g).shard * sizeof(float);
+    }
+    ASSERT_GT(resident, 0u);
+    SCOPED_TRACE(device_name(where));
+    EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::params), resident);
+    EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 0u);
+    if (where == OffloadDevice::nvme) EXPECT_GE(got.stats.nvme_bytes, 12 * shard_numel(3) + offloaded);
+    else EXPECT_GE(got.stats.offload_pinned_bytes, 12 * shard_numel(3) + offloaded);
+  }
+}
+
+// Every rank's swap file loses its data behind the engine's back (truncated): the next step's
+// read fails on every rank, so every rank throws and none waits in a collective.
+TEST(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
+  test::ScratchDir dir;
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{64} << 20);
+  auto comm = make_mpi_communicator(session, *device);
+  Options o;
+  o.stage = 2;
+  o.offload_optimizer = OffloadDevice::nvme;
+  o.nvme_path = dir.path();
+  o.sub_group_bytes = kSubGroupBytes;
+  Engine engine(make_config(o), *device, *comm, model());
+  const std::string path = dir.path() + "/zest-rank" + std::to_string(comm->rank()) + ".swap";
+  ASSERT_EQ(::access(path.c_str(), F_OK), 0) << path;
+  auto backward = [&] {
+    for (int g = engine.group_count() - 1; g >= 0; --g) {
+      auto lease = engine.acquire(g);
+      for (std::size_t t = 0; t < engine.size(); ++t)
+        if (engine.spec(t).group == g) static_cast<float*>(lease.grad(t))[0] = 1.0f;
+      engine.grads_ready(g);
+    }
+  };
+  backward();
+  engine.step();  // a good step first
+  backward();
+  ASSERT_EQ(::truncate(path.c_str(), 0), 0) << std::strerror(errno);
+  try {
+    engine.step();
+    ADD_FAILURE() << "step() succeeded on a truncated swap file";
+  } catch (const IoError& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find(path), std::string::npos) << what;
+    EXPECT_NE(what.find("errno " + std::to_string(ENODATA)), std::string::npos) << what;
+    EXPECT_EQ(error.error_number(), ENODATA);
+  }
+  // The states are partly updated: the engine refuses to go on rather than train on them.
+  backward();
+  try {
+    engine.step();
+    ADD_FAILURE() << "step() went on after an I/O failure";
+  } catch (const IoError&) {
+    ADD_FAILURE() << "expected the unusable-engine Error, not another I/O attempt";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("earlier I/O failure"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace zest
