@@ -9,20 +9,13 @@ namespace zest::train {
 namespace {
 
 void to_float(const void* src, DType dtype, float* dst, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto bits = static_cast<const std::uint16_t*>(src)[i];
-    dst[i] = dtype == DType::f16 ? fp16_to_float(bits) : bf16_to_float(bits);
-  }
+  for (std::size_t i = 0; i < n; ++i) dst[i] = load_as_float(src, dtype, i);
 }
 
 // dst = src * scale, in the engine's dtype.
 void store_scaled(const float* src, double scale, void* dst, DType dtype, std::size_t n) {
   const float s = static_cast<float>(scale);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float value = src[i] * s;
-    if (dtype == DType::f32) static_cast<float*>(dst)[i] = value;
-    else static_cast<std::uint16_t*>(dst)[i] = dtype == DType::f16 ? float_to_fp16(value) : float_to_bf16(value);
-  }
+  for (std::size_t i = 0; i < n; ++i) store_from_float(dst, dtype, i, src[i] * s);
 }
 
 std::size_t largest_slice(std::size_t micro_batch, int world) {

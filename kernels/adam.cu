@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/adam.hpp"
+#include "kernels/dtype_access.cuh"
 #include "kernels/multi_tensor.cuh"
 #include "runtime/cuda_check.hpp"
 #include "runtime/half.hpp"
@@ -12,20 +13,10 @@ namespace {
 
 using detail::kChunk;
 using detail::kThreads;
+using detail::load_element;
 using Table = detail::TensorTable<CudaAdamTensor>;
 
 enum class Out { none, bf16, f16 };
-
-template <DType G>
-__device__ inline float load_grad(const void* grad, std::int64_t i) {
-  if constexpr (G == DType::f32) {
-    return static_cast<const float*>(grad)[i];
-  } else if constexpr (G == DType::bf16) {
-    return bf16_to_float(static_cast<const std::uint16_t*>(grad)[i]);
-  } else {
-    return fp16_to_float(static_cast<const std::uint16_t*>(grad)[i]);
-  }
-}
 
 template <DType G>
 __device__ inline float4 load_grad4(const void* grad, std::int64_t i) {
@@ -84,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) multi_tensor_adam(Table table, optim
   }
   for (std::int64_t j = i + threadIdx.x; j < end; j += kThreads) {
     float p = t.master[j], m = t.m[j], v = t.v[j];
-    optim::adam_update(p, m, v, load_grad<G>(t.grad, j), c);
+    optim::adam_update(p, m, v, load_element<G>(t.grad, j), c);
     t.master[j] = p;
     t.m[j] = m;
     t.v[j] = v;

@@ -4,12 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdint>
-#include <type_traits>
 
 #include "kernels/cast.hpp"
+#include "kernels/dtype_access.cuh"
 #include "runtime/cuda_check.hpp"
-#include "runtime/half.hpp"
 
 namespace zest::kernels {
 namespace {
@@ -18,31 +16,9 @@ constexpr int kThreads = 256;
 // Enough blocks to fill any current GPU several times over; the grid-stride loop does the rest.
 constexpr std::size_t kMaxBlocks = 8192;
 
-template <DType T>
-using Storage = std::conditional_t<T == DType::f32, float, std::uint16_t>;
-
-template <DType T>
-__device__ inline float widen(Storage<T> x) {
-  if constexpr (T == DType::f32) {
-    return x;
-  } else if constexpr (T == DType::bf16) {
-    return bf16_to_float(x);
-  } else {
-    return fp16_to_float(x);
-  }
-}
-
-// From float, so a low-to-low conversion rounds once: widening is exact.
-template <DType T>
-__device__ inline Storage<T> narrow(float x) {
-  if constexpr (T == DType::f32) {
-    return x;
-  } else if constexpr (T == DType::bf16) {
-    return float_to_bf16(x);
-  } else {
-    return float_to_fp16(x);
-  }
-}
+using detail::narrow;
+using detail::Storage;
+using detail::widen;
 
 template <DType From, DType To>
 __global__ void __launch_bounds__(kThreads)

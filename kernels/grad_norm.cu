@@ -3,27 +3,17 @@
 #include <cuda_runtime.h>
 
 #include "kernels/adam.hpp"
+#include "kernels/dtype_access.cuh"
 #include "kernels/multi_tensor.cuh"
 #include "runtime/cuda_check.hpp"
-#include "runtime/half.hpp"
 
 namespace zest::kernels {
 namespace {
 
 using detail::kChunk;
 using detail::kThreads;
+using detail::load_element;
 using Table = detail::TensorTable<CudaGradTensor>;
-
-template <DType G>
-__device__ inline float load(const void* grad, std::int64_t i) {
-  if constexpr (G == DType::f32) {
-    return static_cast<const float*>(grad)[i];
-  } else if constexpr (G == DType::bf16) {
-    return bf16_to_float(static_cast<const std::uint16_t*>(grad)[i]);
-  } else {
-    return fp16_to_float(static_cast<const std::uint16_t*>(grad)[i]);
-  }
-}
 
 template <DType G>
 __global__ void __launch_bounds__(kThreads) grad_stats(Table table, double* sum_squares, int* overflow) {
@@ -33,7 +23,7 @@ __global__ void __launch_bounds__(kThreads) grad_stats(Table table, double* sum_
   double sum = 0.0;
   bool bad = false;
   for (std::int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float x = load<G>(t.grad, i);
+    const float x = load_element<G>(t.grad, i);
     bad = bad || !isfinite(x);
     sum += static_cast<double>(x) * x;
   }

@@ -3,44 +3,22 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
-#include <future>
 #include <utility>
 
 #include "offload/checksum.hpp"
+#include "offload/worker_thread.hpp"
 #include "zest/error.hpp"
-#include "zest/topology.hpp"
 
 namespace zest::offload {
 
-struct HostStore::Request : detail::Transfer {
-  RegionId id = 0;
-  Op op = Op::write;
-  Region region;
-  char* buffer = nullptr;
+struct HostStore::Request : TransferRequest {
   char* memory = nullptr;
   std::uint32_t* crc = nullptr;
 };
 
 HostStore::HostStore(Device& device, const IoConfig& io, std::vector<int> cpus)
     : Store(4096), device_(device), checksum_(io.checksum) {
-  std::promise<void> started;
-  std::future<void> started_future = started.get_future();
-  thread_ = std::thread([this, &started, cpus = std::move(cpus)] {
-    try {
-      if (!cpus.empty()) Topology::bind_current_thread(cpus);
-      started.set_value();
-    } catch (...) {
-      started.set_exception(std::current_exception());
-      return;
-    }
-    run();
-  });
-  try {
-    started_future.get();
-  } catch (...) {
-    thread_.join();
-    throw;
-  }
+  thread_ = start_worker_thread(std::move(cpus), [this] { run(); });
 }
 
 HostStore::~HostStore() {
@@ -67,26 +45,8 @@ const void* HostStore::region_data(RegionId id) const {
   return memory_[id].data();
 }
 
-IoHandle HostStore::write_async(RegionId id, const void* src) {
-  // The store only reads `src` for a write; the request type holds one pointer for both ways.
-  return submit(id, Op::write, const_cast<void*>(src));
-}
-
-IoHandle HostStore::read_async(RegionId id, void* dst) { return submit(id, Op::read, dst); }
-
 IoHandle HostStore::submit(RegionId id, Op op, void* buffer) {
-  const Region region = begin_transfer(id, op, buffer);
-  std::shared_ptr<Request> request;
-  try {
-    request = std::make_shared<Request>();
-  } catch (...) {
-    end_transfer(id, op, false);
-    throw;
-  }
-  request->id = id;
-  request->op = op;
-  request->region = region;
-  request->buffer = static_cast<char*>(buffer);
+  std::shared_ptr<Request> request = begin_request<Request>(id, op, buffer);
   {
     std::lock_guard lock(mutex_);
     request->memory = static_cast<char*>(memory_[id].data());

@@ -29,8 +29,6 @@ class HostStore final : public Store {
   // Waits for every transfer, then stops the worker and frees the regions.
   ~HostStore() override;
 
-  IoHandle write_async(RegionId id, const void* src) override;
-  IoHandle read_async(RegionId id, void* dst) override;
   void flush() override;
   std::string location() const override { return "pinned host memory"; }
 
@@ -41,7 +39,7 @@ class HostStore final : public Store {
   struct Request;
 
   void reserve(RegionId id, const Region& region) override;
-  IoHandle submit(RegionId id, Op op, void* buffer);
+  IoHandle submit(RegionId id, Op op, void* buffer) override;
   void run() noexcept;
   void execute(const std::shared_ptr<Request>& request);
 

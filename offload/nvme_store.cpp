@@ -5,20 +5,15 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <future>
 #include <utility>
 
 #include "offload/checksum.hpp"
+#include "offload/worker_thread.hpp"
 #include "zest/error.hpp"
-#include "zest/topology.hpp"
 
 namespace zest::offload {
 
-struct NvmeStore::Request : detail::Transfer {
-  RegionId id = 0;
-  Op op = Op::write;
-  Region region;
-  char* buffer = nullptr;
+struct NvmeStore::Request : TransferRequest {
   int fixed_index = -1;                     // registered buffer holding all of `buffer`, or -1
   std::vector<std::uint32_t>* crcs = nullptr;  // the region's block CRCs (io.checksum)
   std::size_t blocks = 0;
@@ -84,22 +79,9 @@ NvmeStore::NvmeStore(NvmeStoreOptions options)
   for (std::size_t i = queue_depth_; i-- > 0;) free_slots_.push_back(i);
   to_prepare_.reserve(queue_depth_);
 
-  std::promise<void> started;
-  std::future<void> started_future = started.get_future();
-  thread_ = std::thread([this, &started] {
-    try {
-      if (!options_.cpus.empty()) Topology::bind_current_thread(options_.cpus);
-      started.set_value();
-    } catch (...) {
-      started.set_exception(std::current_exception());
-      return;
-    }
-    run();
-  });
   try {
-    started_future.get();
+    thread_ = start_worker_thread(options_.cpus, [this] { run(); });
   } catch (...) {
-    thread_.join();
     io_uring_queue_exit(&ring_);
     throw;
   }
@@ -149,26 +131,9 @@ int NvmeStore::fixed_buffer_index(const void* buffer, std::size_t bytes) const {
   return -1;
 }
 
-IoHandle NvmeStore::write_async(RegionId id, const void* src) {
-  // The store only reads `src` for a write; the request type holds one pointer for both ways.
-  return submit(id, Op::write, const_cast<void*>(src));
-}
-
-IoHandle NvmeStore::read_async(RegionId id, void* dst) { return submit(id, Op::read, dst); }
-
 IoHandle NvmeStore::submit(RegionId id, Op op, void* buffer) {
-  const Region region = begin_transfer(id, op, buffer);
-  std::shared_ptr<Request> request;
-  try {
-    request = std::make_shared<Request>();
-  } catch (...) {
-    end_transfer(id, op, false);
-    throw;
-  }
-  request->id = id;
-  request->op = op;
-  request->region = region;
-  request->buffer = static_cast<char*>(buffer);
+  std::shared_ptr<Request> request = begin_request<Request>(id, op, buffer);
+  const Region& region = request->region;
   request->blocks = (region.padded_bytes + block_size_ - 1) / block_size_;
   request->self = request;
   {

@@ -64,8 +64,6 @@ class NvmeStore final : public Store {
   // Waits for every transfer, then stops the thread and removes the file (unless keep_file).
   ~NvmeStore() override;
 
-  IoHandle write_async(RegionId id, const void* src) override;
-  IoHandle read_async(RegionId id, void* dst) override;
   void flush() override;
   std::string location() const override { return file_.path(); }
 
@@ -86,7 +84,7 @@ class NvmeStore final : public Store {
   struct Slot;
 
   void reserve(RegionId id, const Region& region) override;
-  IoHandle submit(RegionId id, Op op, void* buffer);
+  IoHandle submit(RegionId id, Op op, void* buffer) override;
   void run() noexcept;
   void fill_queue();
   void prepare(Slot& slot);

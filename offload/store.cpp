@@ -72,6 +72,13 @@ bool Store::holds_data(RegionId id) const {
   return id < states_.size() && states_[id].has_data;
 }
 
+IoHandle Store::write_async(RegionId id, const void* src) {
+  // The store only reads `src` for a write; the request holds one pointer for both ways.
+  return submit(id, Op::write, const_cast<void*>(src));
+}
+
+IoHandle Store::read_async(RegionId id, void* dst) { return submit(id, Op::read, dst); }
+
 Region Store::begin_transfer(RegionId id, Op op, const void* buffer) {
   std::lock_guard lock(mutex_);
   if (id >= regions_.size())

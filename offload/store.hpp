@@ -61,9 +61,9 @@ class Store {
   bool holds_data(RegionId id) const;
 
   // Copies region `id`'s padded_bytes from `src` into the store.
-  virtual IoHandle write_async(RegionId id, const void* src) = 0;
+  IoHandle write_async(RegionId id, const void* src);
   // Copies region `id`'s padded_bytes from the store into `dst`.
-  virtual IoHandle read_async(RegionId id, void* dst) = 0;
+  IoHandle read_async(RegionId id, void* dst);
   // Waits for every transfer submitted so far, makes written data durable (NvmeStore: fdatasync),
   // then rethrows the first transfer failure that no IoHandle::wait() has reported.
   virtual void flush() = 0;
@@ -74,8 +74,24 @@ class Store {
   explicit Store(std::size_t alignment);
 
   enum class Op { write, read };
+
+  // What every store's request knows of its transfer; each store derives its own request type.
+  struct TransferRequest : detail::Transfer {
+    RegionId id = 0;
+    Op op = Op::write;
+    Region region;
+    char* buffer = nullptr;  // a write only reads it; one pointer serves both ways
+  };
+
   // Backing for a new region (NvmeStore: fallocate its range; HostStore: a pinned buffer).
   virtual void reserve(RegionId id, const Region& region) = 0;
+  // Queues a transfer for write_async/read_async (which pass `buffer` as they got it).
+  virtual IoHandle submit(RegionId id, Op op, void* buffer) = 0;
+
+  // begin_transfer, then a new request of type R (derived from TransferRequest) describing the
+  // transfer. When the request cannot be allocated the region is released again.
+  template <class R>
+  std::shared_ptr<R> begin_request(RegionId id, Op op, void* buffer);
 
   // Checks a transfer before it is queued: the region exists, the buffer is aligned, no write to
   // it is running (nor, for a write, a read), and for a read that it holds data. Marks it busy and
@@ -104,5 +120,22 @@ class Store {
   std::size_t used_ = 0;
   std::vector<std::shared_ptr<detail::Transfer>> failures_;
 };
+
+template <class R>
+std::shared_ptr<R> Store::begin_request(RegionId id, Op op, void* buffer) {
+  const Region region = begin_transfer(id, op, buffer);
+  std::shared_ptr<R> request;
+  try {
+    request = std::make_shared<R>();
+  } catch (...) {
+    end_transfer(id, op, false);
+    throw;
+  }
+  request->id = id;
+  request->op = op;
+  request->region = region;
+  request->buffer = static_cast<char*>(buffer);
+  return request;
+}
 
 }  // namespace zest::offload

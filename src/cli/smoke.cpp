@@ -21,23 +21,6 @@ namespace {
 // bit for bit with the host's own computation.
 float value_at(int rank, std::size_t i) { return static_cast<float>((i % 13) + 2 * rank); }
 
-void store(void* data, DType dtype, std::size_t i, float value) {
-  switch (dtype) {
-    case DType::f32: static_cast<float*>(data)[i] = value; break;
-    case DType::f16: static_cast<std::uint16_t*>(data)[i] = float_to_fp16(value); break;
-    case DType::bf16: static_cast<std::uint16_t*>(data)[i] = float_to_bf16(value); break;
-  }
-}
-
-float load(const void* data, DType dtype, std::size_t i) {
-  switch (dtype) {
-    case DType::f32: return static_cast<const float*>(data)[i];
-    case DType::f16: return fp16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-  }
-  return 0;
-}
-
 class SmokeRun {
  public:
   explicit SmokeRun(Runtime& runtime)
@@ -83,7 +66,7 @@ class SmokeRun {
 
   // Fills a device buffer from host values through the pinned staging buffer.
   void upload(const DeviceBuffer& dst, DType dtype, std::size_t count, auto value_of) {
-    for (std::size_t i = 0; i < count; ++i) store(staging_.data(), dtype, i, value_of(i));
+    for (std::size_t i = 0; i < count; ++i) store_from_float(staging_.data(), dtype, i, value_of(i));
     device_.copy_async(dst.data(), staging_.data(), count * dtype_size(dtype), *stream_);
   }
 
@@ -93,7 +76,7 @@ class SmokeRun {
     device_.copy_async(staging_.data(), src.data(), count * dtype_size(dtype), *stream_);
     stream_->synchronize();
     for (std::size_t i = 0; i < count; ++i) {
-      const float got = load(staging_.data(), dtype, i);
+      const float got = load_as_float(staging_.data(), dtype, i);
       const float want = expected_of(i);
       if (got != want) {
         std::fprintf(stderr, "rank %d: %s %s: element %zu is %g, expected %g\n", comm_.rank(), what,

@@ -2,8 +2,11 @@
 // low-precision outputs). Round-to-nearest-even; NaN stays NaN, Inf stays Inf.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "zest/dtype.hpp"
 
 #if defined(__CUDACC__)
 #define ZEST_HOST_DEVICE __host__ __device__
@@ -82,6 +85,26 @@ ZEST_HOST_DEVICE inline float fp16_to_float(std::uint16_t h) {
     --e;
   }
   return bits_float(sign | (e << 23) | ((mantissa & 0x3ffu) << 13));
+}
+
+// Element i of a host buffer of `dtype`, as float (exact: every f16/bf16 value is a float).
+inline float load_as_float(const void* data, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::f16: return fp16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::f32: break;
+  }
+  return static_cast<const float*>(data)[i];
+}
+
+// Stores `value` as element i of a host buffer of `dtype`, rounding to nearest even.
+inline void store_from_float(void* data, DType dtype, std::size_t i, float value) {
+  switch (dtype) {
+    case DType::f16: static_cast<std::uint16_t*>(data)[i] = float_to_fp16(value); return;
+    case DType::bf16: static_cast<std::uint16_t*>(data)[i] = float_to_bf16(value); return;
+    case DType::f32: break;
+  }
+  static_cast<float*>(data)[i] = value;
 }
 
 }  // namespace zest

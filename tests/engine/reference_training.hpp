@@ -81,16 +81,6 @@ inline Config make_config(const Options& o) {
   return c;
 }
 
-inline float load(const void* p, DType dtype, std::size_t i) {
-  if (dtype == DType::f32) return static_cast<const float*>(p)[i];
-  const auto bits = static_cast<const std::uint16_t*>(p)[i];
-  return dtype == DType::f16 ? fp16_to_float(bits) : bf16_to_float(bits);
-}
-inline void store(void* p, DType dtype, std::size_t i, float value) {
-  if (dtype == DType::f32) static_cast<float*>(p)[i] = value;
-  else static_cast<std::uint16_t*>(p)[i] = dtype == DType::f16 ? float_to_fp16(value) : float_to_bf16(value);
-}
-
 // Trains `steps` steps with an engine on `device` and `comm`; returns every tensor's final master
 // weights. On a host-accessible device the trainer reads parameters and writes gradients in place;
 // elsewhere it goes through host copies, as a GPU trainer's kernels would write them, and finishes
@@ -131,10 +121,10 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
           }
           void* write = direct ? grad : host_grad.data();
           for (std::size_t j = 0; j < specs[t].numel(); ++j) {
-            double value = partial_grad(load(p, o.dtype, j), step, first, last, t, j) * engine.loss_scale();
+            double value = partial_grad(load_as_float(p, o.dtype, j), step, first, last, t, j) * engine.loss_scale();
             if (step == o.overflow_at_step && rank == ranks - 1 && t == 0 && j == 0)
               value = std::numeric_limits<double>::infinity();
-            store(write, o.dtype, j, static_cast<float>(value));
+            store_from_float(write, o.dtype, j, static_cast<float>(value));
           }
           if (!direct) {
             device.copy_async(grad, host_grad.data(), bytes, *stream);

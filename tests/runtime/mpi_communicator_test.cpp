@@ -81,18 +81,6 @@ std::uint32_t load_bits(const void* data, DType dtype, std::size_t i) {
   return static_cast<const std::uint16_t*>(data)[i];
 }
 
-float decode(const void* data, DType dtype, std::size_t i) {
-  const std::uint32_t bits = load_bits(data, dtype, i);
-  switch (dtype) {
-    case DType::f32:
-      return bits_float(bits);
-    case DType::f16:
-      return fp16_to_float(static_cast<std::uint16_t>(bits));
-    case DType::bf16:
-      return bf16_to_float(static_cast<std::uint16_t>(bits));
-  }
-  return 0;
-}
 
 void store(void* data, DType dtype, std::size_t i, float value) {
   if (dtype == DType::f32)
@@ -348,7 +336,7 @@ TEST_F(MpiCommunicatorTest, Fp16AndBf16ReductionsPropagateInfAndNaN) {
       comm_->all_reduce(data.data(), data.data(), 4, dtype, op, *stream_);
       stream_->synchronize();
       float decoded[4];
-      for (std::size_t i = 0; i < 4; ++i) decoded[i] = decode(data.data(), dtype, i);
+      for (std::size_t i = 0; i < 4; ++i) decoded[i] = load_as_float(data.data(), dtype, i);
       EXPECT_EQ(decoded[0], inf);
       EXPECT_TRUE(std::isnan(decoded[1]));
       if (op == ReduceOp::max || size_ == 1) {

@@ -36,28 +36,13 @@ float input(int rank, std::size_t index) {
 
 std::vector<unsigned char> encode(const std::vector<float>& values, DType dtype) {
   std::vector<unsigned char> bytes(values.size() * dtype_size(dtype));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::f32) {
-      std::memcpy(bytes.data() + 4 * i, &values[i], 4);
-    } else {
-      const std::uint16_t h = dtype == DType::f16 ? float_to_fp16(values[i]) : float_to_bf16(values[i]);
-      std::memcpy(bytes.data() + 2 * i, &h, 2);
-    }
-  }
+  for (std::size_t i = 0; i < values.size(); ++i) store_from_float(bytes.data(), dtype, i, values[i]);
   return bytes;
 }
 
 std::vector<float> decode(const std::vector<unsigned char>& bytes, DType dtype) {
   std::vector<float> values(bytes.size() / dtype_size(dtype));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::f32) {
-      std::memcpy(&values[i], bytes.data() + 4 * i, 4);
-    } else {
-      std::uint16_t h = 0;
-      std::memcpy(&h, bytes.data() + 2 * i, 2);
-      values[i] = dtype == DType::f16 ? fp16_to_float(h) : bf16_to_float(h);
-    }
-  }
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = load_as_float(bytes.data(), dtype, i);
   return values;
 }
 
