@@ -17,6 +17,7 @@
 
 #include "cli/commands.hpp"
 #include "offload/nvme_store.hpp"
+#include "store_bandwidth.hpp"
 #include "zest/config.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
@@ -24,6 +25,8 @@
 
 namespace zest::cli {
 namespace {
+
+using bench::store_pass;
 
 constexpr const char* kIoUsage =
     "usage: zest bench io --path DIR [--size GiB] [--reps N] [--config FILE]\n"
@@ -93,39 +96,6 @@ class SyncLoop {
 struct Figures {
   std::vector<double> ours_write, ours_read, sync_write, sync_read;  // bytes per second
 };
-
-// One pass of the store over every region, cycling through the buffers; seconds taken. Each
-// region's first 8 bytes carry its index, checked on read so a pass that moved nothing fails.
-double store_pass(offload::NvmeStore& store, bool write, const std::vector<offload::RegionId>& regions,
-                  std::vector<HostBuffer>& buffers) {
-  std::vector<offload::IoHandle> handles(buffers.size());
-  std::vector<std::size_t> in_buffer(buffers.size(), 0);
-  const auto check = [&](std::size_t k) {
-    handles[k].wait();
-    if (!write) {
-      std::size_t stamp = 0;
-      std::memcpy(&stamp, buffers[k].data(), sizeof stamp);
-      if (stamp != in_buffer[k])
-        throw Error(std::string("zest bench io: region ").append(std::to_string(in_buffer[k]))
-                        .append(" read back wrong data"));
-    }
-  };
-  const auto start = Clock::now();
-  for (std::size_t i = 0; i < regions.size(); ++i) {
-    const std::size_t k = i % buffers.size();
-    if (handles[k]) check(k);
-    in_buffer[k] = i;
-    if (write) {
-      std::memcpy(buffers[k].data(), &i, sizeof i);
-      handles[k] = store.write_async(regions[i], buffers[k].data());
-    } else {
-      handles[k] = store.read_async(regions[i], buffers[k].data());
-    }
-  }
-  for (std::size_t k = 0; k < buffers.size(); ++k)
-    if (handles[k]) check(k);
-  return seconds_since(start);
-}
 
 }  // namespace
 

@@ -188,6 +188,9 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
     const int blas_threads = std::max<int>(1, static_cast<int>(runtime.cpus().size()));
     train::Trainer trainer(config, train, corpus, device, comm, blas_threads);
     r.params = trainer.engine().numel();
+    std::vector<ParamSpec> specs;
+    for (std::size_t t = 0; t < trainer.engine().size(); ++t) specs.push_back(trainer.engine().spec(t));
+    r.estimate_device_bytes = estimate_memory(config, specs, comm.size()).device_total;
     for (int step = 1; step <= steps; ++step) {
       comm.barrier();
       const auto start = std::chrono::steady_clock::now();
@@ -207,6 +210,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   r.formula_bytes = formula_bytes(conf, r.params, dtype_size(config.precision.dtype), r.ranks);
   const double model_state = static_cast<double>(r.peak_params_bytes + r.peak_grads_bytes + r.peak_optimizer_bytes);
   r.formula_deviation = model_state / static_cast<double>(r.formula_bytes) - 1;
+  r.estimate_deviation = static_cast<double>(r.peak_device_bytes) / static_cast<double>(r.estimate_device_bytes) - 1;
   // The first step pays page faults of fresh buffers; the median of the rest is the step time.
   std::sort(seconds.begin() + (seconds.size() > 1 ? 1 : 0), seconds.end());
   r.step_seconds = seconds.size() > 1 ? seconds[1 + (seconds.size() - 1) / 2] : seconds.front();

@@ -68,6 +68,8 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
                          r.nvme_bytes) +
            printf_string(", \"ratio_to_ddp\": %.6f, \"formula_bytes\": %zu, \"formula_deviation\": %.6f",
                          r.ratio_to_ddp, r.formula_bytes, r.formula_deviation) +
+           printf_string(", \"estimate_device_bytes\": %zu, \"estimate_deviation\": %.6f",
+                         r.estimate_device_bytes, r.estimate_deviation) +
            printf_string(", \"step_seconds\": %.6f, \"step_time_ratio_to_ddp\": %.6f", r.step_seconds,
                          r.step_time_ratio_to_ddp) +
            printf_string(", \"final_loss\": %.6f, \"loss_matches_ddp\": %s}", r.final_loss,

@@ -25,6 +25,8 @@ struct MemoryRecord {
   std::size_t formula_bytes = 0;      // the ZeRO formula for params + grads + optimizer states
   double ratio_to_ddp = 0;            // peak_device_bytes / stage 0's
   double formula_deviation = 0;       // (params + grads + optimizer states) / formula - 1
+  std::size_t estimate_device_bytes = 0;  // what `zest estimate` predicts for peak_device_bytes
+  double estimate_deviation = 0;          // peak_device_bytes / estimate - 1
   double step_seconds = 0;            // median over the measured steps
   double step_time_ratio_to_ddp = 0;
   double final_loss = 0;

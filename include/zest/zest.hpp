@@ -7,5 +7,6 @@
 #include "zest/dtype.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
+#include "zest/estimate.hpp"
 #include "zest/runtime.hpp"
 #include "zest/topology.hpp"

@@ -13,9 +13,11 @@ constexpr const char* kUsage =
     "commands:\n"
     "  config check FILE        validate a config; print it resolved, or every error (exit 2)\n"
     "  smoke [--config FILE]    run the runtime on every rank: memory, streams, collectives\n"
+    "  estimate --params N      memory per device, host and NVMe of every stage and offload mode\n"
     "  bench adam [options]     CPU/GPU Adam throughput against the machine's memory roofline\n"
     "  bench io --path DIR      NVMe store bandwidth against a synchronous O_DIRECT loop\n"
-    "  bench memory [options]   memory per rank of ZeRO stages 0-3 against DDP on a real model\n";
+    "  bench memory [options]   memory per rank of ZeRO stages 0-3 against DDP on a real model\n"
+    "  bench step --path DIR    offloaded Adam step with states on NVMe against the disk's limit\n";
 
 }  // namespace
 
@@ -28,12 +30,15 @@ int main(int argc, char** argv) {
   if (command == "config" && argc >= 3 && std::strcmp(argv[2], "check") == 0)
     return zest::cli::config_check(argc - 3, argv + 3);
   if (command == "smoke") return zest::cli::smoke(argc - 2, argv + 2);
+  if (command == "estimate") return zest::cli::estimate(argc - 2, argv + 2);
   if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "adam") == 0)
     return zest::cli::bench_adam(argc - 3, argv + 3);
   if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "io") == 0)
     return zest::cli::bench_io(argc - 3, argv + 3);
   if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "memory") == 0)
     return zest::cli::bench_memory(argc - 3, argv + 3);
+  if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "step") == 0)
+    return zest::cli::bench_step(argc - 3, argv + 3);
   std::fprintf(stderr, "zest: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

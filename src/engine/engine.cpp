@@ -12,6 +12,7 @@
 #include "engine/device_math.hpp"
 #include "engine/layout.hpp"
 #include "engine/loss_scaler.hpp"
+#include "engine/memory_plan.hpp"
 #include "engine/offloaded_optimizer.hpp"
 #include "engine/param_offload.hpp"
 #include "offload/nvme_store.hpp"
@@ -38,12 +39,7 @@ void convert(const float* src, void* dst, DType dtype, std::size_t count) {
   }
 }
 
-// set_param/get_param move a tensor through pinned memory in chunks of at most this many elements,
-// so the staging stays small however large the largest tensor is.
-constexpr std::size_t kStagingElements = std::size_t{1} << 20;
-// The step's scalars sit at the start of the pinned block; the staging follows, aligned.
-constexpr std::size_t kScalarsBytes = 256;
-static_assert(sizeof(engine::GradStatsScalars) <= kScalarsBytes);
+using engine::kScalarsBytes;
 
 char* at(const DeviceBuffer& buffer, std::size_t elements, DType dtype) {
   return static_cast<char*>(buffer.data()) + elements * dtype_size(dtype);
@@ -90,6 +86,7 @@ struct Engine::State {
         dtype(c.precision.dtype),
         rank(k.rank()),
         layout(specs, c.stage == 0 ? 1 : k.size()),
+        plan(engine::plan_memory(c, layout)),
         scaler(c.precision.loss_scale),
         math(engine::make_device_math(d, optim::hyper_params_from(c.optimizer), default_threads(c, k),
                                       static_cast<std::size_t>(layout.group_count()))),
@@ -103,6 +100,7 @@ struct Engine::State {
   const DType dtype;
   const int rank;
   const Layout layout;
+  const engine::MemoryPlan plan;  // every size allocated below
   engine::LossScaler scaler;
   std::unique_ptr<engine::DeviceMath> math;
 
@@ -253,65 +251,36 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     : state_(std::make_unique<State>(config, device, comm, std::move(params))) {
   State& s = *state_;
   const Layout& layout = s.layout;
+  const engine::MemoryPlan& plan = s.plan;
   const std::size_t groups = static_cast<std::size_t>(layout.group_count());
-  const bool offload_optimizer = config.offload.optimizer.device != OffloadDevice::none;
-  const bool offload_params = s.params_sharded() && config.offload.param.device != OffloadDevice::none;
-  if (s.params_sharded()) {
-    if (!offload_params) s.param_shards = device.allocate(s.bytes(layout.shard_numel()), MemoryCategory::params);
-    s.resident.resize(groups);
-    for (int g = 0; g < layout.group_count(); ++g)
-      if (s.bytes(layout.group(g).padded) <= config.stage3.persistence_threshold_bytes)
-        s.resident[static_cast<std::size_t>(g)] = device.allocate(s.bytes(layout.group(g).padded), MemoryCategory::params);
-  } else {
-    s.full_params = device.allocate(s.bytes(layout.full_numel()), MemoryCategory::params);
-  }
-  s.grads = device.allocate(s.bytes(s.grads_full() ? layout.full_numel() : layout.shard_numel()),
-                            MemoryCategory::grads);
-  if (!offload_optimizer) {
-    const std::size_t states = layout.shard_numel() * sizeof(float);
-    s.master = device.allocate(states, MemoryCategory::optimizer_states);
-    s.m = device.allocate(states, MemoryCategory::optimizer_states);
-    s.v = device.allocate(states, MemoryCategory::optimizer_states);
-  }
-  s.scalars = device.allocate(sizeof(engine::GradStatsScalars), MemoryCategory::buffers);
-
-  // Two staging buffers let backward write one group while the previous one is reduced.
-  const std::size_t segment_bytes = s.bytes(layout.largest_segment());
-  for (int i = 0; i < 2; ++i)
-    s.staging.push_back(Slot{device.allocate(segment_bytes, MemoryCategory::buffers), device.create_event(), -1, {}});
-  if (s.params_sharded()) {
-    std::size_t sharded_groups = 0;
-    for (const DeviceBuffer& r : s.resident) sharded_groups += r ? 0 : 1;
-    const std::size_t by_budget = config.stage3.max_live_bytes / segment_bytes;
-    const std::size_t count = std::min(sharded_groups, std::max<std::size_t>(2, by_budget));
-    const std::size_t shard_bytes = offload_params ? s.bytes(layout.largest_segment() / static_cast<std::size_t>(layout.partitions())) : 0;
-    for (std::size_t i = 0; i < count; ++i)
-      s.gathered.push_back(Slot{device.allocate(segment_bytes, MemoryCategory::buffers), device.create_event(), -1,
-                                offload_params ? device.allocate(shard_bytes, MemoryCategory::buffers) : DeviceBuffer{}});
-  }
+  s.param_shards = device.allocate(plan.param_shards, MemoryCategory::params);
+  for (std::size_t size : plan.resident) s.resident.push_back(device.allocate(size, MemoryCategory::params));
+  s.full_params = device.allocate(plan.full_params, MemoryCategory::params);
+  s.grads = device.allocate(plan.grads, MemoryCategory::grads);
+  s.master = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
+  s.m = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
+  s.v = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
+  s.scalars = device.allocate(plan.scalars, MemoryCategory::buffers);
+  for (std::size_t i = 0; i < engine::MemoryPlan::kStagingSlots; ++i)
+    s.staging.push_back(Slot{device.allocate(plan.staging_slot, MemoryCategory::buffers), device.create_event(), -1, {}});
+  for (std::size_t i = 0; i < plan.gathered_count; ++i)
+    s.gathered.push_back(Slot{device.allocate(plan.gathered_slot, MemoryCategory::buffers), device.create_event(), -1,
+                              device.allocate(plan.gathered_shard, MemoryCategory::buffers)});
   std::string store_path;
   std::shared_ptr<offload::Store> shared_store;
-  if (offload_optimizer) {
+  if (plan.offload_optimizer) {
     s.optimizer_store = nvme_store(config, config.offload.optimizer, s.rank, shared_store, store_path);
-    s.offloaded = std::make_unique<engine::OffloadedOptimizer>(config, device, layout, s.dtype,
+    s.offloaded = std::make_unique<engine::OffloadedOptimizer>(config, device, layout, plan.optimizer_offload, s.dtype,
                                                                default_threads(config, comm), s.optimizer_store);
     s.offload_groups.resize(groups);
   }
-  if (offload_params) {
+  if (plan.offload_params) {
     s.param_store = nvme_store(config, config.offload.param, s.rank, shared_store, store_path);
-    std::vector<bool> offloaded(groups);
-    for (std::size_t g = 0; g < groups; ++g) offloaded[g] = !s.resident[g];
-    s.param_offload = std::make_unique<engine::ParamOffload>(device, layout, s.dtype, std::move(offloaded),
-                                                             s.gathered.size(), s.param_store);
-    if (!offload_optimizer)
-      s.update_out = device.allocate(s.bytes(layout.largest_segment() / static_cast<std::size_t>(layout.partitions())),
-                                     MemoryCategory::buffers);
+    s.param_offload = std::make_unique<engine::ParamOffload>(device, layout, plan.param_offload, s.dtype, s.param_store);
+    s.update_out = device.allocate(plan.update_out, MemoryCategory::buffers);
   }
-  std::size_t largest_tensor = 0;
-  for (std::size_t t = 0; t < layout.tensor_count(); ++t) largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
-  s.staging_elements = std::min(largest_tensor, kStagingElements);
-  const std::size_t low_bytes = s.dtype == DType::f32 ? 0 : s.bytes(s.staging_elements);
-  s.pinned = device.allocate_pinned(kScalarsBytes + s.staging_elements * sizeof(float) + low_bytes);
+  s.staging_elements = plan.staging_elements;
+  s.pinned = device.allocate_pinned(plan.engine_pinned);
   s.grad_spans.reserve(groups);
   s.adam_shards.reserve(groups);
   s.staging_of.assign(groups, -1);

@@ -11,11 +11,6 @@
 namespace zest::engine {
 namespace {
 
-std::size_t round_up(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-// Staging slots start on 256-byte boundaries, as device allocations do.
-constexpr std::size_t kSlotAlign = 256;
-
 }  // namespace
 
 struct OffloadedOptimizer::Impl {
@@ -29,7 +24,8 @@ struct OffloadedOptimizer::Impl {
     bool last_of_group = false;
   };
 
-  Impl(const Config& config, Device& d, const Layout& l, DType t, int threads, std::shared_ptr<offload::Store> s)
+  Impl(const Config& config, Device& d, const Layout& l, const OptimizerOffloadPlan& plan, DType t, int threads,
+       std::shared_ptr<offload::Store> s)
       : device(d),
         layout(l),
         dtype(t),
@@ -41,24 +37,20 @@ struct OffloadedOptimizer::Impl {
     if (slots < 2)
       throw Error(std::string("offloaded optimizer: offload.optimizer.buffer_count must be at least 2, got ")
                       .append(std::to_string(slots)));
-    const std::size_t per = std::max(Layout::kAlign, config.offload.sub_group_bytes / 12 / Layout::kAlign * Layout::kAlign);
-    for (int g = 0; g < layout.group_count(); ++g) {
-      const auto& place = layout.group(g);
-      for (std::size_t first = 0; first < place.shard; first += per) {
-        SubGroup sub;
-        sub.group = g;
-        sub.in_group = first;
-        sub.offset = place.shard_offset + first;
-        sub.count = std::min(per, place.shard - first);
-        sub.first_of_group = first == 0;
-        sub.last_of_group = first + sub.count == place.shard;
-        largest = std::max(largest, sub.count);
-        subs.push_back(sub);
-      }
+    for (const SubGroupPlace& place : plan.sub_groups) {
+      SubGroup sub;
+      sub.group = place.group;
+      sub.in_group = place.in_group;
+      sub.offset = place.offset;
+      sub.count = place.count;
+      sub.first_of_group = place.first_of_group;
+      sub.last_of_group = place.last_of_group;
+      subs.push_back(sub);
     }
-    grad_slot_bytes = round_up(largest * dtype_size(dtype), kSlotAlign);
-    grad_staging = device.allocate_pinned(slots * grad_slot_bytes);
-    out_staging = device.allocate_pinned(slots * grad_slot_bytes);
+    largest = plan.largest;
+    grad_slot_bytes = plan.grad_slot_bytes;
+    grad_staging = device.allocate_pinned(plan.staging_bytes);
+    out_staging = device.allocate_pinned(plan.staging_bytes);
     for (std::size_t i = 0; i < slots; ++i) {
       grad_ready.push_back(device.create_event());
       out_done.push_back(device.create_event());
@@ -66,12 +58,15 @@ struct OffloadedOptimizer::Impl {
     reads.resize(slots);
     writes.resize(slots);
     if (!store) {
-      states = device.allocate_pinned(3 * layout.shard_numel() * sizeof(float));
+      states = device.allocate_pinned(plan.states_bytes);
       std::memset(states.data(), 0, states.bytes());
       return;
     }
-    state_slot_bytes = round_up(3 * largest * sizeof(float), store->alignment());
-    state_slots = device.allocate_pinned(slots * state_slot_bytes);
+    if (store->alignment() != kNvmeAlignment)
+      throw Error(std::string("offloaded optimizer: the store's alignment is ").append(std::to_string(store->alignment()))
+                      .append(" bytes, the memory plan's ").append(std::to_string(kNvmeAlignment)));
+    state_slot_bytes = plan.state_slot_bytes;
+    state_slots = device.allocate_pinned(plan.state_slots_bytes);
     std::memset(state_slots.data(), 0, state_slots.bytes());
     // Every region starts as zeros (master weights until set, moments, padding), so every read
     // finds data. Writes of zeros from every slot in turn keep `slots` writes in flight.
@@ -244,9 +239,10 @@ struct OffloadedOptimizer::Impl {
   std::unique_ptr<Stream> down, up;
 };
 
-OffloadedOptimizer::OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, DType dtype,
-                                       int threads, std::shared_ptr<offload::Store> store)
-    : impl_(std::make_unique<Impl>(config, device, layout, dtype, threads, std::move(store))) {}
+OffloadedOptimizer::OffloadedOptimizer(const Config& config, Device& device, const Layout& layout,
+                                       const OptimizerOffloadPlan& plan, DType dtype, int threads,
+                                       std::shared_ptr<offload::Store> store)
+    : impl_(std::make_unique<Impl>(config, device, layout, plan, dtype, threads, std::move(store))) {}
 
 OffloadedOptimizer::~OffloadedOptimizer() {
   if (impl_) impl_->drain();

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "engine/layout.hpp"
+#include "engine/memory_plan.hpp"
 #include "offload/io_handle.hpp"
 #include "offload/store.hpp"
 #include "optim/cpu_adam.hpp"
@@ -54,10 +55,11 @@ struct OffloadGroup {
 
 class OffloadedOptimizer {
  public:
-  // `store`: the NvmeStore for nvme (may be shared with the parameters' offload), null for cpu.
-  // Throws OutOfDeviceMemory/SystemError from the pinned allocations, IoError from the store.
-  OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, DType dtype, int threads,
-                     std::shared_ptr<offload::Store> store);
+  // `plan`: its sub-groups and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be
+  // shared with the parameters' offload), null for cpu. Throws OutOfDeviceMemory/SystemError from
+  // the pinned allocations, IoError from the store.
+  OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, const OptimizerOffloadPlan& plan,
+                     DType dtype, int threads, std::shared_ptr<offload::Store> store);
   ~OffloadedOptimizer();
   OffloadedOptimizer(const OffloadedOptimizer&) = delete;
   OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;

@@ -8,28 +8,23 @@
 #include "zest/error.hpp"
 
 namespace zest::engine {
-namespace {
 
-std::size_t round_up(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-}  // namespace
-
-ParamOffload::ParamOffload(Device& device, const Layout& layout, DType dtype, std::vector<bool> offloaded,
-                           std::size_t fetch_slots, std::shared_ptr<offload::Store> store)
-    : device_(device), layout_(layout), dtype_(dtype), offloaded_(std::move(offloaded)), store_(std::move(store)) {
+ParamOffload::ParamOffload(Device& device, const Layout& layout, const ParamOffloadPlan& plan, DType dtype,
+                           std::shared_ptr<offload::Store> store)
+    : device_(device), layout_(layout), dtype_(dtype), offloaded_(plan.offloaded), store_(std::move(store)) {
   const std::size_t element = dtype_size(dtype_);
   if (!store_) {
-    shards_ = device_.allocate_pinned(layout_.shard_numel() * element);
+    shards_ = device_.allocate_pinned(plan.shards_bytes);
     std::memset(shards_.data(), 0, shards_.bytes());
     return;
   }
-  std::size_t largest = 0;
-  for (int g = 0; g < layout_.group_count(); ++g)
-    if (offloaded_[static_cast<std::size_t>(g)]) largest = std::max(largest, layout_.group(g).shard * element);
-  if (largest == 0) return;
-  slot_bytes_ = round_up(largest, store_->alignment());
-  staging_ = device_.allocate_pinned(std::max<std::size_t>(1, fetch_slots) * slot_bytes_);
-  updates_ = device_.allocate_pinned(2 * slot_bytes_);
+  if (plan.slot_bytes == 0) return;  // every group is resident
+  if (store_->alignment() != kNvmeAlignment)
+    throw Error(std::string("offloaded parameters: the store's alignment is ").append(std::to_string(store_->alignment()))
+                    .append(" bytes, the memory plan's ").append(std::to_string(kNvmeAlignment)));
+  slot_bytes_ = plan.slot_bytes;
+  staging_ = device_.allocate_pinned(plan.staging_bytes);
+  updates_ = device_.allocate_pinned(plan.updates_bytes);
   std::memset(updates_.data(), 0, updates_.bytes());
   regions_.assign(static_cast<std::size_t>(layout_.group_count()), 0);
   // Zeros (padding included) in every region, so each holds data before set_param fills it.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/layout.hpp"
+#include "engine/memory_plan.hpp"
 #include "engine/offloaded_optimizer.hpp"
 #include "offload/io_handle.hpp"
 #include "offload/store.hpp"
@@ -26,9 +27,10 @@ namespace zest::engine {
 
 class ParamOffload final : public HostParamSink {
  public:
-  // `offloaded[g]`: group g's shard lives here. `store`: the NvmeStore for nvme, null for cpu.
-  ParamOffload(Device& device, const Layout& layout, DType dtype, std::vector<bool> offloaded,
-               std::size_t fetch_slots, std::shared_ptr<offload::Store> store);
+  // `plan` (plan_memory): which groups' shards live here (plan.offloaded[g]) and the buffer sizes,
+  // with one fetch slot per gathered-parameter buffer. `store`: the NvmeStore for nvme, null for cpu.
+  ParamOffload(Device& device, const Layout& layout, const ParamOffloadPlan& plan, DType dtype,
+               std::shared_ptr<offload::Store> store);
   ~ParamOffload() override;
   ParamOffload(const ParamOffload&) = delete;
   ParamOffload& operator=(const ParamOffload&) = delete;

@@ -42,6 +42,9 @@ for stage, r in records.items():
     # groups weigh more; they are checked against their stage's row below instead.
     if stage in stages and abs(r["formula_deviation"]) > 0.05:
         problems.append(f"{stage}: {r['formula_deviation']:+.3f} off the formula")
+    # `zest estimate` predicts every configuration's measured per-rank peak within 5%.
+    if abs(r["estimate_deviation"]) > 0.05:
+        problems.append(f"{stage}: measured {r['peak_device_bytes']} is {r['estimate_deviation']:+.3f} off zest estimate's {r['estimate_device_bytes']}")
     if not r["loss_matches_ddp"]: problems.append(f"{stage}: loss differs from DDP")
 for name, (base, optimizer, param) in offloads.items():
     r, b = records[name], records[base]

@@ -1,0 +1,299 @@
+// zest bench step: the offloaded Adam step with the optimizer states on NVMe, against the limit the
+// disk sets. One step reads every sub-group's fp32 master, m and v from the swap file and writes
+// them back (EngineStats::nvme_bytes each way); at the store's measured bandwidths that takes
+// nvme_bytes / read_bw + nvme_bytes / write_bw, and the step can be no faster unless the Adam
+// compute and the transfers overlap perfectly and reads and writes share the disk for free. The
+// ratio limit / measured step time says how much of the step is the disk (target >= 0.85: the
+// compute hides behind the I/O). Resident memory is reported to show that the host holds only the
+// configured sub-group slots, not the states.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "runtime/half.hpp"
+#include "store_bandwidth.hpp"
+#include "zest/zest.hpp"
+
+namespace zest::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: zest bench step --path DIR [--params N] [--steps N] [--dtype bf16|fp16|fp32]\n"
+    "                       [--sub-group SIZE] [--buffers N] [--groups N] [--device-memory SIZE]\n"
+    "                       [--io-size GiB] [--reps N] [--no-set-param] [--json]\n"
+    "  A world of one (or every rank under mpirun) builds an Engine on the cpu device (stage 2) with\n"
+    "  offload.optimizer.device nvme in DIR, --params parameters (default 2e8) in --groups equal\n"
+    "  groups (default 64), and times --steps (default 3) optimizer steps; the NvmeStore's sequential\n"
+    "  bandwidth is measured in DIR first (--io-size GiB, default 4, --reps 3; every rank at once);\n"
+    "  rank 0 reports its own figures. DIR needs the states (12 bytes per parameter) plus --io-size\n"
+    "  free. --no-set-param leaves the weights zero (set_param with offloaded states rewrites a whole\n"
+    "  sub-group per 1M-value chunk: minutes at 2e9). Defaults: bf16, the config's sub-group (256MiB)\n"
+    "  and buffer count (4); the device budget fits params and grads.\n";
+
+struct Options {
+  std::string path;
+  std::size_t params = 200'000'000;
+  int steps = 3;
+  DType dtype = DType::bf16;
+  std::size_t sub_group = 0;  // 0: the config default
+  int buffers = 0;            // 0: the config default
+  int groups = 64;
+  std::size_t device_memory = 0;  // 0: fitted to params and grads
+  double io_gib = 4.0;
+  int reps = 3;
+  bool set_param = true;
+  bool json = false;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// VmRSS or VmHWM of this process from /proc/self/status, in bytes (0 where unavailable).
+std::size_t proc_status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return static_cast<std::size_t>(std::strtoull(line.c_str() + key.size() + 1, nullptr, 10)) * 1024;
+  }
+  return 0;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one.append(" ").append(five).append(" ").append(fifteen);
+}
+
+// Small, nonzero, varying weights: enough that Adam's update is not the trivial one.
+void fill_weights(std::vector<float>& values, std::size_t first) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<float>(static_cast<int>((first + i) % 2001) - 1000) * 1e-5f;
+}
+
+// Overwrites a gradient of `count` elements with `value` in dtype: the stand-in for backward.
+void fill_grad(void* grad, std::size_t count, DType dtype, float value) {
+  if (dtype == DType::f32) {
+    std::fill_n(static_cast<float*>(grad), count, value);
+  } else {
+    const std::uint16_t bits = dtype == DType::bf16 ? float_to_bf16(value) : float_to_fp16(value);
+    std::fill_n(static_cast<std::uint16_t*>(grad), count, bits);
+  }
+}
+
+int parse(int argc, char** argv, Options& o) {
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    const auto bad = [&](const char* what) {
+      std::fprintf(stderr, "zest bench step: %s wants %s, got '%s'\n%s", arg.c_str(), what, argv[i], kUsage);
+      return 2;
+    };
+    try {
+      if (arg == "--json") {
+        o.json = true;
+      } else if (arg == "--no-set-param") {
+        o.set_param = false;
+      } else if (arg == "--path" && has_value) {
+        o.path = argv[++i];
+      } else if (arg == "--params" && has_value) {
+        const double v = std::stod(argv[++i]);
+        if (!(v >= 1) || v > 1e12) return bad("a count >= 1 (e.g. 2e8)");
+        o.params = static_cast<std::size_t>(v);
+      } else if (arg == "--steps" && has_value) {
+        o.steps = std::stoi(argv[++i]);
+        if (o.steps < 1) return bad("a count >= 1");
+      } else if (arg == "--groups" && has_value) {
+        o.groups = std::stoi(argv[++i]);
+        if (o.groups < 1) return bad("a count >= 1");
+      } else if (arg == "--buffers" && has_value) {
+        o.buffers = std::stoi(argv[++i]);
+        if (o.buffers < 2) return bad("a count >= 2");
+      } else if (arg == "--reps" && has_value) {
+        o.reps = std::stoi(argv[++i]);
+        if (o.reps < 1) return bad("a count >= 1");
+      } else if (arg == "--io-size" && has_value) {
+        o.io_gib = std::stod(argv[++i]);
+        if (!(o.io_gib > 0)) return bad("GiB > 0");
+      } else if (arg == "--sub-group" && has_value) {
+        o.sub_group = parse_size(argv[++i]);
+      } else if (arg == "--device-memory" && has_value) {
+        o.device_memory = parse_size(argv[++i]);
+      } else if (arg == "--dtype" && has_value) {
+        const std::string d = argv[++i];
+        if (d == "bf16") o.dtype = DType::bf16;
+        else if (d == "fp16") o.dtype = DType::f16;
+        else if (d == "fp32") o.dtype = DType::f32;
+        else return bad("bf16, fp16 or fp32");
+      } else {
+        std::fprintf(stderr, "zest bench step: unexpected argument '%s'\n%s", arg.c_str(), kUsage);
+        return 2;
+      }
+    } catch (const std::exception& e) {  // stod/stoi/parse_size on text that is no number or size
+      if (arg == "--sub-group" || arg == "--device-memory") return bad(e.what());  // says what a size is
+      return bad(arg == "--params" ? "a count >= 1 (e.g. 2e8)" : arg == "--io-size" ? "GiB > 0" : "a count");
+    }
+  }
+  if (o.path.empty()) {
+    std::fprintf(stderr, "zest bench step: --path DIR is required\n%s", kUsage);
+    return 2;
+  }
+  if (static_cast<std::size_t>(o.groups) > o.params) o.groups = static_cast<int>(o.params);
+  return 0;
+}
+
+}  // namespace
+
+int bench_step(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse(argc, argv, o); rc != 0) return rc;
+  try {
+    Config config;
+    config.stage = 2;
+    config.device.type = DeviceType::cpu;
+    config.precision.dtype = o.dtype;
+    config.offload.optimizer.device = OffloadDevice::nvme;
+    config.offload.optimizer.path = o.path;
+    if (o.sub_group > 0) config.offload.sub_group_bytes = o.sub_group;
+    if (o.buffers > 0) config.offload.optimizer.buffer_count = o.buffers;
+    // Params and grads in dtype, with room for padding and the reduction buckets.
+    const std::size_t model_bytes = 2 * dtype_size(o.dtype) * o.params;
+    config.device.memory = o.device_memory > 0 ? o.device_memory : model_bytes + model_bytes / 16 + (std::size_t{256} << 20);
+    config = parse_config(to_yaml(config));  // validated like a user's file
+
+    Runtime runtime(config);
+    Communicator& comm = runtime.comm();
+    const bool lead = runtime.rank() == 0;
+    const std::string load_before = load_average();
+
+    // The disk's figures first, on the same directory, before the swap file and the device
+    // buffers take the page cache and memory.
+    const auto io_bytes = static_cast<std::size_t>(o.io_gib * static_cast<double>(std::size_t{1} << 30));
+    comm.barrier();
+    // Every rank at once, as in the step (they share the disk). The engine's store does not register
+    // its staging buffers with the ring: measure that path.
+    const bench::StoreBandwidth bw = bench::measure_store_bandwidth(o.path, runtime.rank(), runtime.cpus(), io_bytes,
+                                                                    config.io, o.reps, false);
+
+    std::vector<ParamSpec> specs;
+    const std::size_t per_group = o.params / static_cast<std::size_t>(o.groups);
+    for (int g = 0; g < o.groups; ++g) {
+      const std::size_t n = g + 1 < o.groups ? per_group : o.params - per_group * static_cast<std::size_t>(o.groups - 1);
+      specs.push_back({std::string("layer").append(std::to_string(g)), {n}, g});
+    }
+    comm.barrier();
+    auto start = Clock::now();
+    Engine engine(config, runtime.device(), comm, specs);
+    const double setup_seconds = seconds_since(start);
+
+    double set_param_seconds = 0;
+    if (o.set_param) {
+      start = Clock::now();
+      std::vector<float> values;
+      std::size_t first = 0;
+      for (std::size_t t = 0; t < engine.size(); ++t) {
+        values.resize(engine.spec(t).numel());
+        fill_weights(values, first);
+        first += values.size();
+        engine.set_param(t, values.data());
+      }
+      set_param_seconds = seconds_since(start);
+    }
+
+    std::vector<double> step_seconds;
+    double grad_seconds = 0;
+    StepResult last;
+    for (int step = 0; step < o.steps; ++step) {
+      start = Clock::now();
+      // Backward's stand-in: every gradient written once, through the leases, in backward order.
+      const float grad = 1e-3f * static_cast<float>(engine.loss_scale()) * static_cast<float>(step + 1);
+      for (int g = engine.group_count() - 1; g >= 0; --g) {
+        auto lease = engine.acquire(g);
+        for (std::size_t t = 0; t < engine.size(); ++t)
+          if (engine.spec(t).group == g) fill_grad(lease.grad(t), engine.spec(t).numel(), o.dtype, grad);
+        engine.grads_ready(g);
+      }
+      grad_seconds += seconds_since(start);
+      comm.barrier();
+      start = Clock::now();
+      last = engine.step();
+      step_seconds.push_back(seconds_since(start));
+      if (last.skipped)
+        throw Error(std::string("zest bench step: step ").append(std::to_string(step + 1))
+                        .append(" was skipped (overflow); the benchmark's gradients must be finite"));
+    }
+
+    const EngineStats stats = engine.stats();
+    std::vector<double> sorted = step_seconds;
+    std::sort(sorted.begin(), sorted.end());
+    const double step_median = sorted[sorted.size() / 2];
+    // Each step reads every sub-group's region once and writes it back once.
+    const auto bytes_read = static_cast<double>(stats.nvme_bytes), bytes_written = static_cast<double>(stats.nvme_bytes);
+    const double limit = bytes_read / bw.read_bytes_per_s + bytes_written / bw.write_bytes_per_s;
+    const double ratio = limit / step_median;
+    const std::size_t rss = proc_status_bytes("VmRSS"), hwm = proc_status_bytes("VmHWM");
+    const HostMemoryStats pinned = runtime.device().pinned_stats();
+    const std::string load_after = load_average();
+    if (!lead) return 0;
+
+    if (o.json) {
+      std::string samples = "[";
+      for (std::size_t i = 0; i < step_seconds.size(); ++i) {
+        char number[32];
+        std::snprintf(number, sizeof number, "%s%.4f", i ? ", " : "", step_seconds[i]);
+        samples.append(number);
+      }
+      samples.append("]");
+      std::printf(
+          "{\"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"ranks\": %d, \"steps\": %d, \"path\": \"%s\",\n"
+          " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s,\n"
+          " \"step_seconds\": %.4f, \"step_samples\": %s, \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f,\n"
+          " \"grad_write_seconds\": %.3f, \"grad_norm\": %.6g,\n"
+          " \"nvme_bytes\": %zu, \"bytes_read_per_step\": %zu, \"bytes_written_per_step\": %zu,\n"
+          " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g, \"bandwidth_sample_bytes\": %zu,\n"
+          " \"disk_bound_seconds\": %.4f, \"ratio\": %.3f, \"target_ratio\": 0.85,\n"
+          " \"rss_bytes\": %zu, \"peak_rss_bytes\": %zu, \"offload_pinned_bytes\": %zu, \"pinned_peak_bytes\": %zu,\n"
+          " \"device_budget_bytes\": %zu, \"loadavg_before\": \"%s\", \"loadavg_after\": \"%s\"}\n",
+          engine.numel(), engine.group_count(), std::string(dtype_name(o.dtype)).c_str(), comm.size(), o.steps,
+          o.path.c_str(), config.offload.sub_group_bytes, config.offload.optimizer.buffer_count,
+          bw.direct ? "true" : "false", step_median, samples.c_str(), setup_seconds, set_param_seconds, grad_seconds,
+          last.grad_norm, stats.nvme_bytes, stats.nvme_bytes, stats.nvme_bytes, bw.write_bytes_per_s,
+          bw.read_bytes_per_s, bw.bytes, limit, ratio, rss, hwm, stats.offload_pinned_bytes, pinned.peak,
+          config.device.memory, load_before.c_str(), load_after.c_str());
+    } else {
+      const auto gb = [](double bytes) { return bytes / 1e9; };
+      std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), states on NVMe in %s (%s)\n",
+                  engine.numel(), std::string(dtype_name(o.dtype)).c_str(), engine.group_count(), comm.size(),
+                  o.path.c_str(), bw.direct ? "O_DIRECT" : "buffered");
+      std::printf("  sub-group %s, %d buffers; engine built in %.1f s, weights set in %.1f s%s\n",
+                  format_size(config.offload.sub_group_bytes).c_str(), config.offload.optimizer.buffer_count,
+                  setup_seconds, set_param_seconds, o.set_param ? "" : " (left zero: --no-set-param)");
+      std::printf("  store bandwidth (median of %d over %.2f GB): write %.3f GB/s, read %.3f GB/s\n", o.reps,
+                  gb(static_cast<double>(bw.bytes)), gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s));
+      std::printf("  per step: %.2f GB read + %.2f GB written -> disk-bound limit %.3f s\n", gb(bytes_read),
+                  gb(bytes_written), limit);
+      std::printf("  step() median of %d: %.3f s -> ratio %.3f (target >= 0.85)\n", o.steps, step_median, ratio);
+      std::printf("  resident: %.2f GB now, %.2f GB peak (states on disk: %.2f GB); pinned %.2f GB (offload %.2f GB)\n",
+                  gb(static_cast<double>(rss)), gb(static_cast<double>(hwm)), gb(static_cast<double>(stats.nvme_bytes)),
+                  gb(static_cast<double>(pinned.peak)), gb(static_cast<double>(stats.offload_pinned_bytes)));
+      std::printf("  load average before %s, after %s\n", load_before.c_str(), load_after.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zest bench step: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace zest::cli

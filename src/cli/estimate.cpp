@@ -1,0 +1,232 @@
+// zest estimate: the memory every stage and offload mode needs for a model of N parameters, per
+// device, per host and on NVMe, from the engine's own sizing (zest/estimate.hpp), before any run.
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "zest/config.hpp"
+#include "zest/error.hpp"
+#include "zest/estimate.hpp"
+
+namespace zest::cli {
+namespace {
+
+constexpr const char* kEstimateUsage =
+    "usage: zest estimate --params N [--layers L] [--ranks-per-node R] [--nodes K]\n"
+    "                     [--dtype bf16|fp16|fp32] [--config FILE]\n"
+    "\n"
+    "Prints the memory zest itself needs for a model of N parameters (7000000000, 7B, 350M, 1.5e9)\n"
+    "in L equal layers (default 32) on R ranks per node (default 1) and K nodes (default 1), for\n"
+    "every ZeRO stage and offload mode: per device (params, grads, optimizer states, buffers), pinned\n"
+    "host memory per node and NVMe swap space per node. Buffers are the two gradient buckets (one\n"
+    "layer each) and, under stage 3, the gathered (live) layers. Stage-3 and offload settings come from FILE\n"
+    "(marked * where its stage and offload match a row) or the defaults; --dtype overrides its\n"
+    "precision (default: FILE's, else bf16). Activations and framework workspace are not included.\n";
+
+struct Options {
+  std::size_t params = 0;
+  int layers = 32;
+  int ranks_per_node = 1;
+  int nodes = 1;
+  bool dtype_given = false;
+  DType dtype = DType::bf16;
+  std::string config_path;
+};
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "7B", "350M", "1.5e9", "7000000000" -> a count of parameters.
+std::size_t parse_count(const std::string& text) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double number = std::strtod(begin, &end);
+  const std::string suffix(end);
+  double scale = 1;
+  if (suffix == "K" || suffix == "k") scale = 1e3;
+  else if (suffix == "M" || suffix == "m") scale = 1e6;
+  else if (suffix == "B" || suffix == "b" || suffix == "G" || suffix == "g") scale = 1e9;
+  else if (suffix == "T" || suffix == "t") scale = 1e12;
+  else if (!suffix.empty()) end = const_cast<char*>(begin);  // not a count
+  const double value = number * scale;
+  if (end == begin || errno != 0 || !(value >= 1) || value > 1e15 || value != std::floor(value))
+    throw UsageError(std::string("--params: expected a whole number of parameters such as 7000000000, 7B, 350M or "
+                                 "1.5e9, found '").append(text).append("'"));
+  return static_cast<std::size_t>(value);
+}
+
+int parse_positive(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || value < 1 || value > 1'000'000)
+    throw UsageError(std::string(flag).append(": expected a whole number from 1 to 1000000, found '").append(text).append("'"));
+  return static_cast<int>(value);
+}
+
+DType parse_dtype(const std::string& text) {
+  if (text == "bf16") return DType::bf16;
+  if (text == "fp16") return DType::f16;
+  if (text == "fp32") return DType::f32;
+  throw UsageError(std::string("--dtype: expected bf16, fp16 or fp32, found '").append(text).append("'"));
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  bool params_given = false;
+  for (int i = 0; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const bool known = flag == "--params" || flag == "--layers" || flag == "--ranks-per-node" || flag == "--nodes" ||
+                       flag == "--dtype" || flag == "--config";
+    if (!known) throw UsageError(std::string("unknown option '").append(flag).append("'"));
+    if (i + 1 >= argc) throw UsageError(std::string(flag).append(" needs a value"));
+    const std::string value = argv[++i];
+    if (flag == "--params") {
+      o.params = parse_count(value);
+      params_given = true;
+    } else if (flag == "--layers") {
+      o.layers = parse_positive(flag, value);
+    } else if (flag == "--ranks-per-node") {
+      o.ranks_per_node = parse_positive(flag, value);
+    } else if (flag == "--nodes") {
+      o.nodes = parse_positive(flag, value);
+    } else if (flag == "--dtype") {
+      o.dtype = parse_dtype(value);
+      o.dtype_given = true;
+    } else {
+      o.config_path = value;
+    }
+  }
+  if (!params_given) throw UsageError("--params N is required");
+  if (o.params < static_cast<std::size_t>(o.layers))
+    throw UsageError(std::string("--params ").append(std::to_string(o.params)).append(" is fewer than --layers ")
+                         .append(std::to_string(o.layers)).append(": give at least one parameter per layer"));
+  return o;
+}
+
+// 512 B, 12.0 KiB, 345.6 MiB, 12.34 GiB, 1.20 TiB.
+std::string readable(std::size_t bytes) {
+  constexpr const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return std::to_string(bytes).append(" B");
+  double value = static_cast<double>(bytes);
+  int unit = -1;
+  while (value >= 1024 && unit < 3) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit >= 2 ? "%.2f %s" : "%.1f %s", value, units[unit]);
+  return text;
+}
+
+// "7.00B", "350.0M": the parameter count as people say it.
+std::string readable_count(std::size_t count) {
+  char text[32];
+  const double n = static_cast<double>(count);
+  if (n >= 1e9) std::snprintf(text, sizeof text, "%.2fB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(text, sizeof text, "%.1fM", n / 1e6);
+  else return std::to_string(count);
+  return text;
+}
+
+struct Row {
+  int stage;
+  OffloadDevice optimizer;
+  OffloadDevice param;
+};
+
+std::string row_name(const Row& r) {
+  auto name = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "cpu" : "nvme"; };
+  std::string text = std::string("stage ").append(std::to_string(r.stage));
+  if (r.param != OffloadDevice::none && r.param == r.optimizer) return text.append(", optimizer+params ").append(name(r.param));
+  if (r.optimizer != OffloadDevice::none) text.append(", optimizer ").append(name(r.optimizer));
+  if (r.param != OffloadDevice::none) text.append(", params ").append(name(r.param));
+  return text;
+}
+
+// Every configuration the engine accepts: stage 0 plain; stages 1-3 with the optimizer on the
+// device, in pinned host memory or on NVMe; stage 3 with its parameters offloaded as well.
+std::vector<Row> rows() {
+  std::vector<Row> all{{0, OffloadDevice::none, OffloadDevice::none}};
+  for (int stage = 1; stage <= 3; ++stage)
+    for (OffloadDevice d : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
+      all.push_back({stage, d, OffloadDevice::none});
+  all.push_back({3, OffloadDevice::cpu, OffloadDevice::cpu});
+  all.push_back({3, OffloadDevice::nvme, OffloadDevice::nvme});
+  return all;
+}
+
+void print_table(const Options& o, const Config& base) {
+  const int ranks = o.ranks_per_node * o.nodes;
+  const std::vector<ParamSpec> model = uniform_model(o.params, o.layers);
+  const std::size_t per_node = static_cast<std::size_t>(o.ranks_per_node);
+  std::printf("zest estimate: %s parameters (%zu) in %d layers, %s; %d rank%s per node x %d node%s = %d rank%s\n",
+              readable_count(o.params).c_str(), o.params, o.layers, std::string(dtype_name(base.precision.dtype)).c_str(),
+              o.ranks_per_node, o.ranks_per_node == 1 ? "" : "s", o.nodes, o.nodes == 1 ? "" : "s", ranks,
+              ranks == 1 ? "" : "s");
+  std::printf("settings: %s; stage3.max_live %s, offload.sub_group %s, buffer_count %d\n\n",
+              o.config_path.empty() ? "defaults" : o.config_path.c_str(), format_size(base.stage3.max_live_bytes).c_str(),
+              format_size(base.offload.sub_group_bytes).c_str(), base.offload.optimizer.buffer_count);
+  std::printf("%-34s %12s %12s %12s %12s %12s %16s %12s\n", "configuration", "device/rank", "params", "grads",
+              "optim states", "buffers", "pinned host/node", "NVMe/node");
+  for (const Row& r : rows()) {
+    Config c = base;
+    c.stage = r.stage;
+    c.offload.optimizer.device = r.optimizer;
+    c.offload.param.device = r.param;
+    const MemoryEstimate e = estimate_memory(c, model, ranks);
+    const bool matches = !o.config_path.empty() && base.stage == r.stage && base.offload.optimizer.device == r.optimizer &&
+                         base.offload.param.device == r.param;
+    const std::string name = row_name(r).append(matches ? " *" : "");
+    std::printf("%-34s %12s %12s %12s %12s %12s %16s %12s\n", name.c_str(), readable(e.device_total).c_str(),
+                readable(e.device_of(MemoryCategory::params)).c_str(), readable(e.device_of(MemoryCategory::grads)).c_str(),
+                readable(e.device_of(MemoryCategory::optimizer_states)).c_str(),
+                readable(e.device_of(MemoryCategory::buffers)).c_str(), readable(per_node * e.pinned).c_str(),
+                readable(per_node * e.nvme).c_str());
+  }
+  std::printf("\ndevice/rank: zest's allocations on each device (add activations and workspace); pinned host and\n"
+              "NVMe per node: %d rank%s' offload buffers and swap files.\n",
+              o.ranks_per_node, o.ranks_per_node == 1 ? "" : "s");
+}
+
+}  // namespace
+
+int estimate(int argc, char** argv) {
+  if (argc == 1 && (std::strcmp(argv[0], "--help") == 0 || std::strcmp(argv[0], "-h") == 0)) {
+    std::fputs(kEstimateUsage, stdout);
+    return 0;
+  }
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "zest estimate: %s\n\n%s", error.what(), kEstimateUsage);
+    return 2;
+  }
+  Config config;
+  config.precision.dtype = DType::bf16;
+  try {
+    if (!o.config_path.empty()) config = load_config(o.config_path);
+  } catch (const ConfigError& error) {
+    for (const ConfigProblem& problem : error.problems()) std::fprintf(stderr, "%s\n", problem.to_string().c_str());
+    return 2;
+  }
+  if (o.dtype_given) config.precision.dtype = o.dtype;
+  try {
+    print_table(o, config);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "zest estimate: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace zest::cli

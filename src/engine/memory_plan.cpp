@@ -1,0 +1,132 @@
+#include "engine/memory_plan.hpp"
+
+#include <algorithm>
+
+#include "engine/device_math.hpp"
+
+namespace zest::engine {
+namespace {
+
+std::size_t round_up(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+static_assert(sizeof(GradStatsScalars) <= kScalarsBytes);
+
+void plan_optimizer_offload(const Config& config, const Layout& layout, DType dtype, OptimizerOffloadPlan& p) {
+  p.slots = static_cast<std::size_t>(std::max(0, config.offload.optimizer.buffer_count));
+  // Master, m and v take 12 bytes per parameter.
+  const std::size_t per = std::max(Layout::kAlign, config.offload.sub_group_bytes / 12 / Layout::kAlign * Layout::kAlign);
+  for (int g = 0; g < layout.group_count(); ++g) {
+    const auto& place = layout.group(g);
+    for (std::size_t first = 0; first < place.shard; first += per) {
+      SubGroupPlace sub;
+      sub.group = g;
+      sub.in_group = first;
+      sub.offset = place.shard_offset + first;
+      sub.count = std::min(per, place.shard - first);
+      sub.first_of_group = first == 0;
+      sub.last_of_group = first + sub.count == place.shard;
+      p.largest = std::max(p.largest, sub.count);
+      p.sub_groups.push_back(sub);
+    }
+  }
+  p.grad_slot_bytes = round_up(p.largest * dtype_size(dtype), kOffloadSlotAlign);
+  p.staging_bytes = p.slots * p.grad_slot_bytes;
+  if (config.offload.optimizer.device == OffloadDevice::nvme) {
+    p.state_slot_bytes = round_up(3 * p.largest * sizeof(float), kNvmeAlignment);
+    p.state_slots_bytes = p.slots * p.state_slot_bytes;
+    for (const SubGroupPlace& sub : p.sub_groups) p.nvme_bytes += round_up(3 * sub.count * sizeof(float), kNvmeAlignment);
+  } else {
+    p.states_bytes = 3 * layout.shard_numel() * sizeof(float);
+  }
+  p.pinned_bytes = 2 * p.staging_bytes + p.states_bytes + p.state_slots_bytes;
+}
+
+void plan_param_offload(const Config& config, const Layout& layout, DType dtype, std::size_t fetch_slots,
+                        ParamOffloadPlan& p) {
+  const std::size_t element = dtype_size(dtype);
+  if (config.offload.param.device != OffloadDevice::nvme) {
+    p.shards_bytes = layout.shard_numel() * element;
+    p.pinned_bytes = p.shards_bytes;
+    return;
+  }
+  std::size_t largest = 0;
+  for (int g = 0; g < layout.group_count(); ++g) {
+    if (!p.offloaded[static_cast<std::size_t>(g)]) continue;
+    largest = std::max(largest, layout.group(g).shard * element);
+    p.nvme_bytes += round_up(layout.group(g).shard * element, kNvmeAlignment);
+  }
+  if (largest == 0) return;
+  p.slot_bytes = round_up(largest, kNvmeAlignment);
+  p.staging_bytes = std::max<std::size_t>(1, fetch_slots) * p.slot_bytes;
+  p.updates_bytes = 2 * p.slot_bytes;
+  p.pinned_bytes = p.staging_bytes + p.updates_bytes;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& config, const Layout& layout) {
+  MemoryPlan p;
+  const DType dtype = config.precision.dtype;
+  auto bytes = [dtype](std::size_t elements) { return elements * dtype_size(dtype); };
+  auto add = [&p](MemoryCategory c, std::size_t n) { p.device[static_cast<std::size_t>(c)] += n; };
+  const bool sharded = config.stage == 3;
+  const std::size_t groups = static_cast<std::size_t>(layout.group_count());
+  const std::size_t partitions = static_cast<std::size_t>(layout.partitions());
+  p.offload_optimizer = config.offload.optimizer.device != OffloadDevice::none;
+  p.offload_params = sharded && config.offload.param.device != OffloadDevice::none;
+
+  if (sharded) {
+    if (!p.offload_params) p.param_shards = bytes(layout.shard_numel());
+    add(MemoryCategory::params, p.param_shards);
+    p.resident.assign(groups, 0);
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::size_t segment = bytes(layout.group(static_cast<int>(g)).padded);
+      if (segment <= config.stage3.persistence_threshold_bytes) p.resident[g] = segment;
+      add(MemoryCategory::params, p.resident[g]);
+    }
+  } else {
+    p.full_params = bytes(layout.full_numel());
+    add(MemoryCategory::params, p.full_params);
+  }
+  p.grads = bytes(config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
+  add(MemoryCategory::grads, p.grads);
+  if (!p.offload_optimizer) p.optimizer_state = layout.shard_numel() * sizeof(float);
+  add(MemoryCategory::optimizer_states, 3 * p.optimizer_state);
+  p.scalars = sizeof(GradStatsScalars);
+  add(MemoryCategory::buffers, p.scalars);
+
+  const std::size_t segment_bytes = bytes(layout.largest_segment());
+  p.staging_slot = segment_bytes;
+  add(MemoryCategory::buffers, MemoryPlan::kStagingSlots * p.staging_slot);
+  if (sharded) {
+    // Gathered buffers for the groups that are not resident: as many as max_live_bytes holds, at
+    // least two (one in use, one prefetched), never more than such groups.
+    const std::size_t sharded_groups = static_cast<std::size_t>(std::count(p.resident.begin(), p.resident.end(), 0));
+    const std::size_t by_budget = config.stage3.max_live_bytes / segment_bytes;
+    p.gathered_count = std::min(sharded_groups, std::max<std::size_t>(2, by_budget));
+    p.gathered_slot = segment_bytes;
+    if (p.offload_params) p.gathered_shard = bytes(layout.largest_segment() / partitions);
+    add(MemoryCategory::buffers, p.gathered_count * (p.gathered_slot + p.gathered_shard));
+  }
+  if (p.offload_optimizer) plan_optimizer_offload(config, layout, dtype, p.optimizer_offload);
+  if (p.offload_params) {
+    p.param_offload.offloaded.resize(groups);
+    for (std::size_t g = 0; g < groups; ++g) p.param_offload.offloaded[g] = p.resident[g] == 0;
+    plan_param_offload(config, layout, dtype, p.gathered_count, p.param_offload);
+    if (!p.offload_optimizer) p.update_out = bytes(layout.largest_segment() / partitions);
+    add(MemoryCategory::buffers, p.update_out);
+  }
+
+  std::size_t largest_tensor = 0;
+  for (std::size_t t = 0; t < layout.tensor_count(); ++t) largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
+  p.staging_elements = std::min(largest_tensor, kStagingElements);
+  const std::size_t low_bytes = dtype == DType::f32 ? 0 : bytes(p.staging_elements);
+  p.engine_pinned = kScalarsBytes + p.staging_elements * sizeof(float) + low_bytes;
+
+  for (std::size_t n : p.device) p.device_total += n;
+  p.pinned_total = p.engine_pinned + p.optimizer_offload.pinned_bytes + p.param_offload.pinned_bytes;
+  p.nvme_total = p.optimizer_offload.nvme_bytes + p.param_offload.nvme_bytes;
+  return p;
+}
+
+}  // namespace zest::engine

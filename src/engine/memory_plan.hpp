@@ -1,0 +1,100 @@
+// Every size the engine allocates, computed in one place from the config and the layout: the
+// Engine constructor, the offloaded optimizer and the parameter offload take their sizes from here,
+// and `zest estimate` (zest/estimate.hpp) reports the same figures without building an engine, so
+// the estimate cannot drift from what the engine really holds.
+//
+// All figures are per rank. The engine allocates everything at construction and nothing larger
+// during a step, so the device figures are also its peaks (get_param with several ranks adds one
+// transient buffer of at most kStagingElements fp32 values, outside training steps).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "engine/layout.hpp"
+#include "zest/config.hpp"
+#include "zest/device.hpp"
+
+namespace zest::engine {
+
+// set_param/get_param move a tensor through pinned memory in chunks of at most this many elements,
+// so the staging stays small however large the largest tensor is.
+inline constexpr std::size_t kStagingElements = std::size_t{1} << 20;
+// The step's scalars sit at the start of the engine's pinned block; the staging follows, aligned.
+inline constexpr std::size_t kScalarsBytes = 256;
+// The NVMe store's region alignment (O_DIRECT): regions are padded to it on disk and in the
+// pinned buffers they move through. engine_estimate_test checks it against a real NvmeStore.
+inline constexpr std::size_t kNvmeAlignment = 4096;
+// Offload staging slots start on 256-byte boundaries, as device allocations do.
+inline constexpr std::size_t kOffloadSlotAlign = 256;
+
+// One piece of the offloaded optimizer's pipeline: at most sub_group_bytes / 12 parameters of one
+// group's shard.
+struct SubGroupPlace {
+  int group = 0;
+  std::size_t offset = 0;    // in the shard buffer, elements
+  std::size_t in_group = 0;  // from the start of the group's shard
+  std::size_t count = 0;
+  bool first_of_group = false;
+  bool last_of_group = false;
+};
+
+struct OptimizerOffloadPlan {
+  std::size_t slots = 0;                 // offload.optimizer.buffer_count
+  std::vector<SubGroupPlace> sub_groups;
+  std::size_t largest = 0;               // elements of the largest sub-group
+  std::size_t grad_slot_bytes = 0;       // one gradient (and one output) staging slot
+  std::size_t staging_bytes = 0;         // each of the gradient and the output staging: slots slots
+  std::size_t states_bytes = 0;          // cpu: master, m, v of the whole shard
+  std::size_t state_slot_bytes = 0;      // nvme: one sub-group's master, m, v, store-aligned
+  std::size_t state_slots_bytes = 0;     // nvme: slots of them
+  std::size_t pinned_bytes = 0;
+  std::size_t nvme_bytes = 0;
+};
+
+struct ParamOffloadPlan {
+  std::vector<bool> offloaded;  // per group: its shard lives off the device (not resident)
+  std::size_t shards_bytes = 0;   // cpu: every group's shard
+  std::size_t slot_bytes = 0;     // nvme: the largest offloaded shard, store-aligned
+  std::size_t staging_bytes = 0;  // nvme: one fetch slot per gathered-parameter buffer
+  std::size_t updates_bytes = 0;  // nvme: two update buffers
+  std::size_t pinned_bytes = 0;
+  std::size_t nvme_bytes = 0;
+};
+
+struct MemoryPlan {
+  // Device buffers, bytes (0: not allocated).
+  std::size_t full_params = 0;           // stages 0-2: every segment
+  std::size_t param_shards = 0;          // stage 3 without parameter offload
+  std::vector<std::size_t> resident;     // stage 3, per group: the full segment, or 0
+  std::size_t grads = 0;
+  std::size_t optimizer_state = 0;       // each of master, m, v (0 when offloaded)
+  std::size_t scalars = 0;
+  std::size_t staging_slot = 0;          // gradient staging, kStagingSlots of them
+  static constexpr std::size_t kStagingSlots = 2;  // backward writes one while the other reduces
+  std::size_t gathered_slot = 0;         // stage 3: full parameters of one non-resident group
+  std::size_t gathered_count = 0;
+  std::size_t gathered_shard = 0;        // stage 3, offloaded parameters: per gathered buffer
+  std::size_t update_out = 0;            // offloaded parameters, optimizer on the device
+
+  // Pinned host memory of the engine itself: the scalars, then set_param/get_param staging.
+  std::size_t staging_elements = 0;
+  std::size_t engine_pinned = 0;
+
+  bool offload_optimizer = false;
+  bool offload_params = false;
+  OptimizerOffloadPlan optimizer_offload;
+  ParamOffloadPlan param_offload;
+
+  // Totals.
+  std::array<std::size_t, kMemoryCategoryCount> device{};  // by MemoryCategory
+  std::size_t device_total = 0;
+  std::size_t pinned_total = 0;  // engine + offload
+  std::size_t nvme_total = 0;
+};
+
+// The sizes for `config` over `layout` (partitions = 1 for stage 0, the world size otherwise).
+MemoryPlan plan_memory(const Config& config, const Layout& layout);
+
+}  // namespace zest::engine

@@ -1,0 +1,148 @@
+#!/bin/sh
+# zest estimate: the table (every configuration, exact figures for a model whose sizes are worked
+# out by hand below), the per-node columns, --config and --dtype, and exit codes for bad input.
+# $1: the zest binary. ZEST_TEST_DATA: the tests/ source directory (set by tests/meson.build).
+set -eu
+
+zest=${1:?usage: estimate_test.sh PATH_TO_ZEST}
+data=${ZEST_TEST_DATA:?ZEST_TEST_DATA must name the tests/ source directory}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+run() {
+  rc=0
+  "$zest" "$@" >"$work/out" 2>"$work/err" || rc=$?
+}
+
+expect_rc() {
+  [ "$rc" -eq "$1" ] || fail "$2: exit code $rc, expected $1; stderr: $(cat "$work/err")"
+}
+
+expect_text() {
+  grep -qF -- "$2" "$1" || fail "$3: '$2' not in $(basename "$1"):
+$(cat "$1")"
+}
+
+# figures NAME [FILE]: the figures of configuration NAME's row, single-spaced; each is a number
+# and a unit: device/rank 1-2, params 3-4, grads 5-6, optim states 7-8, buffers 9-10,
+# pinned host/node 11-12, NVMe/node 13-14.
+figures() {
+  awk -v name="$1" 'index($0, name) == 1 && substr($0, length(name) + 1) ~ /^ +[0-9]/ {
+    print substr($0, length(name) + 1) }' "${2:-$work/out}" | sed 's/  */ /g; s/^ //'
+}
+
+expect_row() {
+  got=$(figures "$1")
+  [ "$got" = "$2" ] || fail "$3: row '$1' is '$got', expected '$2'"
+}
+
+# --- 1,000,000 fp32 parameters in one layer (a multiple of 64: no padding), 2 ranks on one node.
+# Stage 0 per rank: params 4,000,000 B (3.8 MiB), grads the same, master+m+v 12,000,000 B
+# (11.4 MiB), buffers two gradient buckets of the layer + 24 B of step scalars = 8,000,024 B
+# (7.6 MiB), total 28,000,024 B (26.7 MiB). Pinned per rank: 256 B of scalars + 1,000,000 fp32
+# staging values = 4,000,256 B; two ranks per node: 8,000,512 B (7.6 MiB).
+run estimate --params 1000000 --layers 1 --ranks-per-node 2 --dtype fp32
+expect_rc 0 "small model"
+[ ! -s "$work/err" ] || fail "small model: unexpected stderr: $(cat "$work/err")"
+expect_text "$work/out" "zest estimate: 1.0M parameters (1000000) in 1 layers, fp32; 2 ranks per node x 1 node = 2 ranks" "small model"
+expect_row "stage 0" "26.7 MiB 3.8 MiB 3.8 MiB 11.4 MiB 7.6 MiB 7.6 MiB 0 B" "small model"
+# Stage 2 on 2 ranks: grads and optimizer states halve (2,000,000 B = 1.9 MiB; 6,000,000 B =
+# 5.7 MiB): 20,000,024 B = 19.1 MiB.
+expect_row "stage 2" "19.1 MiB 3.8 MiB 1.9 MiB 5.7 MiB 7.6 MiB 7.6 MiB 0 B" "small model"
+# Stage 3: params halve too; one gathered buffer (never more than the layers) adds the layer's
+# 4,000,000 B to the buffers (12,000,024 B = 11.4 MiB): 22,000,024 B = 21.0 MiB.
+expect_row "stage 3" "21.0 MiB 1.9 MiB 1.9 MiB 5.7 MiB 11.4 MiB 7.6 MiB 0 B" "small model"
+rows=$(grep -cE '^stage [0-3]' "$work/out")
+[ "$rows" -eq 12 ] || fail "small model: $rows configuration rows, expected 12"
+for name in "stage 1, optimizer cpu" "stage 1, optimizer nvme" "stage 2, optimizer nvme" \
+            "stage 3, optimizer cpu" "stage 3, optimizer+params cpu" "stage 3, optimizer+params nvme"; do
+  [ -n "$(figures "$name")" ] || fail "small model: no row '$name'"
+done
+# Offloaded optimizer states leave the device for pinned host memory. Per rank: the engine's
+# 4,000,256 B, master+m+v of the 500,000-parameter shard (6,000,000 B), and gradient and output
+# staging of 4 sub-group slots each (the shard is one sub-group: 2,000,000 B rounded to 256 =
+# 2,000,128 B; 16,001,024 B): 26,001,280 B; two ranks per node: 52,002,560 B = 49.6 MiB.
+[ "$(figures "stage 2, optimizer cpu" | cut -d' ' -f7-8)" = "0 B" ] || fail "stage 2 cpu: optimizer states on the device"
+[ "$(figures "stage 2, optimizer cpu" | cut -d' ' -f11-12)" = "49.6 MiB" ] ||
+  fail "stage 2 cpu: pinned/node '$(figures "stage 2, optimizer cpu" | cut -d' ' -f11-12)'"
+[ "$(figures "stage 2, optimizer cpu" | cut -d' ' -f13-14)" = "0 B" ] || fail "stage 2 cpu: NVMe space"
+# NVMe: the shard's 6,000,000 B of states rounded up to 4 KiB (6,000,640 B) per rank, two ranks.
+[ "$(figures "stage 2, optimizer nvme" | cut -d' ' -f13-14)" = "11.4 MiB" ] ||
+  fail "stage 2 nvme: NVMe/node '$(figures "stage 2, optimizer nvme" | cut -d' ' -f13-14)'"
+
+# --- per node: the same 4 ranks as 4 per node x 1 node and 2 per node x 2 nodes: device figures
+# equal; pinned host per node (stage 1: 4 or 2 x 4,000,256 B) halves.
+run estimate --params 1000000 --layers 1 --ranks-per-node 4 --nodes 1 --dtype fp32
+expect_rc 0 "4x1"
+cp "$work/out" "$work/out.4x1"
+run estimate --params 1000000 --layers 1 --ranks-per-node 2 --nodes 2 --dtype fp32
+expect_rc 0 "2x2"
+expect_text "$work/out" "2 ranks per node x 2 nodes = 4 ranks" "2x2"
+for name in "stage 0" "stage 1" "stage 2, optimizer cpu" "stage 3, optimizer+params nvme"; do
+  [ "$(figures "$name" | cut -d' ' -f1-10)" = "$(figures "$name" "$work/out.4x1" | cut -d' ' -f1-10)" ] ||
+    fail "per node: '$name' device figures differ between 4x1 and 2x2"
+done
+[ "$(figures "stage 1" "$work/out.4x1" | cut -d' ' -f11-12)" = "15.3 MiB" ] || fail "4x1: stage 1 pinned/node"
+[ "$(figures "stage 1" | cut -d' ' -f11-12)" = "7.6 MiB" ] || fail "2x2: stage 1 pinned/node"
+
+# --- counts as people write them
+run estimate --params 1.5e9 --layers 30
+expect_rc 0 "1.5e9"
+expect_text "$work/out" "1.50B parameters (1500000000) in 30 layers, bf16" "1.5e9"
+run estimate --params 7B
+expect_rc 0 "7B"
+expect_text "$work/out" "7.00B parameters (7000000000) in 32 layers, bf16; 1 rank per node x 1 node = 1 rank" "7B"
+
+# --- a config file: its settings and dtype, its own row marked
+run estimate --params 350M --config "$data/config/cases/full.yaml"
+expect_rc 0 "config"
+expect_text "$work/out" "in 32 layers, fp16" "config"
+[ -n "$(grep -E '^stage 3, optimizer\+params cpu \* ' "$work/out")" ] || fail "config: its row is not marked:
+$(cat "$work/out")"
+[ "$(grep -c ' \* ' "$work/out")" -eq 1 ] || fail "config: not exactly one row marked"
+run estimate --params 350M --config "$data/config/cases/full.yaml" --dtype bf16
+expect_text "$work/out" "in 32 layers, bf16" "--dtype over the config"
+
+# --- bad input: exit 2 with a message saying what is wrong
+bad() {
+  expected=$1
+  shift
+  run estimate "$@"
+  expect_rc 2 "estimate $*"
+  expect_text "$work/err" "$expected" "estimate $*"
+  [ ! -s "$work/out" ] || fail "estimate $*: unexpected stdout"
+}
+bad "--params N is required"
+bad "--params N is required" --layers 4
+bad "--params: expected a whole number of parameters" --params abc
+bad "--params: expected a whole number of parameters" --params 1.5
+bad "--params: expected a whole number of parameters" --params 7X
+bad "--params: expected a whole number of parameters" --params -5
+bad "--layers: expected a whole number from 1 to 1000000, found '0'" --params 100 --layers 0
+bad "--ranks-per-node: expected a whole number" --params 100 --ranks-per-node two
+bad "--nodes: expected a whole number" --params 100 --nodes 0
+bad "--dtype: expected bf16, fp16 or fp32, found 'fp8'" --params 100 --dtype fp8
+bad "--params 3 is fewer than --layers 4" --params 3 --layers 4
+bad "unknown option '--bogus'" --params 100 --bogus 1
+bad "--nodes needs a value" --params 100 --nodes
+bad "usage: zest estimate" --params
+
+run estimate --params 100 --config "$data/config/cases/out_of_range.yaml"
+expect_rc 2 "invalid config"
+expect_text "$work/err" "out_of_range.yaml:1:8: stage: expected an integer from 0 to 3, found '4'" "invalid config"
+
+run estimate --help
+expect_rc 0 "--help"
+expect_text "$work/out" "usage: zest estimate --params N" "--help"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "estimate: all checks passed"
