@@ -321,6 +321,12 @@ void Engine::set_param(std::size_t tensor, const float* values) {
   // This rank's shard of the segment: [begin, end) in segment elements.
   const std::size_t begin = s.shard_begin(t.group), end = begin + g.shard;
   char* const master = s.master ? reinterpret_cast<char*>(s.master.as<float>() + g.shard_offset) : nullptr;
+  // Offloaded master weights take the tensor's whole part of this shard in one call, so each NVMe
+  // sub-group it touches is read and rewritten once, not once per staging chunk.
+  if (s.offloaded) {
+    const std::size_t lo = std::max(t.offset, begin), hi = std::min(t.offset + t.numel, end);
+    if (lo < hi) s.offloaded->write_master(g.shard_offset + (lo - begin), values + (lo - t.offset), hi - lo);
+  }
   for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
     const std::size_t count = std::min(s.staging_elements, t.numel - first);
     std::memcpy(s.staging_f32(), values + first, count * sizeof(float));
@@ -330,9 +336,7 @@ void Engine::set_param(std::size_t tensor, const float* values) {
     const std::size_t mine_lo = std::max(lo, begin), mine_hi = std::min(hi, end);
     const bool has_mine = mine_lo < mine_hi;
     const char* param = static_cast<const char*>(s.staging_param());
-    if (has_mine && s.offloaded) {
-      s.offloaded->write_master(g.shard_offset + (mine_lo - begin), s.staging_f32() + (mine_lo - lo), mine_hi - mine_lo);
-    } else if (has_mine) {
+    if (has_mine && !s.offloaded) {
       // Master weights: the part of the tensor inside this rank's shard of the segment.
       s.device.copy_async(master + (mine_lo - begin) * sizeof(float),
                           reinterpret_cast<const char*>(s.staging_f32()) + (mine_lo - lo) * sizeof(float),
@@ -363,12 +367,9 @@ void Engine::get_param(std::size_t tensor, float* values) {
   const float* const master = s.master ? s.master.as<float>() + g.shard_offset : nullptr;
   float* const staging = s.staging_f32();
   if (s.layout.partitions() == 1) {
+    if (s.offloaded) return s.offloaded->read_master(g.shard_offset + t.offset, values, t.numel);
     for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
       const std::size_t count = std::min(s.staging_elements, t.numel - first);
-      if (s.offloaded) {
-        s.offloaded->read_master(g.shard_offset + t.offset + first, values + first, count);
-        continue;
-      }
       s.device.copy_async(staging, master + t.offset + first, count * sizeof(float), stream);
       stream.synchronize();
       std::memcpy(values + first, staging, count * sizeof(float));
