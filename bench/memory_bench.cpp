@@ -323,16 +323,20 @@ int bench_memory(int argc, char** argv) {
     // The stages first, then the offloads. The largest-model search runs over the stages and the
     // headline offload (stage 3 with the optimizer on the host); the NVMe rows would write gigabytes
     // per trial.
-    const std::vector<std::size_t> searched = {0, 1, 2, 3, 5};
     const std::vector<Configuration> configurations = {
         {"stage 0 (DDP)", 0},
         {"stage 1", 1},
         {"stage 2", 2},
         {"stage 3", 3},
+        {"stage 1 + offload optimizer cpu", 1, OffloadDevice::cpu},
+        {"stage 1 + offload optimizer nvme", 1, OffloadDevice::nvme},
         {"stage 2 + offload optimizer cpu", 2, OffloadDevice::cpu},
+        {"stage 2 + offload optimizer nvme", 2, OffloadDevice::nvme},
         {"stage 3 + offload optimizer cpu", 3, OffloadDevice::cpu},
         {"stage 3 + offload optimizer nvme", 3, OffloadDevice::nvme},
+        {"stage 3 + offload optimizer+param cpu", 3, OffloadDevice::cpu, OffloadDevice::cpu},
         {"stage 3 + offload optimizer+param nvme", 3, OffloadDevice::nvme, OffloadDevice::nvme}};
+    const std::vector<std::size_t> searched = {0, 1, 2, 3, 8};  // ... and stage 3 + optimizer cpu
     const SwapDirectory swap(o.nvme_path);
     Progress progress(leader, static_cast<int>(configurations.size() + (o.fit ? searched.size() : 0)));
     int done = 0;

@@ -14,16 +14,20 @@ trap 'rm -rf "$work"' EXIT
   --device-memory 64MiB --json "$work/m.json" --csv "$work/m.csv" --chart "$work/m.svg" > "$work/out.txt"
 grep -q "largest model that trains within 64 MiB" "$work/out.txt" || { echo "FAIL: no fit table"; cat "$work/out.txt"; exit 1; }
 grep -q "^<svg" "$work/m.svg" || { echo "FAIL: the chart is not an SVG"; exit 1; }
-[ "$(wc -l < "$work/m.csv")" -eq 9 ] || { echo "FAIL: the CSV does not hold 8 records"; exit 1; }
+[ "$(wc -l < "$work/m.csv")" -eq 13 ] || { echo "FAIL: the CSV does not hold 12 records"; exit 1; }
 python3 - "$work/m.json" <<'PY'
 import json, sys
 data = json.load(open(sys.argv[1]))
 records = {r["name"]: r for r in data["records"]}
 stages = ["stage 0 (DDP)", "stage 1", "stage 2", "stage 3"]
 offloads = {  # name: (its stage's row, optimizer, param)
+    "stage 1 + offload optimizer cpu": ("stage 1", "cpu", "none"),
+    "stage 1 + offload optimizer nvme": ("stage 1", "nvme", "none"),
     "stage 2 + offload optimizer cpu": ("stage 2", "cpu", "none"),
+    "stage 2 + offload optimizer nvme": ("stage 2", "nvme", "none"),
     "stage 3 + offload optimizer cpu": ("stage 3", "cpu", "none"),
     "stage 3 + offload optimizer nvme": ("stage 3", "nvme", "none"),
+    "stage 3 + offload optimizer+param cpu": ("stage 3", "cpu", "cpu"),
     "stage 3 + offload optimizer+param nvme": ("stage 3", "nvme", "nvme"),
 }
 keys = ["stage", "offload_optimizer", "offload_param", "ranks", "params", "peak_device_bytes",
