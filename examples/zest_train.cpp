@@ -1,6 +1,9 @@
 // zest-train: a character-level language model trained with zest for everything optimizer-side.
 //
-//   mpirun -np 4 zest-train --config configs/train-tiny.yaml [--steps N]
+//   mpirun -np 4 zest-train --config configs/train-tiny.yaml [--steps N] [--load DIR] [--save DIR]
+//
+// --load DIR resumes from a checkpoint (any rank count and stage) at the step after the saved one;
+// --steps N is the step to stop at; --save DIR writes a checkpoint when training stops.
 //
 // The model computes in fp32 on the host (its own forward and backward, OpenBLAS for the matrix
 // products); zest owns the parameters, gradients and optimizer states on the device, in the stage
@@ -23,20 +26,20 @@ namespace {
 using namespace zest;
 
 int usage() {
-  std::fprintf(stderr, "usage: zest-train --config FILE [--steps N]\n");
+  std::fprintf(stderr, "usage: zest-train --config FILE [--steps N] [--load DIR] [--save DIR]\n");
   return 2;
 }
 
 int run(int argc, char** argv) {
   std::string config_path;
   std::optional<int> steps_flag;
+  std::string load_dir, save_dir;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
     else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps_flag = std::atoi(argv[++i]);
-    else if (std::strcmp(argv[i], "--save") == 0 || std::strcmp(argv[i], "--load") == 0) {
-      std::fprintf(stderr, "zest-train: %s needs checkpoints, which this build does not have yet\n", argv[i]);
-      return 2;
-    } else return usage();
+    else if (std::strcmp(argv[i], "--save") == 0 && i + 1 < argc) save_dir = argv[++i];
+    else if (std::strcmp(argv[i], "--load") == 0 && i + 1 < argc) load_dir = argv[++i];
+    else return usage();
   }
   if (config_path.empty()) return usage();
 
@@ -55,14 +58,24 @@ int run(int argc, char** argv) {
                 config.stage, std::string(dtype_name(config.precision.dtype)).c_str(), runtime.world_size(),
                 train.global_batch);
 
+  int first_step = 1;
+  if (!load_dir.empty()) {
+    engine.load(load_dir);
+    first_step = static_cast<int>(engine.stats().steps) + 1;
+    if (leader) std::printf("zest-train: resumed from %s after step %d\n", load_dir.c_str(), first_step - 1);
+  }
   const auto start = std::chrono::steady_clock::now();
-  for (int step = 1; step <= train.steps; ++step) {
+  for (int step = first_step; step <= train.steps; ++step) {
     const double loss = trainer.step(step);
     if (leader && (step % train.log_every == 0 || step == train.steps))
       std::printf("step %d loss %.6f%s\n", step, loss,
                   trainer.last_result().skipped ? " (skipped: gradient overflow)" : "");
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!save_dir.empty()) {
+    engine.save(save_dir);
+    if (leader) std::printf("zest-train: saved a checkpoint of step %d to %s\n", train.steps, save_dir.c_str());
+  }
   const EngineStats stats = engine.stats();
   if (leader) {
     const auto mib = [](std::size_t b) { return static_cast<double>(b) / (1 << 20); };

@@ -99,6 +99,18 @@ class Engine {
   // Reads a tensor's fp32 master weights into `values` on every rank. Collective.
   void get_param(std::size_t tensor, float* values);
 
+  // Checkpoints. Collective; call between steps (no gradient accumulated, every rank the same).
+  // save writes this rank's fp32 master weights, Adam's m and v, per tensor, and rank 0 a manifest
+  // (model, step counts, loss scaler, CRC32C of every file) into DIR.tmp-<pid>, then swaps it into
+  // DIR atomically: a crash at any point leaves DIR holding the previous checkpoint or the new one.
+  // load reads a checkpoint written by any world size and stage into this engine's layout, checking
+  // the manifest, file sizes and checksums first: it throws Error/IoError naming the file and the
+  // problem (another model, a missing or truncated file, a checksum mismatch, a newer format) and
+  // then leaves the engine unchanged. It sets the device parameters from the master weights and
+  // restores the step counts and the loss scale; the configuration stays this engine's.
+  void save(const std::string& dir);
+  void load(const std::string& dir);
+
   // Device access to one group for forward or backward. Holding a lease keeps the group's full
   // parameters alive (stage 3: gathered, and released when the lease ends).
   class GroupLease {

@@ -1,14 +1,22 @@
 #include "zest/engine.hpp"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "engine/checkpoint_format.hpp"
 #include "engine/device_math.hpp"
 #include "engine/layout.hpp"
 #include "engine/loss_scaler.hpp"
@@ -606,6 +614,352 @@ EngineStats Engine::stats() const {
     stats.offload_pinned_bytes += s.param_offload->pinned_bytes();
   }
   return stats;
+}
+
+// ---- Checkpoints -------------------------------------------------------------------------------
+
+namespace {
+
+namespace ckpt = engine::checkpoint;
+
+// The tensor ranges rank `q` of a layout stores in a checkpoint (`saved`: one partition writes
+// only on rank 0) or holds in its optimizer shard (every rank when there is one partition).
+std::vector<ckpt::Range> ranges_of(const Layout& layout, int q, bool saved) {
+  std::vector<ckpt::Range> ranges;
+  if (saved && layout.partitions() == 1 && q != 0) return ranges;
+  for (std::size_t t = 0; t < layout.tensor_count(); ++t) {
+    const auto& place = layout.tensor(t);
+    const auto& g = layout.group(place.group);
+    const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(q) * g.shard;
+    const std::size_t lo = std::max(place.offset, begin), hi = std::min(place.offset + place.numel, begin + g.shard);
+    if (lo < hi) ranges.push_back({t, lo - place.offset, hi - place.offset});
+  }
+  return ranges;
+}
+
+// Where tensor element `j` of a range sits in the rank's shard buffer (optimizer states).
+std::size_t shard_position(const Layout& layout, int q, std::size_t tensor, std::size_t j) {
+  const auto& place = layout.tensor(tensor);
+  const auto& g = layout.group(place.group);
+  const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(q) * g.shard;
+  return g.shard_offset + (place.offset + j - begin);
+}
+
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) text.append(i ? ", " : "").append(std::to_string(shape[i]));
+  return text.append("]");
+}
+
+std::string fingerprint(const Config& c) {
+  const auto& o = c.optimizer;
+  char text[256];
+  std::snprintf(text, sizeof text, "stage=%d dtype=%s optimizer=%s lr=%a beta1=%a beta2=%a eps=%a weight_decay=%a",
+                c.stage, std::string(dtype_name(c.precision.dtype)).c_str(),
+                o.type == OptimizerType::adam ? "adam" : "adamw", o.lr, o.beta1, o.beta2, o.eps, o.weight_decay);
+  return text;
+}
+
+std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
+
+// Throws Error unless every tensor of the manifest is this engine's (name, shape, group), every
+// element has exactly one range, and every rank file exists with the size the manifest says.
+void validate(const ckpt::Manifest& m, const std::vector<ParamSpec>& specs, const std::string& dir) {
+  const std::string where = std::string("checkpoint ").append(dir).append(": ");
+  if (m.tensors.size() != specs.size())
+    throw Error(std::string(where).append("it holds ").append(std::to_string(m.tensors.size()))
+                    .append(" tensors, this model has ").append(std::to_string(specs.size()))
+                    .append(": it is a checkpoint of another model"));
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    const auto& e = m.tensors[t];
+    if (e.name != specs[t].name || e.shape != specs[t].shape || e.group != specs[t].group || e.numel != specs[t].numel())
+      throw Error(std::string(where).append("tensor ").append(std::to_string(t)).append(" is '").append(e.name)
+                      .append("' ").append(shape_text(e.shape)).append(" group ").append(std::to_string(e.group))
+                      .append(" there and '").append(specs[t].name).append("' ").append(shape_text(specs[t].shape))
+                      .append(" group ").append(std::to_string(specs[t].group))
+                      .append(" here: it is a checkpoint of another model"));
+  }
+  if (m.files.size() != static_cast<std::size_t>(m.world_size))
+    throw Error(std::string(where).append("the manifest lists ").append(std::to_string(m.files.size()))
+                    .append(" rank files for world size ").append(std::to_string(m.world_size)));
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> cover(specs.size());
+  for (const auto& f : m.files) {
+    for (const auto& r : f.ranges) cover[r.tensor].push_back({r.lo, r.hi});
+    const std::string path = join(dir, f.name);
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0)
+      throw IoError(std::string(where).append("a rank file is missing"), path, 0, 0, errno);
+    if (static_cast<std::uint64_t>(info.st_size) != f.bytes || f.bytes != 3 * sizeof(float) * f.elements())
+      throw Error(std::string(where).append("rank file ").append(path).append(" has ")
+                      .append(std::to_string(info.st_size)).append(" bytes, the manifest says ")
+                      .append(std::to_string(f.bytes)).append(" (")
+                      .append(std::to_string(3 * sizeof(float) * f.elements()))
+                      .append(" by its ranges): the file is truncated or damaged"));
+  }
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    std::sort(cover[t].begin(), cover[t].end());
+    std::size_t next = 0;
+    for (const auto& [lo, hi] : cover[t]) {
+      if (lo != next) break;
+      next = hi;
+    }
+    if (next != specs[t].numel())
+      throw Error(std::string(where).append("the ranges of tensor '").append(specs[t].name)
+                      .append("' do not cover it exactly once: the manifest is damaged"));
+  }
+}
+
+// The rank files of a checkpoint, open for reading ranges of tensors.
+class CheckpointReader {
+ public:
+  CheckpointReader(const ckpt::Manifest& m, const std::string& dir) : manifest_(m) {
+    for (const auto& f : m.files) {
+      paths_.push_back(join(dir, f.name));
+      fds_.push_back(::open(paths_.back().c_str(), O_RDONLY | O_CLOEXEC));
+      if (fds_.back() < 0) throw IoError("checkpoint: cannot open", paths_.back(), 0, 0, errno);
+    }
+  }
+  ~CheckpointReader() {
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  // Elements [a, b) of tensor `t`'s state (0 master, 1 m, 2 v) into out[0, b - a).
+  void read(int state, std::size_t t, std::size_t a, std::size_t b, float* out) {
+    for (std::size_t f = 0; f < manifest_.files.size(); ++f) {
+      const auto& file = manifest_.files[f];
+      const std::size_t base = static_cast<std::size_t>(state) * file.elements();
+      std::size_t prefix = 0;
+      for (const auto& r : file.ranges) {
+        const std::size_t lo = std::max(a, r.lo), hi = std::min(b, r.hi);
+        if (r.tensor == t && lo < hi)
+          ckpt::read_at(fds_[f], paths_[f], out + (lo - a), (hi - lo) * sizeof(float),
+                        (base + prefix + (lo - r.lo)) * sizeof(float));
+        prefix += r.hi - r.lo;
+      }
+    }
+  }
+
+ private:
+  const ckpt::Manifest& manifest_;
+  std::vector<std::string> paths_;
+  std::vector<int> fds_;
+};
+
+}  // namespace
+
+// Every rank's `words` (the same count on each), in rank order: status and values the ranks agree
+// on. 32-bit words travel as fp32 bit patterns, which the gather copies without arithmetic.
+static std::vector<std::uint32_t> gather_words(Device& device, Communicator& comm, Stream& stream,
+                                               const std::vector<std::uint32_t>& words) {
+  const std::size_t n = words.size(), ranks = static_cast<std::size_t>(comm.size());
+  if (ranks == 1) return words;
+  HostBuffer host = device.allocate_pinned(ranks * n * sizeof(std::uint32_t));
+  DeviceBuffer buffer = device.allocate(ranks * n * sizeof(std::uint32_t), MemoryCategory::buffers);
+  char* mine = buffer.as<char>() + static_cast<std::size_t>(comm.rank()) * n * sizeof(std::uint32_t);
+  std::memcpy(host.data(), words.data(), n * sizeof(std::uint32_t));
+  device.copy_async(mine, host.data(), n * sizeof(std::uint32_t), stream);
+  comm.all_gather(mine, buffer.data(), n, DType::f32, stream);
+  device.copy_async(host.data(), buffer.data(), ranks * n * sizeof(std::uint32_t), stream);
+  stream.synchronize();
+  std::vector<std::uint32_t> all(ranks * n);
+  std::memcpy(all.data(), host.data(), all.size() * sizeof(std::uint32_t));
+  return all;
+}
+
+// Every rank learns whether any failed; a failed rank rethrows its own error, the others say which
+// rank failed, so that no rank goes on to the next collective phase alone.
+static void agree(Device& device, Communicator& comm, Stream& stream, const std::exception_ptr& failure,
+                  const char* operation) {
+  const auto flags = gather_words(device, comm, stream, {failure ? 1u : 0u});
+  if (failure) std::rethrow_exception(failure);
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r])
+      throw Error(std::string(operation).append(": rank ").append(std::to_string(r))
+                      .append(" failed (its error says why); nothing was changed"));
+}
+
+static void require_between_steps(const std::vector<bool>& accumulated, const std::vector<int>& leases,
+                                  const char* operation) {
+  if (std::any_of(accumulated.begin(), accumulated.end(), [](bool a) { return a; }) ||
+      std::any_of(leases.begin(), leases.end(), [](int l) { return l > 0; }))
+    throw Error(std::string(operation).append(": called inside a step (a gradient is accumulated or a lease held); "
+                                              "call it after step() and with every lease released"));
+}
+
+void Engine::save(const std::string& dir) {
+  State& s = *state_;
+  Stream& stream = *s.comm_stream;
+  const char* op = "Engine::save";
+  require_between_steps(s.accumulated, s.leases, op);
+  stream.synchronize();
+  const std::string target = std::filesystem::path(dir).lexically_normal().string();
+  if (target.empty() || std::filesystem::path(target).filename().empty())
+    throw Error(std::string(op).append(": '").append(dir).append("' names no directory"));
+  const auto pid = gather_words(s.device, s.comm, stream, {static_cast<std::uint32_t>(::getpid())})[0];
+  const std::string temp = std::string(target).append(".tmp-").append(std::to_string(pid));
+
+  std::exception_ptr failure;
+  if (s.rank == 0) {
+    try {
+      std::filesystem::remove_all(temp);  // left by a crashed save of an earlier process with this pid
+      std::filesystem::create_directories(temp);
+    } catch (const std::filesystem::filesystem_error& e) {
+      failure = std::make_exception_ptr(IoError(std::string(op).append(": cannot create the directory"), temp, 0, 0,
+                                                e.code().value()));
+    }
+  }
+  agree(s.device, s.comm, stream, failure, op);
+
+  // This rank's file: master, m, v of each of its ranges, through the pinned staging.
+  std::uint32_t crc = 0;
+  std::uint64_t bytes = 0;
+  try {
+    const auto ranges = ranges_of(s.layout, s.rank, true);
+    ckpt::FileWriter writer(join(temp, ckpt::rank_file_name(s.rank)));
+    float* staging = s.staging_f32();
+    for (int state = 0; state < 3; ++state) {
+      const DeviceBuffer& buffer = state == 0 ? s.master : state == 1 ? s.m : s.v;
+      for (const auto& r : ranges) {
+        const std::size_t at = shard_position(s.layout, s.rank, r.tensor, r.lo);
+        for (std::size_t first = 0; first < r.hi - r.lo; first += s.staging_elements) {
+          const std::size_t count = std::min(s.staging_elements, r.hi - r.lo - first);
+          if (s.offloaded) {
+            s.offloaded->read_state(static_cast<engine::OffloadedOptimizer::State>(state), at + first, staging, count);
+          } else {
+            s.device.copy_async(staging, buffer.as<float>() + at + first, count * sizeof(float), stream);
+            stream.synchronize();
+          }
+          writer.append(staging, count * sizeof(float));
+        }
+      }
+    }
+    writer.finish();
+    crc = writer.crc32c();
+    bytes = writer.bytes();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const auto files = gather_words(s.device, s.comm, stream,
+                                  {failure ? 1u : 0u, crc, static_cast<std::uint32_t>(bytes),
+                                   static_cast<std::uint32_t>(bytes >> 32)});
+  {
+    std::vector<std::uint32_t> flags;
+    for (std::size_t r = 0; r < files.size(); r += 4) flags.push_back(files[r]);
+    if (failure) std::rethrow_exception(failure);
+    for (std::size_t r = 0; r < flags.size(); ++r)
+      if (flags[r])
+        throw Error(std::string(op).append(": rank ").append(std::to_string(r))
+                        .append(" failed to write its file (its error says why); ").append(target).append(" is unchanged"));
+  }
+
+  if (s.rank == 0) {
+    try {
+      ckpt::Manifest m;
+      m.world_size = s.comm.size();
+      m.stage = s.stage;
+      m.steps = s.steps;
+      m.skipped = s.skipped;
+      m.loss_scale = s.scaler.scale();
+      m.clean_steps = s.scaler.clean_steps();
+      m.hysteresis_left = s.scaler.hysteresis_left();
+      m.config = fingerprint(s.config);
+      for (const ParamSpec& p : s.specs) m.tensors.push_back({p.name, p.shape, p.group, p.numel()});
+      for (int q = 0; q < s.comm.size(); ++q) {
+        const std::size_t w = static_cast<std::size_t>(q) * 4;
+        m.files.push_back({ckpt::rank_file_name(q), files[w + 2] | (std::uint64_t{files[w + 3]} << 32), files[w + 1],
+                           ranges_of(s.layout, q, true)});
+      }
+      const std::string text = ckpt::serialize(m);
+      ckpt::write_file_synced(join(temp, ckpt::kManifestName), text.data(), text.size());
+      ckpt::fsync_directory(temp);
+      // Swap the new directory in: atomically where the file system can exchange two names, else
+      // the old one is moved aside first (a crash between the two renames leaves it there).
+      const std::string aside = std::string(target).append(".old-").append(std::to_string(pid));
+      const bool existed = std::filesystem::exists(target);
+      if (existed && ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+        std::filesystem::remove_all(temp);  // now the old checkpoint
+      } else {
+        if (existed && ::rename(target.c_str(), aside.c_str()) != 0)
+          throw IoError(std::string(op).append(": cannot move the previous checkpoint aside"), target, 0, 0, errno);
+        if (::rename(temp.c_str(), target.c_str()) != 0)
+          throw IoError(std::string(op).append(": cannot rename the new checkpoint into place"), temp, 0, 0, errno);
+        if (existed) std::filesystem::remove_all(aside);
+      }
+      const std::filesystem::path parent = std::filesystem::path(target).parent_path();
+      ckpt::fsync_directory(parent.empty() ? std::string(".") : parent.string());
+    } catch (const std::filesystem::filesystem_error& e) {
+      failure = std::make_exception_ptr(IoError(std::string(op).append(": ").append(e.what()), target, 0, 0,
+                                                e.code().value()));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree(s.device, s.comm, stream, failure, op);
+}
+
+void Engine::load(const std::string& dir) {
+  State& s = *state_;
+  Stream& stream = *s.comm_stream;
+  const char* op = "Engine::load";
+  require_between_steps(s.accumulated, s.leases, op);
+  stream.synchronize();
+
+  // Everything is read and checked before the engine changes: the manifest against this model, the
+  // files' sizes, the CRC32C of every file (whole files: every rank reads every tensor's master
+  // weights), then the data into host memory.
+  ckpt::Manifest m;
+  std::vector<std::vector<float>> master(s.specs.size());
+  std::vector<float> moments[2];
+  std::exception_ptr failure;
+  try {
+    const std::string manifest_path = join(dir, ckpt::kManifestName);
+    m = ckpt::parse(ckpt::read_whole_file(manifest_path), manifest_path);
+    validate(m, s.specs, dir);
+    for (const auto& f : m.files) {
+      const std::string path = join(dir, f.name);
+      const std::uint32_t crc = ckpt::file_crc32c(path, f.bytes);
+      if (crc != f.crc32c)
+        throw Error(std::string("checkpoint ").append(dir).append(": rank file ").append(path)
+                        .append(" has CRC32C ").append(std::to_string(crc)).append(", the manifest says ")
+                        .append(std::to_string(f.crc32c)).append(": the file is damaged; load another checkpoint"));
+    }
+    CheckpointReader reader(m, dir);
+    for (std::size_t t = 0; t < s.specs.size(); ++t) {
+      master[t].resize(s.specs[t].numel());
+      reader.read(0, t, 0, master[t].size(), master[t].data());
+    }
+    for (int k = 0; k < 2; ++k) {
+      moments[k].assign(s.layout.shard_numel(), 0.0f);  // padding stays zero
+      for (const auto& r : ranges_of(s.layout, s.rank, false))
+        reader.read(k + 1, r.tensor, r.lo, r.hi, moments[k].data() + shard_position(s.layout, s.rank, r.tensor, r.lo));
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree(s.device, s.comm, stream, failure, op);
+
+  for (std::size_t t = 0; t < s.specs.size(); ++t) set_param(t, master[t].data());
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<float>& values = moments[k];
+    if (s.offloaded) {
+      s.offloaded->write_state(k == 0 ? engine::OffloadedOptimizer::State::m : engine::OffloadedOptimizer::State::v, 0,
+                               values.data(), values.size());
+      continue;
+    }
+    float* device = (k == 0 ? s.m : s.v).as<float>();
+    for (std::size_t first = 0; first < values.size(); first += s.staging_elements) {
+      const std::size_t count = std::min(s.staging_elements, values.size() - first);
+      std::memcpy(s.staging_f32(), values.data() + first, count * sizeof(float));
+      s.device.copy_async(device + first, s.staging_f32(), count * sizeof(float), stream);
+      stream.synchronize();
+    }
+  }
+  s.steps = m.steps;
+  s.skipped = m.skipped;
+  s.scaler.restore(m.loss_scale, m.clean_steps, m.hysteresis_left);
 }
 
 }  // namespace zest

@@ -15,6 +15,15 @@ class LossScaler {
   // Called once per step with whether any rank saw an Inf/NaN gradient.
   void update(bool overflow);
 
+  // The state a checkpoint keeps, and its restore (the configuration stays this scaler's).
+  int clean_steps() const { return clean_steps_; }
+  int hysteresis_left() const { return hysteresis_left_; }
+  void restore(double scale, int clean_steps, int hysteresis_left) {
+    scale_ = scale;
+    clean_steps_ = clean_steps;
+    hysteresis_left_ = hysteresis_left;
+  }
+
  private:
   LossScaleConfig config_;
   double scale_;

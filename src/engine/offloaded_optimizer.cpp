@@ -107,16 +107,17 @@ struct OffloadedOptimizer::Impl {
   // piece (`first`: the piece's place from `offset`); nvme: with each touched sub-group read into
   // a slot and, when `write_back`, written again afterwards.
   template <class Visit>
-  void visit_master(std::size_t offset, std::size_t count, bool write_back, Visit visit) {
+  void visit_master(std::size_t offset, std::size_t count, bool write_back, Visit visit, int state = 0) {
     check_usable();
-    if (!store) return visit(states.as<float>() + offset, std::size_t{0}, count);
+    if (!store) return visit(states.as<float>() + static_cast<std::size_t>(state) * layout.shard_numel() + offset,
+                             std::size_t{0}, count);
     const std::size_t end = offset + count;
     for (const SubGroup& sub : subs) {
       const std::size_t lo = std::max(offset, sub.offset), hi = std::min(end, sub.offset + sub.count);
       if (lo >= hi) continue;
       try {
         store->read_async(sub.region, state_slot(0)).wait();
-        visit(master_of(sub, 0) + (lo - sub.offset), lo - offset, hi - lo);
+        visit(master_of(sub, 0) + static_cast<std::size_t>(state) * sub.count + (lo - sub.offset), lo - offset, hi - lo);
         if (write_back) store->write_async(sub.region, state_slot(0)).wait();
       } catch (const IoError& error) {
         if (write_back) broken_reason = error.what();
@@ -258,6 +259,18 @@ void OffloadedOptimizer::read_master(std::size_t offset, float* values, std::siz
   impl_->visit_master(offset, count, false, [values](float* master, std::size_t first, std::size_t n) {
     std::memcpy(values + first, master, n * sizeof(float));
   });
+}
+
+void OffloadedOptimizer::write_state(State state, std::size_t offset, const float* values, std::size_t count) {
+  impl_->visit_master(offset, count, true, [values](float* data, std::size_t first, std::size_t n) {
+    std::memcpy(data, values + first, n * sizeof(float));
+  }, static_cast<int>(state));
+}
+
+void OffloadedOptimizer::read_state(State state, std::size_t offset, float* values, std::size_t count) {
+  impl_->visit_master(offset, count, false, [values](float* data, std::size_t first, std::size_t n) {
+    std::memcpy(values + first, data, n * sizeof(float));
+  }, static_cast<int>(state));
 }
 
 void OffloadedOptimizer::step(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args,

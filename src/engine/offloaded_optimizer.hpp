@@ -68,6 +68,10 @@ class OffloadedOptimizer {
   // nvme: reads (and for write_master rewrites) the sub-groups the range touches.
   void write_master(std::size_t offset, const float* values, std::size_t count);
   void read_master(std::size_t offset, float* values, std::size_t count);
+  // The same for any of the three states (checkpoints): master weights, Adam's m or v.
+  enum class State { master = 0, m = 1, v = 2 };
+  void write_state(State state, std::size_t offset, const float* values, std::size_t count);
+  void read_state(State state, std::size_t offset, float* values, std::size_t count);
 
   // One Adam step over the whole shard. `groups` has one entry per layout group; the gradients
   // must be complete on the device. Returns when the parameters are on the device (or handed to

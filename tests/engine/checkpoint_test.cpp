@@ -1,0 +1,320 @@
+// Engine::save/load under mpirun with 1, 2 and 4 ranks: training interrupted by a checkpoint and
+// resumed in a fresh engine ends with exactly the bits of uninterrupted training (every stage,
+// fp16 loss scaling with a skipped step, offloaded optimizer states); a checkpoint loads into
+// another stage (3 -> 2 -> 0) and training goes on to the uninterrupted values; and every damaged
+// checkpoint is refused with an error naming the problem, leaving the engine as it was.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/reference_training.hpp"
+#include "runtime/mpi_communicator.hpp"
+#include "runtime/mpi_session.hpp"
+#include "zest/engine.hpp"
+#include "zest/error.hpp"
+
+namespace zest {
+namespace {
+
+using namespace reference_training;
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 8;
+
+int rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// A directory every rank shares, made by rank 0 and removed at the end.
+class SharedDir {
+ public:
+  SharedDir() {
+    char name[256] = {};
+    if (rank() == 0) {
+      std::strcpy(name, "/tmp/zest-checkpoint-test-XXXXXX");
+      if (!::mkdtemp(name)) name[0] = '\0';
+    }
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+  }
+  ~SharedDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) fs::remove_all(path_);
+  }
+  std::string path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Steps [first, last] of the reference model's training on an existing engine (cpu: in place).
+void train_steps(Engine& engine, const Options& o, int first, int last, Communicator& comm) {
+  const std::vector<ParamSpec> specs = model();
+  const int ranks = comm.size(), me = comm.rank();
+  const int per_micro = kExamples / o.accumulation;
+  for (int step = first; step <= last; ++step) {
+    for (int micro = 0; micro < o.accumulation; ++micro) {
+      const int base = micro * per_micro;
+      const int lo = base + me * per_micro / ranks, hi = base + (me + 1) * per_micro / ranks;
+      for (int g = 0; g < engine.group_count(); ++g) auto forward = engine.acquire(g);
+      for (int g = engine.group_count() - 1; g >= 0; --g) {
+        auto lease = engine.acquire(g);
+        for (std::size_t t = 0; t < specs.size(); ++t) {
+          if (specs[t].group != g) continue;
+          const void* p = lease.param(t);
+          void* grad = lease.grad(t);
+          for (std::size_t j = 0; j < specs[t].numel(); ++j) {
+            double value = partial_grad(load_as_float(p, o.dtype, j), step, lo, hi, t, j) * engine.loss_scale();
+            if (step == o.overflow_at_step && me == ranks - 1 && t == 0 && j == 0)
+              value = std::numeric_limits<double>::infinity();
+            store_from_float(grad, o.dtype, j, static_cast<float>(value));
+          }
+        }
+        engine.grads_ready(g);
+      }
+    }
+    engine.step();
+  }
+}
+
+void set_initial(Engine& engine) {
+  for (std::size_t t = 0; t < engine.size(); ++t) {
+    std::vector<float> values(engine.spec(t).numel());
+    for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<float>(initial(t, j));
+    engine.set_param(t, values.data());
+  }
+}
+
+std::vector<std::vector<float>> params_of(Engine& engine) {
+  std::vector<std::vector<float>> result;
+  for (std::size_t t = 0; t < engine.size(); ++t) {
+    result.emplace_back(engine.spec(t).numel());
+    engine.get_param(t, result.back().data());
+  }
+  return result;
+}
+
+struct TrainedRun {
+  std::vector<std::vector<float>> params;
+  EngineStats stats;
+};
+
+class Fixture : public testing::Test {
+ protected:
+  MpiSession session;
+  std::unique_ptr<Device> device = make_cpu_device(std::size_t{256} << 20);
+  std::unique_ptr<Communicator> comm = make_mpi_communicator(session, *device);
+
+  TrainedRun uninterrupted(const Options& o, int steps = kSteps) {
+    Engine engine(make_config(o), *device, *comm, model());
+    set_initial(engine);
+    train_steps(engine, o, 1, steps, *comm);
+    return {params_of(engine), engine.stats()};
+  }
+};
+
+struct Case {
+  const char* name;
+  int stage;
+  DType dtype;
+  int overflow_at_step;
+  OffloadDevice offload;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class SameWorld : public Fixture, public testing::WithParamInterface<Case> {};
+
+TEST_P(SameWorld, ResumedTrainingIsBitIdenticalToUninterrupted) {
+  const Case c = GetParam();
+  Options o;
+  o.stage = c.stage;
+  o.dtype = c.dtype;
+  o.overflow_at_step = c.overflow_at_step;
+  o.offload_optimizer = c.offload;
+  const TrainedRun want = uninterrupted(o);
+  SharedDir dir;
+  const std::string checkpoint = dir.path() + "/ckpt";
+  {
+    Engine first(make_config(o), *device, *comm, model());
+    set_initial(first);
+    train_steps(first, o, 1, 3, *comm);
+    first.save(checkpoint);
+    train_steps(first, o, 4, 4, *comm);
+    first.save(checkpoint);  // over an existing checkpoint
+  }
+  Engine resumed(make_config(o), *device, *comm, model());
+  resumed.load(checkpoint);
+  EXPECT_EQ(resumed.stats().steps, 4);
+  train_steps(resumed, o, 5, kSteps, *comm);
+  const TrainedRun got{params_of(resumed), resumed.stats()};
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (std::size_t t = 0; t < want.params.size(); ++t)
+    EXPECT_EQ(0, std::memcmp(got.params[t].data(), want.params[t].data(), want.params[t].size() * sizeof(float)))
+        << "tensor " << t;
+  EXPECT_EQ(got.stats.steps, want.stats.steps);
+  EXPECT_EQ(got.stats.skipped_steps, want.stats.skipped_steps);
+  EXPECT_EQ(got.stats.loss_scale, want.stats.loss_scale);
+  // Only the checkpoint itself is left: no temporary or set-aside directory.
+  if (rank() == 0) {
+    int entries = 0;
+    for (const auto& e : fs::directory_iterator(dir.path())) entries += e.path().filename() == "ckpt" ? 0 : 1;
+    EXPECT_EQ(entries, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Checkpoint, SameWorld,
+    testing::Values(Case{"stage0", 0, DType::f32, -1, OffloadDevice::none},
+                    Case{"stage1", 1, DType::f32, -1, OffloadDevice::none},
+                    Case{"stage2", 2, DType::f32, -1, OffloadDevice::none},
+                    Case{"stage3", 3, DType::f32, -1, OffloadDevice::none},
+                    // The loss scaler halves at step 2 and must resume from there, not from its start.
+                    Case{"stage2_fp16_skipped_step", 2, DType::f16, 2, OffloadDevice::none},
+                    Case{"stage3_bf16", 3, DType::bf16, -1, OffloadDevice::none},
+                    Case{"stage2_cpu_offload", 2, DType::f32, -1, OffloadDevice::cpu},
+                    Case{"stage3_cpu_offload", 3, DType::f32, -1, OffloadDevice::cpu}),
+    [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+TEST_F(Fixture, LoadsIntoAnotherStage3To2To0) {
+  Options o;
+  o.stage = 3;
+  const TrainedRun want = uninterrupted(o);
+  SharedDir dir;
+  {
+    Engine engine(make_config(o), *device, *comm, model());
+    set_initial(engine);
+    train_steps(engine, o, 1, 3, *comm);
+    engine.save(dir.path() + "/a");
+  }
+  {
+    Options two = o;
+    two.stage = 2;
+    Engine engine(make_config(two), *device, *comm, model());
+    engine.load(dir.path() + "/a");
+    train_steps(engine, two, 4, 5, *comm);
+    engine.save(dir.path() + "/b");
+  }
+  Options zero = o;
+  zero.stage = 0;
+  Engine engine(make_config(zero), *device, *comm, model());
+  engine.load(dir.path() + "/b");
+  train_steps(engine, zero, 6, kSteps, *comm);
+  const auto got = params_of(engine);
+  double worst = 0;
+  for (std::size_t t = 0; t < got.size(); ++t)
+    for (std::size_t j = 0; j < got[t].size(); ++j)
+      worst = std::max(worst, std::abs(double(got[t][j]) - want.params[t][j]) / std::max(1.0, std::abs(double(want.params[t][j]))));
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_EQ(engine.stats().steps, kSteps);
+}
+
+// Rank 0 damages a copy of a good checkpoint; every rank must refuse it with `expected` in the
+// message, and the engine must keep its weights and step count and train on.
+class Damaged : public Fixture {
+ protected:
+  void SetUp() override {
+    Engine engine(make_config(o), *device, *comm, model());
+    set_initial(engine);
+    train_steps(engine, o, 1, 2, *comm);
+    engine.save(good());
+  }
+  std::string good() const { return dir.path() + "/good"; }
+
+  template <class Damage>
+  void expect_refused(Damage damage, const std::string& expected, std::vector<ParamSpec> specs = model()) {
+    const std::string bad = dir.path() + "/bad";
+    if (rank() == 0) {
+      fs::remove_all(bad);
+      fs::copy(good(), bad);
+      damage(fs::path(bad));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    Engine engine(make_config(o), *device, *comm, specs);
+    set_initial(engine);
+    train_steps(engine, o, 1, 1, *comm);
+    const auto before = params_of(engine);
+    try {
+      engine.load(bad);
+      ADD_FAILURE() << "loaded a checkpoint damaged to give: " << expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(params_of(engine), before);
+    EXPECT_EQ(engine.stats().steps, 1);
+    train_steps(engine, o, 2, 2, *comm);  // still usable
+    EXPECT_EQ(engine.stats().steps, 2);
+  }
+
+  Options o = [] {
+    Options opt;
+    opt.stage = 3;
+    return opt;
+  }();
+  SharedDir dir;
+};
+
+void rewrite(const fs::path& file, const std::function<void(std::string&)>& edit) {
+  std::string text;
+  {
+    std::ifstream in(file, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  edit(text);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+}
+
+TEST_F(Damaged, TruncatedRankFile) {
+  expect_refused([](const fs::path& d) { fs::resize_file(d / "rank0.bin", fs::file_size(d / "rank0.bin") - 4); },
+                 "truncated");
+}
+
+TEST_F(Damaged, FlippedByteInRankFile) {
+  expect_refused([](const fs::path& d) { rewrite(d / "rank0.bin", [](std::string& t) { t[t.size() / 2] ^= 1; }); },
+                 "CRC32C");
+}
+
+TEST_F(Damaged, MissingRankFile) {
+  expect_refused([](const fs::path& d) { fs::remove(d / "rank0.bin"); }, "rank file is missing");
+}
+
+TEST_F(Damaged, MissingManifest) {
+  expect_refused([](const fs::path& d) { fs::remove(d / "manifest"); }, "manifest");
+}
+
+TEST_F(Damaged, EditedManifest) {
+  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(t.find("steps 2"), 7, "steps 9"); }); },
+                 "CRC32C does not match");
+}
+
+TEST_F(Damaged, FutureFormatVersion) {
+  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 2"); }); },
+                 "format version 2");
+}
+
+TEST_F(Damaged, AnotherModel) {
+  auto specs = model();
+  specs[1].shape = {11, 37};
+  expect_refused([](const fs::path&) {}, "another model", specs);
+}
+
+TEST_F(Fixture, RefusesToSaveInsideAStep) {
+  Options o;
+  Engine engine(make_config(o), *device, *comm, model());
+  auto lease = engine.acquire(0);
+  EXPECT_THROW(engine.save("/tmp/never-written"), Error);
+  EXPECT_FALSE(fs::exists("/tmp/never-written"));
+}
+
+}  // namespace
+}  // namespace zest
