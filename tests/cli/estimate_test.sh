@@ -9,25 +9,7 @@ data=${ZEST_TEST_DATA:?ZEST_TEST_DATA must name the tests/ source directory}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-run() {
-  rc=0
-  "$zest" "$@" >"$work/out" 2>"$work/err" || rc=$?
-}
-
-expect_rc() {
-  [ "$rc" -eq "$1" ] || fail "$2: exit code $rc, expected $1; stderr: $(cat "$work/err")"
-}
-
-expect_text() {
-  grep -qF -- "$2" "$1" || fail "$3: '$2' not in $(basename "$1"):
-$(cat "$1")"
-}
+. "$(dirname "$0")/expect.sh"
 
 # figures NAME [FILE]: the figures of configuration NAME's row, single-spaced; each is a number
 # and a unit: device/rank 1-2, params 3-4, grads 5-6, optim states 7-8, buffers 9-10,
