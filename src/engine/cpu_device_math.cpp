@@ -11,23 +11,6 @@
 namespace zest::engine {
 namespace {
 
-float load_element(const void* data, DType dtype, std::size_t i) {
-  switch (dtype) {
-    case DType::f32: return static_cast<const float*>(data)[i];
-    case DType::f16: return fp16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-  }
-  return 0;
-}
-
-void store_element(void* data, DType dtype, std::size_t i, float value) {
-  switch (dtype) {
-    case DType::f32: static_cast<float*>(data)[i] = value; break;
-    case DType::f16: static_cast<std::uint16_t*>(data)[i] = float_to_fp16(value); break;
-    case DType::bf16: static_cast<std::uint16_t*>(data)[i] = float_to_bf16(value); break;
-  }
-}
-
 void accumulate_now(void* dst, const void* src, std::size_t count, DType dtype, bool first) {
   if (first) {
     std::memcpy(dst, src, count * dtype_size(dtype));
@@ -37,7 +20,7 @@ void accumulate_now(void* dst, const void* src, std::size_t count, DType dtype, 
     for (std::size_t i = 0; i < count; ++i) d[i] += s[i];
   } else {
     for (std::size_t i = 0; i < count; ++i)
-      store_element(dst, dtype, i, load_element(dst, dtype, i) + load_element(src, dtype, i));
+      store_from_float(dst, dtype, i, load_as_float(dst, dtype, i) + load_as_float(src, dtype, i));
   }
 }
 

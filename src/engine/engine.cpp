@@ -33,20 +33,6 @@ namespace {
 
 using engine::Layout;
 
-// Host-side conversion of fp32 values into the pinned upload buffer: bit-identical to the GPU cast,
-// and it halves the bytes that cross to the device for 16-bit parameters.
-void convert(const float* src, void* dst, DType dtype, std::size_t count) {
-  switch (dtype) {
-    case DType::f32: std::memcpy(dst, src, count * sizeof(float)); break;
-    case DType::f16:
-      for (std::size_t i = 0; i < count; ++i) static_cast<std::uint16_t*>(dst)[i] = float_to_fp16(src[i]);
-      break;
-    case DType::bf16:
-      for (std::size_t i = 0; i < count; ++i) static_cast<std::uint16_t*>(dst)[i] = float_to_bf16(src[i]);
-      break;
-  }
-}
-
 using engine::kScalarsBytes;
 
 char* at(const DeviceBuffer& buffer, std::size_t elements, DType dtype) {
@@ -338,7 +324,10 @@ void Engine::set_param(std::size_t tensor, const float* values) {
   for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
     const std::size_t count = std::min(s.staging_elements, t.numel - first);
     std::memcpy(s.staging_f32(), values + first, count * sizeof(float));
-    if (s.dtype != DType::f32) convert(values + first, s.staging_param(), s.dtype, count);
+    // 16-bit parameters cross to the device as 16 bits, converted on the host exactly as the GPU
+    // cast would.
+    if (s.dtype != DType::f32)
+      for (std::size_t i = 0; i < count; ++i) store_from_float(s.staging_param(), s.dtype, i, values[first + i]);
     // The chunk in segment elements, and its part inside this rank's shard.
     const std::size_t lo = t.offset + first, hi = lo + count;
     const std::size_t mine_lo = std::max(lo, begin), mine_hi = std::min(hi, end);
