@@ -28,7 +28,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: zest bench step --path DIR [--params N] [--steps N] [--dtype bf16|fp16|fp32]\n"
     "                       [--sub-group SIZE] [--buffers N] [--groups N] [--device-memory SIZE]\n"
-    "                       [--io-size GiB] [--reps N] [--no-set-param] [--json]\n"
+    "                       [--io-size GiB] [--reps N] [--bucket SIZE] [--no-set-param] [--json]\n"
     "  A world of one (or every rank under mpirun) builds an Engine on the cpu device (stage 2) with\n"
     "  offload.optimizer.device nvme in DIR, --params parameters (default 2e8) in --groups equal\n"
     "  groups (default 64), and times --steps (default 3) optimizer steps; the NvmeStore's sequential\n"
@@ -36,7 +36,9 @@ constexpr const char* kUsage =
     "  rank 0 reports its own figures. DIR needs the states (12 bytes per parameter) plus --io-size\n"
     "  free. --no-set-param leaves the weights zero (set_param with offloaded states rewrites a whole\n"
     "  sub-group per 1M-value chunk: minutes at 2e9). Defaults: bf16, the config's sub-group (256MiB)\n"
-    "  and buffer count (4); the device budget fits params and grads.\n";
+    "  and buffer count (4); the device budget fits params and grads. --bucket sets buckets.reduce\n"
+    "  (default 25MiB; 1 reduces one group per collective); the backward stand-in (gradient writes\n"
+    "  and their reductions) is timed per step next to step().\n";
 
 struct Options {
   std::string path;
@@ -47,6 +49,7 @@ struct Options {
   int buffers = 0;            // 0: the config default
   int groups = 64;
   std::size_t device_memory = 0;  // 0: fitted to params and grads
+  std::size_t bucket = 0;         // buckets.reduce; 0: the config default
   double io_gib = 4.0;
   int reps = 3;
   bool set_param = true;
@@ -67,6 +70,11 @@ std::size_t proc_status_bytes(const std::string& key) {
     if (line.rfind(key + ":", 0) == 0) return static_cast<std::size_t>(std::strtoull(line.c_str() + key.size() + 1, nullptr, 10)) * 1024;
   }
   return 0;
+}
+
+double median(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
 }
 
 std::string load_average() {
@@ -130,6 +138,8 @@ int parse(int argc, char** argv, Options& o) {
         o.sub_group = parse_size(argv[++i]);
       } else if (arg == "--device-memory" && has_value) {
         o.device_memory = parse_size(argv[++i]);
+      } else if (arg == "--bucket" && has_value) {
+        o.bucket = parse_size(argv[++i]);
       } else if (arg == "--dtype" && has_value) {
         const std::string d = argv[++i];
         if (d == "bf16") o.dtype = DType::bf16;
@@ -141,7 +151,7 @@ int parse(int argc, char** argv, Options& o) {
         return 2;
       }
     } catch (const std::exception& e) {  // stod/stoi/parse_size on text that is no number or size
-      if (arg == "--sub-group" || arg == "--device-memory") return bad(e.what());  // says what a size is
+      if (arg == "--sub-group" || arg == "--device-memory" || arg == "--bucket") return bad(e.what());  // says what a size is
       return bad(arg == "--params" ? "a count >= 1 (e.g. 2e8)" : arg == "--io-size" ? "GiB > 0" : "a count");
     }
   }
@@ -167,6 +177,7 @@ int bench_step(int argc, char** argv) {
     config.offload.optimizer.path = o.path;
     if (o.sub_group > 0) config.offload.sub_group_bytes = o.sub_group;
     if (o.buffers > 0) config.offload.optimizer.buffer_count = o.buffers;
+    if (o.bucket > 0) config.buckets.reduce_bytes = o.bucket;
     // Params and grads in dtype, with room for padding and the reduction buckets.
     const std::size_t model_bytes = 2 * dtype_size(o.dtype) * o.params;
     config.device.memory = o.device_memory > 0 ? o.device_memory : model_bytes + model_bytes / 16 + (std::size_t{256} << 20);
@@ -211,7 +222,7 @@ int bench_step(int argc, char** argv) {
       set_param_seconds = seconds_since(start);
     }
 
-    std::vector<double> step_seconds;
+    std::vector<double> step_seconds, backward_seconds, total_seconds;
     double grad_seconds = 0;
     StepResult last;
     for (int step = 0; step < o.steps; ++step) {
@@ -224,20 +235,21 @@ int bench_step(int argc, char** argv) {
           if (engine.spec(t).group == g) fill_grad(lease.grad(t), engine.spec(t).numel(), o.dtype, grad);
         engine.grads_ready(g);
       }
-      grad_seconds += seconds_since(start);
+      backward_seconds.push_back(seconds_since(start));
+      grad_seconds += backward_seconds.back();
       comm.barrier();
       start = Clock::now();
       last = engine.step();
       step_seconds.push_back(seconds_since(start));
+      total_seconds.push_back(backward_seconds.back() + step_seconds.back());
       if (last.skipped)
         throw Error(std::string("zest bench step: step ").append(std::to_string(step + 1))
                         .append(" was skipped (overflow); the benchmark's gradients must be finite"));
     }
 
     const EngineStats stats = engine.stats();
-    std::vector<double> sorted = step_seconds;
-    std::sort(sorted.begin(), sorted.end());
-    const double step_median = sorted[sorted.size() / 2];
+    const double step_median = median(step_seconds);
+    const double backward_median = median(backward_seconds), total_median = median(total_seconds);
     // Each step reads every sub-group's region once and writes it back once.
     const auto bytes_read = static_cast<double>(stats.nvme_bytes), bytes_written = static_cast<double>(stats.nvme_bytes);
     const double limit = bytes_read / bw.read_bytes_per_s + bytes_written / bw.write_bytes_per_s;
@@ -257,7 +269,8 @@ int bench_step(int argc, char** argv) {
       samples.append("]");
       std::printf(
           "{\"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"ranks\": %d, \"steps\": %d, \"path\": \"%s\",\n"
-          " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s,\n"
+          " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s, \"reduce_bucket_bytes\": %zu,\n"
+          " \"backward_seconds\": %.5f, \"backward_plus_step_seconds\": %.5f,\n"
           " \"step_seconds\": %.4f, \"step_samples\": %s, \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f,\n"
           " \"grad_write_seconds\": %.3f, \"grad_norm\": %.6g,\n"
           " \"nvme_bytes\": %zu, \"bytes_read_per_step\": %zu, \"bytes_written_per_step\": %zu,\n"
@@ -267,7 +280,8 @@ int bench_step(int argc, char** argv) {
           " \"device_budget_bytes\": %zu, \"loadavg_before\": \"%s\", \"loadavg_after\": \"%s\"}\n",
           engine.numel(), engine.group_count(), std::string(dtype_name(o.dtype)).c_str(), comm.size(), o.steps,
           o.path.c_str(), config.offload.sub_group_bytes, config.offload.optimizer.buffer_count,
-          bw.direct ? "true" : "false", step_median, samples.c_str(), setup_seconds, set_param_seconds, grad_seconds,
+          bw.direct ? "true" : "false", config.buckets.reduce_bytes, backward_median, total_median, step_median,
+          samples.c_str(), setup_seconds, set_param_seconds, grad_seconds,
           last.grad_norm, stats.nvme_bytes, stats.nvme_bytes, stats.nvme_bytes, bw.write_bytes_per_s,
           bw.read_bytes_per_s, bw.bytes, limit, ratio, rss, hwm, stats.offload_pinned_bytes, pinned.peak,
           config.device.memory, load_before.c_str(), load_after.c_str());
@@ -284,6 +298,8 @@ int bench_step(int argc, char** argv) {
       std::printf("  per step: %.2f GB read + %.2f GB written -> disk-bound limit %.3f s\n", gb(bytes_read),
                   gb(bytes_written), limit);
       std::printf("  step() median of %d: %.3f s -> ratio %.3f (target >= 0.85)\n", o.steps, step_median, ratio);
+      std::printf("  buckets.reduce %s: backward (gradient writes, reductions launched) median %.4f s, backward + step()\n"
+                  "  median %.4f s\n", format_size(config.buckets.reduce_bytes).c_str(), backward_median, total_median);
       std::printf("  resident: %.2f GB now, %.2f GB peak (states on disk: %.2f GB); pinned %.2f GB (offload %.2f GB)\n",
                   gb(static_cast<double>(rss)), gb(static_cast<double>(hwm)), gb(static_cast<double>(stats.nvme_bytes)),
                   gb(static_cast<double>(pinned.peak)), gb(static_cast<double>(stats.offload_pinned_bytes)));

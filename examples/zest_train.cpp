@@ -58,11 +58,19 @@ int run(int argc, char** argv) {
                 config.stage, std::string(dtype_name(config.precision.dtype)).c_str(), runtime.world_size(),
                 train.global_batch);
 
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   int first_step = 1;
   if (!load_dir.empty()) {
-    engine.load(load_dir);
-    first_step = static_cast<int>(engine.stats().steps) + 1;
-    if (leader) std::printf("zest-train: resumed from %s after step %d\n", load_dir.c_str(), first_step - 1);
+    const auto load_start = std::chrono::steady_clock::now();
+    const LoadResult loaded = engine.load(load_dir);
+    first_step = static_cast<int>(loaded.steps) + 1;
+    if (leader) {
+      std::printf("zest-train: resumed from %s after step %d (loaded in %.2f s)\n", load_dir.c_str(), first_step - 1,
+                  seconds_since(load_start));
+      for (const std::string& change : loaded.config_changes) std::printf("zest-train: note: %s\n", change.c_str());
+    }
   }
   const auto start = std::chrono::steady_clock::now();
   for (int step = first_step; step <= train.steps; ++step) {
@@ -71,10 +79,13 @@ int run(int argc, char** argv) {
       std::printf("step %d loss %.6f%s\n", step, loss,
                   trainer.last_result().skipped ? " (skipped: gradient overflow)" : "");
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = seconds_since(start);
   if (!save_dir.empty()) {
+    const auto save_start = std::chrono::steady_clock::now();
     engine.save(save_dir);
-    if (leader) std::printf("zest-train: saved a checkpoint of step %d to %s\n", train.steps, save_dir.c_str());
+    if (leader)
+      std::printf("zest-train: saved a checkpoint of step %d to %s (in %.2f s)\n", train.steps, save_dir.c_str(),
+                  seconds_since(save_start));
   }
   const EngineStats stats = engine.stats();
   if (leader) {

@@ -17,14 +17,20 @@
 //     for (int g : backward_order) {
 //       auto lease = engine.acquire(g);
 //       /* backward: write each tensor's gradient of (loss * engine.loss_scale()) to lease.grad(i) */
-//       engine.grads_ready(g);   // reduction starts on the comm stream; backward goes on
+//       engine.grads_ready(g);   // its bucket is reduced on the comm stream once full; backward goes on
 //     }
 //   }
 //   zest::StepResult result = engine.step();
 //
 // Gradients are summed over ranks (and micro-batches): the trainer divides its loss by the global
-// number of examples in the step. Threading: one host thread drives an Engine. Every rank makes the
-// same calls in the same order (acquire/grads_ready/step are collective where the stage needs it).
+// number of examples in the step. Buckets (config buckets.reduce): groups share a gradient bucket
+// in the order the trainer asks for their gradients (lease.grad), as long as they fit within
+// buckets.reduce bytes (a larger group fills a bucket alone); one collective reduces a bucket once
+// every group in it is ready and it is full, or the next group does not fit, or step() is called.
+// Two buckets exist (each max(buckets.reduce, the largest group), at most every group together): a
+// trainer may hold gradients it has not handed over in at most two of them.
+// Threading: one host thread drives an Engine. Every rank makes the same calls in the same order
+// (acquire/grads_ready/step are collective where the stage needs it).
 //
 // Offload (config offload.*): optimizer.device cpu|nvme keeps this rank's fp32 master weights and
 // Adam moments in pinned host memory or in an NVMe swap file (DIRECTORY/zest-rank<rank>.swap, one
@@ -66,6 +72,13 @@ struct StepResult {
   double loss_scale = 1.0; // the scale for the next step
 };
 
+struct LoadResult {
+  std::int64_t steps = 0;  // the checkpoint's step count, now the engine's
+  // The saving run's settings that differ from this engine's ("lr: 0.001 in the checkpoint,
+  // 0.0005 now"): the checkpoint loads all the same; the trainer decides whether that is intended.
+  std::vector<std::string> config_changes;
+};
+
 struct EngineStats {
   std::int64_t steps = 0;          // optimizer steps attempted
   std::int64_t skipped_steps = 0;
@@ -100,16 +113,20 @@ class Engine {
   void get_param(std::size_t tensor, float* values);
 
   // Checkpoints. Collective; call between steps (no gradient accumulated, every rank the same).
-  // save writes this rank's fp32 master weights, Adam's m and v, per tensor, and rank 0 a manifest
-  // (model, step counts, loss scaler, CRC32C of every file) into DIR.tmp-<pid>, then swaps it into
-  // DIR atomically: a crash at any point leaves DIR holding the previous checkpoint or the new one.
-  // load reads a checkpoint written by any world size and stage into this engine's layout, checking
-  // the manifest, file sizes and checksums first: it throws Error/IoError naming the file and the
-  // problem (another model, a missing or truncated file, a checksum mismatch, a newer format) and
-  // then leaves the engine unchanged. It sets the device parameters from the master weights and
-  // restores the step counts and the loss scale; the configuration stays this engine's.
+  // save writes this rank's fp32 master weights, Adam's m and v, per tensor range of its shard (one
+  // file per state), and rank 0 a manifest (model, step counts, loss scaler, settings, a CRC32C per
+  // 4 MiB chunk of every file) into DIR.tmp-<pid>, then swaps it into DIR atomically: a crash at any
+  // point leaves DIR holding the previous checkpoint or the new one. Offloaded states go from the
+  // host or the NVMe swap file to the checkpoint without passing through device memory.
+  // load reads a checkpoint written by any world size and stage into this engine's layout; each rank
+  // reads only the ranges of its own shard. It checks the manifest against this model, the files'
+  // sizes and the checksum of every chunk it needs first, and throws Error/IoError naming the file
+  // and the problem (another model, a missing or truncated file, a checksum mismatch, a newer
+  // format) with the engine unchanged. It then sets the optimizer states and the parameters and
+  // restores the step counts and the loss scale; the configuration stays this engine's (the result
+  // lists the settings that differ).
   void save(const std::string& dir);
-  void load(const std::string& dir);
+  LoadResult load(const std::string& dir);
 
   // Device access to one group for forward or backward. Holding a lease keeps the group's full
   // parameters alive (stage 3: gathered, and released when the lease ends).
@@ -132,14 +149,17 @@ class Engine {
   GroupLease acquire(int group);
 
   // The group's gradients for this micro-batch are written (cuda: the writes have completed): they
-  // are reduced across ranks (and added to the accumulated gradient) on the comm stream while the
-  // trainer goes on.
+  // are reduced across ranks with their bucket (and added to the accumulated gradient) on the comm
+  // stream while the trainer goes on. A later lease.grad() of the group starts a new contribution
+  // (the next micro-batch), added to this one. Throws Error when no grad() of the group came since
+  // its last grads_ready.
   void grads_ready(int group);
 
-  // After the last micro-batch: waits for the reductions, checks overflow on every rank, computes
-  // the global gradient norm, clips, updates this rank's shard with Adam, and makes the updated
-  // parameters available again (all-gather where the stage shards them). Collective. Throws
-  // IoError when the offload's swap file fails (see Offload above).
+  // After the last micro-batch: reduces the last bucket, waits for the reductions, checks overflow
+  // on every rank, computes the global gradient norm, clips, updates this rank's shard with Adam,
+  // and makes the updated parameters available again (all-gather where the stage shards them).
+  // Collective. Throws Error, changing nothing, when a group's grad() was asked for without its
+  // grads_ready, and IoError when the offload's swap file fails (see Offload above).
   StepResult step();
 
   // The factor the trainer multiplies its loss by before backward (1 unless fp16 loss scaling).

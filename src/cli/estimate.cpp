@@ -23,10 +23,11 @@ constexpr const char* kEstimateUsage =
     "Prints the memory zest itself needs for a model of N parameters (7000000000, 7B, 350M, 1.5e9)\n"
     "in L equal layers (default 32) on R ranks per node (default 1) and K nodes (default 1), for\n"
     "every ZeRO stage and offload mode: per device (params, grads, optimizer states, buffers), pinned\n"
-    "host memory per node and NVMe swap space per node. Buffers are the two gradient buckets (one\n"
-    "layer each) and, under stage 3, the gathered (live) layers. Stage-3 and offload settings come from FILE\n"
-    "(marked * where its stage and offload match a row) or the defaults; --dtype overrides its\n"
-    "precision (default: FILE's, else bf16). Activations and framework workspace are not included.\n";
+    "host memory per node and NVMe swap space per node. Buffers are the two gradient buckets (each\n"
+    "max(buckets.reduce, one layer), at most the whole model) and, under stage 3, the gathered (live)\n"
+    "layers. Bucket, stage-3 and offload settings come from FILE (marked * where its stage and\n"
+    "offload match a row) or the defaults; --dtype overrides its precision (default: FILE's, else\n"
+    "bf16). Activations and framework workspace are not included.\n";
 
 struct Options {
   std::size_t params = 0;
@@ -172,8 +173,9 @@ void print_table(const Options& o, const Config& base) {
               readable_count(o.params).c_str(), o.params, o.layers, std::string(dtype_name(base.precision.dtype)).c_str(),
               o.ranks_per_node, o.ranks_per_node == 1 ? "" : "s", o.nodes, o.nodes == 1 ? "" : "s", ranks,
               ranks == 1 ? "" : "s");
-  std::printf("settings: %s; stage3.max_live %s, offload.sub_group %s, buffer_count %d\n\n",
-              o.config_path.empty() ? "defaults" : o.config_path.c_str(), format_size(base.stage3.max_live_bytes).c_str(),
+  std::printf("settings: %s; buckets.reduce %s, stage3.max_live %s, offload.sub_group %s, buffer_count %d\n\n",
+              o.config_path.empty() ? "defaults" : o.config_path.c_str(), format_size(base.buckets.reduce_bytes).c_str(),
+              format_size(base.stage3.max_live_bytes).c_str(),
               format_size(base.offload.sub_group_bytes).c_str(), base.offload.optimizer.buffer_count);
   std::printf("%-34s %12s %12s %12s %12s %12s %16s %12s\n", "configuration", "device/rank", "params", "grads",
               "optim states", "buffers", "pinned host/node", "NVMe/node");

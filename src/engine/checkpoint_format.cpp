@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -31,13 +32,24 @@ std::string hex_double(double value) {
 
 }  // namespace
 
-std::size_t RankFile::elements() const {
+const char* state_name(StateKind state) {
+  switch (state) {
+    case StateKind::master: return "master";
+    case StateKind::m: return "m";
+    case StateKind::v: return "v";
+  }
+  return "?";
+}
+
+std::size_t RankEntry::elements() const {
   std::size_t n = 0;
   for (const Range& r : ranges) n += r.hi - r.lo;
   return n;
 }
 
-std::string rank_file_name(int rank) { return std::string("rank").append(std::to_string(rank)).append(".bin"); }
+std::string state_file_name(int rank, StateKind state) {
+  return std::string("rank").append(std::to_string(rank)).append(".").append(state_name(state)).append(".bin");
+}
 
 std::string serialize(const Manifest& m) {
   std::ostringstream out;
@@ -48,16 +60,22 @@ std::string serialize(const Manifest& m) {
   out << "skipped " << m.skipped << '\n';
   out << "loss_scaler " << hex_double(m.loss_scale) << ' ' << m.clean_steps << ' ' << m.hysteresis_left << '\n';
   out << "config " << m.config << '\n';
+  out << "chunk_bytes " << m.chunk_bytes << '\n';
   out << "tensors " << m.tensors.size() << '\n';
   for (const TensorEntry& t : m.tensors) {
     out << "tensor " << t.group << ' ' << t.numel << ' ' << t.shape.size();
     for (std::size_t d : t.shape) out << ' ' << d;
     out << ' ' << t.name << '\n';  // last: a name may hold spaces
   }
-  out << "files " << m.files.size() << '\n';
-  for (const RankFile& f : m.files) {
-    out << "file " << f.name << ' ' << f.bytes << ' ' << f.crc32c << ' ' << f.ranges.size() << '\n';
-    for (const Range& r : f.ranges) out << "range " << r.tensor << ' ' << r.lo << ' ' << r.hi << '\n';
+  out << "ranks " << m.ranks.size() << '\n';
+  for (const RankEntry& r : m.ranks) {
+    out << "rank " << r.ranges.size() << '\n';
+    for (const Range& range : r.ranges) out << "range " << range.tensor << ' ' << range.lo << ' ' << range.hi << '\n';
+    for (const StateFile& f : r.files) {
+      out << "file " << f.name << ' ' << f.bytes << ' ' << f.chunk_crcs.size();
+      for (std::uint32_t crc : f.chunk_crcs) out << ' ' << crc;
+      out << '\n';
+    }
   }
   std::string text = out.str();
   const std::uint32_t crc = offload::crc32c(text.data(), text.size());
@@ -71,10 +89,14 @@ Manifest parse(const std::string& text, const std::string& path) {
   {
     int version = 0;
     if (std::sscanf(text.c_str(), "zest-checkpoint %d", &version) != 1) bad_manifest(path, 1, "not a zest checkpoint manifest");
-    if (version > kFormatVersion || version < 1)
+    if (version > kFormatVersion)
       throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
-                      .append(std::to_string(version)).append(", this build reads versions 1 to ")
+                      .append(std::to_string(version)).append(", this build reads version ")
                       .append(std::to_string(kFormatVersion)).append("; load it with a newer zest"));
+    if (version < kFormatVersion)
+      throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
+                      .append(std::to_string(version)).append(" was written by a pre-release zest; this build reads version ")
+                      .append(std::to_string(kFormatVersion)).append(": save the checkpoint again"));
   }
   const std::size_t end = text.rfind("end ");
   if (end == std::string::npos || text.empty() || text.back() != '\n')
@@ -99,11 +121,13 @@ Manifest parse(const std::string& text, const std::string& path) {
   auto check = [&](std::istream& fields, const char* what) {
     if (!fields) bad_manifest(path, line_no, std::string("unreadable ").append(what));
   };
-  {
-    auto f = next("zest-checkpoint");
-    f >> m.version;
-    check(f, "format version");
-  }
+  auto rest_of_line = [](std::istream& fields) {
+    std::string rest;
+    std::getline(fields, rest);
+    if (!rest.empty() && rest.front() == ' ') rest.erase(0, 1);
+    return rest;
+  };
+  { auto f = next("zest-checkpoint"); f >> m.version; check(f, "format version"); }
   { auto f = next("world_size"); f >> m.world_size; check(f, "world size"); }
   { auto f = next("stage"); f >> m.stage; check(f, "stage"); }
   { auto f = next("steps"); f >> m.steps; check(f, "steps"); }
@@ -115,10 +139,12 @@ Manifest parse(const std::string& text, const std::string& path) {
     check(f, "loss scaler state");
     m.loss_scale = std::strtod(scale.c_str(), nullptr);
   }
+  { auto f = next("config"); m.config = rest_of_line(f); }
   {
-    auto f = next("config");
-    std::getline(f, m.config);
-    if (!m.config.empty() && m.config.front() == ' ') m.config.erase(0, 1);
+    auto f = next("chunk_bytes");
+    f >> m.chunk_bytes;
+    check(f, "chunk size");
+    if (m.chunk_bytes == 0) bad_manifest(path, line_no, "a chunk size of 0");
   }
   std::size_t count = 0;
   { auto f = next("tensors"); f >> count; check(f, "tensor count"); }
@@ -127,21 +153,24 @@ Manifest parse(const std::string& text, const std::string& path) {
     TensorEntry t;
     std::size_t dims = 0;
     f >> t.group >> t.numel >> dims;
+    check(f, "tensor entry");
     t.shape.resize(dims);
     for (std::size_t& d : t.shape) f >> d;
-    check(f, "tensor entry");
-    std::getline(f, t.name);
-    if (!t.name.empty() && t.name.front() == ' ') t.name.erase(0, 1);
+    check(f, "tensor shape");
+    std::size_t product = 1;
+    for (std::size_t d : t.shape) product *= d;
+    if (product != t.numel || t.numel == 0) bad_manifest(path, line_no, "a tensor whose shape does not hold its element count");
+    t.name = rest_of_line(f);
     m.tensors.push_back(std::move(t));
   }
-  { auto f = next("files"); f >> count; check(f, "file count"); }
+  { auto f = next("ranks"); f >> count; check(f, "rank count"); }
+  if (count != static_cast<std::size_t>(m.world_size))
+    bad_manifest(path, line_no, std::string(std::to_string(count)).append(" ranks listed for world size ")
+                                    .append(std::to_string(m.world_size)));
   for (std::size_t i = 0; i < count; ++i) {
-    auto f = next("file");
-    RankFile file;
+    RankEntry rank;
     std::size_t ranges = 0;
-    f >> file.name >> file.bytes >> file.crc32c >> ranges;
-    check(f, "file entry");
-    if (file.name.find('/') != std::string::npos) bad_manifest(path, line_no, "a file name with a '/'");
+    { auto f = next("rank"); f >> ranges; check(f, "rank entry"); }
     for (std::size_t r = 0; r < ranges; ++r) {
       auto g = next("range");
       Range range;
@@ -149,9 +178,26 @@ Manifest parse(const std::string& text, const std::string& path) {
       check(g, "range");
       if (range.tensor >= m.tensors.size() || range.lo >= range.hi || range.hi > m.tensors[range.tensor].numel)
         bad_manifest(path, line_no, "a range outside its tensor");
-      file.ranges.push_back(range);
+      rank.ranges.push_back(range);
     }
-    m.files.push_back(std::move(file));
+    for (StateFile& file : rank.files) {
+      auto f = next("file");
+      std::size_t chunks = 0;
+      f >> file.name >> file.bytes >> chunks;
+      check(f, "file entry");
+      file.chunk_crcs.resize(chunks);
+      for (std::uint32_t& crc : file.chunk_crcs) f >> crc;
+      check(f, "chunk checksums");
+      if (file.name.empty() || file.name.find('/') != std::string::npos || file.name == kManifestName)
+        bad_manifest(path, line_no, "a file name that is empty, holds a '/' or names the manifest");
+      if (file.bytes != rank.elements() * sizeof(float))
+        bad_manifest(path, line_no, std::string("file ").append(file.name).append(" of ").append(std::to_string(file.bytes))
+                                        .append(" bytes for ranges of ").append(std::to_string(rank.elements()))
+                                        .append(" fp32 values"));
+      if (chunks != (file.bytes + m.chunk_bytes - 1) / m.chunk_bytes)
+        bad_manifest(path, line_no, std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
+    }
+    m.ranks.push_back(std::move(rank));
   }
   return m;
 }
@@ -194,26 +240,6 @@ void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std
   }
 }
 
-std::uint32_t file_crc32c(const std::string& path, std::uint64_t bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError("checkpoint: cannot open", path, 0, 0, errno);
-  std::vector<char> buffer(std::size_t{1} << 20);
-  std::uint32_t crc = 0;
-  try {
-    for (std::uint64_t at = 0; at < bytes;) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), bytes - at));
-      read_at(fd, path, buffer.data(), n, at);
-      crc = offload::crc32c(buffer.data(), n, crc);
-      at += n;
-    }
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
-  return crc;
-}
-
 void fsync_directory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw IoError("checkpoint: cannot open directory", path, 0, 0, errno);
@@ -223,7 +249,7 @@ void fsync_directory(const std::string& path) {
   if (rc != 0) throw IoError("checkpoint: cannot fsync directory", path, 0, 0, error);
 }
 
-FileWriter::FileWriter(std::string path) : path_(std::move(path)) {
+FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes) : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("checkpoint: cannot create", path_, 0, 0, errno);
 }
@@ -234,17 +260,28 @@ FileWriter::~FileWriter() {
 
 void FileWriter::append(const void* data, std::size_t bytes) {
   const char* in = static_cast<const char*>(data);
-  crc_ = offload::crc32c(data, bytes, crc_);
   for (std::size_t done = 0; done < bytes;) {
     const ssize_t n = ::write(fd_, in + done, bytes - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw IoError("checkpoint: cannot write", path_, bytes_ + done, bytes - done, errno);
+    if (n < 0) throw IoError("checkpoint: cannot write", path_, bytes_, bytes - done, errno);
+    // Checksummed per chunk, as written: a chunk's CRC closes when the file reaches its end.
+    for (std::size_t at = done, stop = done + static_cast<std::size_t>(n); at < stop;) {
+      const std::size_t room = static_cast<std::size_t>(chunk_bytes_ - bytes_ % chunk_bytes_);
+      const std::size_t take = std::min(room, stop - at);
+      crc_ = offload::crc32c(in + at, take, crc_);
+      bytes_ += take;
+      at += take;
+      if (bytes_ % chunk_bytes_ == 0) {
+        crcs_.push_back(crc_);
+        crc_ = 0;
+      }
+    }
     done += static_cast<std::size_t>(n);
   }
-  bytes_ += bytes;
 }
 
 void FileWriter::finish() {
+  if (bytes_ % chunk_bytes_ != 0) crcs_.push_back(crc_);
   if (::fsync(fd_) != 0) throw IoError("checkpoint: cannot fsync", path_, 0, bytes_, errno);
   const int rc = ::close(fd_);
   fd_ = -1;

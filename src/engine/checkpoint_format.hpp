@@ -1,12 +1,18 @@
 // The on-disk form of an Engine checkpoint (Engine::save/load), and the file operations it needs.
 //
-// A checkpoint is a directory: `manifest` (text, written last by rank 0) and one `rank<r>.bin` per
-// rank of the saving run. A rank file holds, for each tensor range the manifest lists for it (the
-// part of the tensor inside that rank's shard, in tensor elements [lo, hi)), the fp32 master
-// weights of every range in order, then m of every range, then v. Data is per tensor, not per
-// shard, so a run of any world size and stage finds any element by the manifest alone.
+// A checkpoint is a directory: `manifest` (text, written last by rank 0) and, for each rank of the
+// saving run, three files, one per optimizer state: rank<r>.master.bin (fp32 master weights),
+// rank<r>.m.bin and rank<r>.v.bin (Adam's moments). Each holds, for every tensor range the manifest
+// lists for the rank (the part of the tensor inside that rank's shard, in tensor elements [lo, hi)),
+// that state's fp32 values, range after range. Data is per tensor, not per shard, so a run of any
+// world size and stage finds any element by the manifest alone, and a reader of the weights alone
+// (consolidation) opens only the master files.
+//
+// Every file is checksummed in chunks of `chunk_bytes` (CRC32C per chunk, listed in the manifest),
+// so a reader that needs a few ranges verifies what it reads without reading whole files.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -14,19 +20,29 @@
 
 namespace zest::engine::checkpoint {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
 constexpr const char* kManifestName = "manifest";
+constexpr std::uint64_t kChunkBytes = std::uint64_t{4} << 20;
+
+// The three states, in this order everywhere: file names, manifest lines, reads.
+enum class StateKind { master = 0, m = 1, v = 2 };
+constexpr int kStates = 3;
+const char* state_name(StateKind state);  // "master", "m", "v"
 
 struct Range {
   std::size_t tensor = 0;
   std::size_t lo = 0, hi = 0;  // elements of the tensor
 };
 
-struct RankFile {
+struct StateFile {
   std::string name;  // in the checkpoint directory
   std::uint64_t bytes = 0;
-  std::uint32_t crc32c = 0;  // of the whole file
+  std::vector<std::uint32_t> chunk_crcs;  // CRC32C of each chunk_bytes of the file, the last shorter
+};
+
+struct RankEntry {
   std::vector<Range> ranges;  // in file order
+  std::array<StateFile, kStates> files;
   std::size_t elements() const;  // per state: the sum of the ranges
 };
 
@@ -44,43 +60,48 @@ struct Manifest {
   std::int64_t steps = 0, skipped = 0;
   double loss_scale = 1.0;
   int clean_steps = 0, hysteresis_left = 0;
-  std::string config;  // fingerprint: stage, dtype, optimizer hyper-parameters (informational)
+  // The saving run's settings as space-separated key=value words (stage, dtype, optimizer
+  // hyper-parameters); load reports those that differ from the loading engine's.
+  std::string config;
+  std::uint64_t chunk_bytes = kChunkBytes;
   std::vector<TensorEntry> tensors;
-  std::vector<RankFile> files;  // one per saving rank, index = rank
+  std::vector<RankEntry> ranks;  // one per saving rank, index = rank
 };
 
-std::string rank_file_name(int rank);
+std::string state_file_name(int rank, StateKind state);  // rank<r>.<state>.bin
 
 // Text; ends with a line holding the CRC32C of everything before it.
 std::string serialize(const Manifest& manifest);
-// Throws Error naming `path` and the line when the text is not a complete manifest of a version
-// this build reads.
+// Throws Error naming `path` and the line when the text is not a complete, self-consistent
+// manifest of a version this build reads.
 Manifest parse(const std::string& text, const std::string& path);
 
 // Files. Each throws IoError naming the path, the operation and errno.
 void write_file_synced(const std::string& path, const void* data, std::size_t bytes);  // create, write, fsync
 std::string read_whole_file(const std::string& path);
 void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std::uint64_t offset);
-std::uint32_t file_crc32c(const std::string& path, std::uint64_t bytes);
 void fsync_directory(const std::string& path);
 
-// Writes a rank file incrementally (pwrite-free appends) and keeps its CRC32C.
+// Writes a file by appends, keeping the CRC32C of each chunk.
 class FileWriter {
  public:
-  explicit FileWriter(std::string path);
+  explicit FileWriter(std::string path, std::uint64_t chunk_bytes = kChunkBytes);
   ~FileWriter();
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
   void append(const void* data, std::size_t bytes);
   void finish();  // fsync, close
   std::uint64_t bytes() const { return bytes_; }
-  std::uint32_t crc32c() const { return crc_; }
+  // Valid after finish().
+  const std::vector<std::uint32_t>& chunk_crcs() const { return crcs_; }
 
  private:
   std::string path_;
+  std::uint64_t chunk_bytes_;
   int fd_ = -1;
   std::uint64_t bytes_ = 0;
-  std::uint32_t crc_ = 0;
+  std::uint32_t crc_ = 0;  // of the chunk being written
+  std::vector<std::uint32_t> crcs_;
 };
 
 }  // namespace zest::engine::checkpoint

@@ -11,12 +11,14 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "engine/checkpoint_format.hpp"
+#include "engine/checkpoint_reader.hpp"
 #include "engine/device_math.hpp"
 #include "engine/layout.hpp"
 #include "engine/loss_scaler.hpp"
@@ -45,12 +47,28 @@ int default_threads(const Config& config, const Communicator& comm) {
   return std::max(1, cores / comm.size());
 }
 
+// Both gradient buckets are taken only while the trainer holds gradients it has not handed over.
+constexpr const char* kBucketRemedy = "call grads_ready(group) once a group's gradients are written, before asking "
+                                      "for those of more groups";
+
 // A reusable device buffer with the event that marks the end of its last use.
 struct Slot {
   DeviceBuffer buffer;
   std::unique_ptr<Event> free_after;
   int owner = -1;  // group using it, or -1
   DeviceBuffer shard;  // stage 3 with offloaded parameters: the fetched shard the gather reads
+};
+
+// The groups whose gradients share one staging slot and are reduced by one collective.
+struct Bucket {
+  struct Entry {
+    int group = 0;
+    std::size_t offset = 0;  // of the group's padded segment in the slot, elements
+  };
+  std::vector<Entry> entries;  // in the order grad() placed them; a group twice for two micro-batches
+  std::size_t used = 0;        // elements
+  int writing = 0;             // entries whose grads_ready has not come yet
+  bool sealed = false;         // takes no more groups: reduced as soon as writing is 0
 };
 
 // The rank's swap file for `target` (nvme), shared by the optimizer and the parameters when both
@@ -116,12 +134,18 @@ struct Engine::State {
   std::vector<engine::GradSpan> grad_spans;
   std::vector<engine::AdamShard> adam_shards;
 
-  std::vector<Slot> staging;      // where backward writes a group's gradients; all zero while free
+  std::vector<Slot> staging;      // reduce buckets: where backward writes gradients; all zero while free
+  std::vector<Bucket> buckets;    // per staging slot
+  int open_bucket = -1;           // the staging slot grad() places the next group in, or -1
+  std::size_t bucket_limit = 0;   // elements: buckets.reduce; a larger group fills a bucket alone
+  std::size_t smallest_group = 0; // elements: a bucket with less room left is full
   std::vector<Slot> gathered;     // stage 3: full parameters of non-resident groups
-  std::vector<int> staging_of;    // group -> staging slot or -1
+  std::vector<int> staging_of;    // group -> staging slot its gradient is being written to, or -1
+  std::vector<std::size_t> staged_at;  // group -> its offset in that slot, elements
   std::vector<int> gathered_of;   // group -> gathered slot or -1
   std::vector<int> leases;        // group -> live leases
   std::vector<bool> accumulated;  // group -> has a gradient this step
+  std::vector<bool> summed;       // group -> `grads` holds its reduced sum: the next one adds to it
 
   std::vector<int> order, previous_order;  // stage 3: groups in acquire order
   std::size_t order_position = 0;
@@ -168,7 +192,7 @@ struct Engine::State {
   }
 
   // A free slot (its last use finished); waits for the oldest use when all are idle but pending.
-  int take_slot(std::vector<Slot>& slots, int group, const char* what) {
+  int take_slot(std::vector<Slot>& slots, int group, const char* what, const char* remedy) {
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (slots[i].owner < 0) {
         slots[i].free_after->synchronize();
@@ -178,11 +202,11 @@ struct Engine::State {
     }
     throw Error(std::string("Engine: every ").append(what).append(" buffer is in use (")
                     .append(std::to_string(slots.size()))
-                    .append(" of them); release leases sooner, or raise stage3.max_live"));
+                    .append(" of them); ").append(remedy));
   }
 
   void start_gather(int g) {
-    const int slot = take_slot(gathered, g, "gathered-parameter");
+    const int slot = take_slot(gathered, g, "gathered-parameter", "release leases sooner, or raise stage3.max_live");
     gathered_of[static_cast<std::size_t>(g)] = slot;
     const auto& place = layout.group(g);
     Slot& s = gathered[static_cast<std::size_t>(slot)];
@@ -232,12 +256,168 @@ struct Engine::State {
     }
   }
 
+  // Where the parameters of a group's shard live on the device, in the working dtype (the step
+  // writes its updates there); null where they stay off the device (stage 3, offloaded parameters).
+  char* param_shard_out(int g) const {
+    const auto& place = layout.group(g);
+    if (!params_sharded()) return at(full_params, place.full_offset + shard_begin(g), dtype);
+    if (!param_offload) return at(param_shards, place.shard_offset, dtype);
+    if (params_offloaded(g)) return nullptr;
+    return static_cast<char*>(resident[static_cast<std::size_t>(g)].data()) + bytes(shard_begin(g));
+  }
+
+  // Sets elements [in_shard, in_shard + n) of group g's parameter shard from fp32 host values,
+  // wherever the shard lives (device, or the parameter offload). Returns when they are there.
+  void write_param_shard(int g, std::size_t in_shard, const float* values, std::size_t n) {
+    for (std::size_t first = 0; first < n; first += staging_elements) {
+      const std::size_t count = std::min(staging_elements, n - first);
+      const void* source = values + first;
+      if (dtype != DType::f32) {
+        for (std::size_t i = 0; i < count; ++i) store_from_float(staging_param(), dtype, i, values[first + i]);
+        source = staging_param();
+      }
+      if (params_offloaded(g)) {
+        param_offload->write(g, in_shard + first, source, count);
+      } else {
+        device.copy_async(param_shard_out(g) + bytes(in_shard + first), source, bytes(count), *comm_stream);
+        comm_stream->synchronize();
+      }
+    }
+  }
+
+  // Stage 3: forgets prefetched gathers nobody holds, after the shards they came from changed.
+  void drop_gathered() {
+    for (Slot& slot : gathered) {
+      if (slot.owner < 0 || leases[static_cast<std::size_t>(slot.owner)] > 0) continue;
+      gathered_of[static_cast<std::size_t>(slot.owner)] = -1;
+      slot.owner = -1;  // take_slot waits for its gather before reuse
+    }
+  }
+
+  // After every rank's shard of the parameters changed: every rank needs the full parameters
+  // again, except stage 3's gathered-on-use groups. Returns when they are in place.
+  void gather_params() {
+    Stream& stream = *comm_stream;
+    for (int g = 0; g < layout.group_count(); ++g) {
+      const auto& place = layout.group(g);
+      char* full = nullptr;
+      if (!params_sharded()) {
+        full = at(full_params, place.full_offset, dtype);
+      } else if (resident[static_cast<std::size_t>(g)]) {
+        full = static_cast<char*>(resident[static_cast<std::size_t>(g)].data());
+        if (param_shards)
+          device.copy_async(full + bytes(shard_begin(g)), at(param_shards, place.shard_offset, dtype),
+                            bytes(place.shard), stream);
+      }
+      if (full && layout.partitions() > 1) comm.all_gather(full + bytes(shard_begin(g)), full, place.shard, dtype, stream);
+    }
+    stream.synchronize();
+  }
+
   void release(int g) {
     if (--leases[static_cast<std::size_t>(g)] > 0 || !params_sharded()) return;
     const int slot = gathered_of[static_cast<std::size_t>(g)];
     if (slot < 0) return;
     gathered[static_cast<std::size_t>(slot)].owner = -1;  // the gather's event already passed
     gathered_of[static_cast<std::size_t>(g)] = -1;
+  }
+
+  // Gradient buckets (config buckets.reduce): groups are placed in the open bucket in the order the
+  // trainer asks for their gradients (backward order), so many small layers cost one collective
+  // instead of one each: per-collective latency, not bandwidth, dominates small messages.
+
+  // Where group g's gradient of this micro-batch is written: its place in the open bucket.
+  char* staged_grad(int g) {
+    if (staging_of[static_cast<std::size_t>(g)] < 0) place_in_bucket(g);
+    const Slot& slot = staging[static_cast<std::size_t>(staging_of[static_cast<std::size_t>(g)])];
+    return static_cast<char*>(slot.buffer.data()) + bytes(staged_at[static_cast<std::size_t>(g)]);
+  }
+
+  // Appends the group to the open bucket; a group that does not fit seals it and opens another.
+  void place_in_bucket(int g) {
+    const std::size_t need = layout.group(g).padded;
+    if (open_bucket >= 0 && buckets[static_cast<std::size_t>(open_bucket)].used + need > bucket_limit)
+      seal(open_bucket);
+    // A free slot is all zeros (zeroed after each reduction, on the comm stream), so padding and
+    // tensors the trainer leaves unwritten reduce as zeros.
+    if (open_bucket < 0) open_bucket = take_slot(staging, g, "gradient bucket", kBucketRemedy);
+    const int slot = open_bucket;
+    Bucket& b = buckets[static_cast<std::size_t>(slot)];
+    b.entries.push_back({g, b.used});
+    staging_of[static_cast<std::size_t>(g)] = slot;
+    staged_at[static_cast<std::size_t>(g)] = b.used;
+    b.used += need;
+    ++b.writing;
+    // No group fits in what is left: reduce as soon as the groups in it are ready, not at the
+    // next grad().
+    if (b.used + smallest_group > bucket_limit) seal(slot);
+  }
+
+  // The bucket takes no more groups; it is reduced once every group in it is ready.
+  void seal(int slot) {
+    Bucket& b = buckets[static_cast<std::size_t>(slot)];
+    b.sealed = true;
+    if (open_bucket == slot) open_bucket = -1;
+    if (b.writing == 0) reduce_bucket(slot);
+  }
+
+  // grads_ready: the group's gradient in its bucket is complete.
+  void mark_ready(int g) {
+    const int slot = staging_of[static_cast<std::size_t>(g)];
+    staging_of[static_cast<std::size_t>(g)] = -1;
+    accumulated[static_cast<std::size_t>(g)] = true;
+    Bucket& b = buckets[static_cast<std::size_t>(slot)];
+    if (--b.writing == 0 && b.sealed) reduce_bucket(slot);
+  }
+
+  // step(): the open bucket is reduced however full it is.
+  void flush_buckets() {
+    for (std::size_t g = 0; g < staging_of.size(); ++g)
+      if (staging_of[g] >= 0)
+        throw Error(std::string("Engine::step: the gradient of group ").append(std::to_string(g))
+                        .append(" was requested through a lease's grad() but grads_ready(").append(std::to_string(g))
+                        .append(") was not called; call it once the group's gradients are written"));
+    if (open_bucket >= 0) seal(open_bucket);
+  }
+
+  // One collective over the bucket's used span, then each group added to the accumulated gradient
+  // (the first reduction of a step overwrites it). Stages 2 and 3 keep only this rank's shard of
+  // each group. A bucket of one group is reduce-scattered. A bucket of several groups is
+  // all-reduced and each rank takes its shards from the result: a reduce-scatter would need the
+  // groups' shards packed rank-major, i.e. a second bucket-sized buffer and a copy each way, while
+  // the all-reduce needs no memory beyond the plan. It moves about twice a reduce-scatter's bytes,
+  // which matters only for large groups, and those fill a bucket alone: several groups share one
+  // only when each is smaller than buckets.reduce, where the collective's latency dominates.
+  void reduce_bucket(int slot) {
+    Slot& staging_slot = staging[static_cast<std::size_t>(slot)];
+    Bucket& b = buckets[static_cast<std::size_t>(slot)];
+    char* const data = static_cast<char*>(staging_slot.buffer.data());
+    Stream& stream = *comm_stream;
+    const bool scatter = !grads_full() && b.entries.size() == 1;
+    if (scatter) {
+      const int g = b.entries.front().group;
+      comm.reduce_scatter(data, data + bytes(shard_begin(g)), layout.group(g).shard, dtype, ReduceOp::sum, stream);
+    } else if (comm.size() > 1) {
+      comm.all_reduce(data, data, b.used, dtype, ReduceOp::sum, stream);
+    }
+    for (const Bucket::Entry& e : b.entries) {
+      const auto& place = layout.group(e.group);
+      const bool first = !summed[static_cast<std::size_t>(e.group)];
+      summed[static_cast<std::size_t>(e.group)] = true;
+      char* const reduced = data + bytes(e.offset);
+      if (grads_full())
+        math->accumulate(at(grads, place.full_offset, dtype), reduced, place.padded, dtype, first, stream);
+      else
+        math->accumulate(at(grads, place.shard_offset, dtype), reduced + bytes(shard_begin(e.group)), place.shard,
+                         dtype, first, stream);
+    }
+    device.memset_async(data, 0, bytes(b.used), stream);
+    comm_stream->record(*staging_slot.free_after);
+    staging_slot.owner = -1;
+    b.entries.clear();
+    b.used = 0;
+    b.sealed = false;
+    if (!config.buckets.overlap_comm) comm_stream->synchronize();
   }
 };
 
@@ -257,6 +437,11 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   s.scalars = device.allocate(plan.scalars, MemoryCategory::buffers);
   for (std::size_t i = 0; i < engine::MemoryPlan::kStagingSlots; ++i)
     s.staging.push_back(Slot{device.allocate(plan.staging_slot, MemoryCategory::buffers), device.create_event(), -1, {}});
+  s.buckets.resize(s.staging.size());
+  for (Bucket& b : s.buckets) b.entries.reserve(groups);
+  s.bucket_limit = std::min(config.buckets.reduce_bytes / dtype_size(s.dtype), layout.full_numel());
+  s.smallest_group = layout.group(0).padded;
+  for (int g = 1; g < layout.group_count(); ++g) s.smallest_group = std::min(s.smallest_group, layout.group(g).padded);
   for (std::size_t i = 0; i < plan.gathered_count; ++i)
     s.gathered.push_back(Slot{device.allocate(plan.gathered_slot, MemoryCategory::buffers), device.create_event(), -1,
                               device.allocate(plan.gathered_shard, MemoryCategory::buffers)});
@@ -278,9 +463,11 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   s.grad_spans.reserve(groups);
   s.adam_shards.reserve(groups);
   s.staging_of.assign(groups, -1);
+  s.staged_at.assign(groups, 0);
   s.gathered_of.assign(groups, -1);
   s.leases.assign(groups, 0);
   s.accumulated.assign(groups, false);
+  s.summed.assign(groups, false);
 
   // Zeros where the step reads before anything is written: padding, moments, unwritten gradients.
   Stream& stream = *s.comm_stream;
@@ -315,6 +502,7 @@ void Engine::set_param(std::size_t tensor, const float* values) {
   // This rank's shard of the segment: [begin, end) in segment elements.
   const std::size_t begin = s.shard_begin(t.group), end = begin + g.shard;
   char* const master = s.master ? reinterpret_cast<char*>(s.master.as<float>() + g.shard_offset) : nullptr;
+  s.drop_gathered();  // a prefetched copy of this group would hold the old values
   // Offloaded master weights take the tensor's whole part of this shard in one call, so each NVMe
   // sub-group it touches is read and rewritten once, not once per staging chunk.
   if (s.offloaded) {
@@ -373,15 +561,21 @@ void Engine::get_param(std::size_t tensor, float* values) {
     }
     return;
   }
-  // Each rank fills its part, zeros elsewhere; a sum across ranks assembles the tensor exactly.
-  DeviceBuffer assembled =
-      s.device.allocate(std::min(t.numel, s.staging_elements) * sizeof(float), MemoryCategory::buffers);
-  float* const out = assembled.as<float>();
-  for (std::size_t first = 0; first < t.numel; first += s.staging_elements) {
-    const std::size_t count = std::min(s.staging_elements, t.numel - first);
+  // Each rank fills its part, -0.0 elsewhere; a sum across ranks assembles the tensor exactly (x +
+  // -0.0 is x for every x, -0.0 included, where +0.0 would turn -0.0 into +0.0). The sum runs in a
+  // free gradient staging slot, so nothing is allocated outside the memory plan; the slot is all
+  // zeros when free and is zeroed again after each chunk.
+  const int slot = s.take_slot(s.staging, t.group, "gradient bucket", kBucketRemedy);
+  Slot& assembly = s.staging[static_cast<std::size_t>(slot)];
+  float* const out = assembly.buffer.as<float>();
+  const std::size_t chunk = std::min(s.staging_elements, assembly.buffer.bytes() / sizeof(float));
+  for (std::size_t first = 0; first < t.numel; first += chunk) {
+    const std::size_t count = std::min(chunk, t.numel - first);
     const std::size_t lo = t.offset + first, hi = lo + count;
     const std::size_t mine_lo = std::max(lo, begin), mine_hi = std::min(hi, end);
-    s.device.memset_async(out, 0, count * sizeof(float), stream);
+    std::fill(staging, staging + count, -0.0f);
+    s.device.copy_async(out, staging, count * sizeof(float), stream);
+    stream.synchronize();  // the staging is refilled next
     if (mine_lo < mine_hi && s.offloaded) {
       // Through the staging, which the last copy of this chunk overwrites in stream order.
       s.offloaded->read_master(g.shard_offset + (mine_lo - begin), staging, mine_hi - mine_lo);
@@ -391,9 +585,12 @@ void Engine::get_param(std::size_t tensor, float* values) {
     }
     s.comm.all_reduce(out, out, count, DType::f32, ReduceOp::sum, stream);
     s.device.copy_async(staging, out, count * sizeof(float), stream);
+    s.device.memset_async(out, 0, count * sizeof(float), stream);
     stream.synchronize();
     std::memcpy(values + first, staging, count * sizeof(float));
   }
+  stream.record(*assembly.free_after);
+  assembly.owner = -1;
 }
 
 Engine::GroupLease Engine::acquire(int group) {
@@ -447,45 +644,26 @@ void* Engine::GroupLease::grad(std::size_t tensor) const {
   if (t.group != group_)
     throw Error(std::string("Engine: gradient of '").append(s.specs[tensor].name).append("' belongs to group ")
                     .append(std::to_string(t.group)).append(", not to the leased group ").append(std::to_string(group_)));
-  int& slot = s.staging_of[static_cast<std::size_t>(group_)];
-  // A free slot is all zeros (zeroed after each use, on the comm stream), so padding and tensors
-  // the trainer leaves unwritten reduce as zeros.
-  if (slot < 0) slot = s.take_slot(s.staging, group_, "gradient staging");
-  return static_cast<char*>(s.staging[static_cast<std::size_t>(slot)].buffer.data()) + s.bytes(t.offset);
+  return s.staged_grad(group_) + s.bytes(t.offset);
 }
 
 void Engine::grads_ready(int group) {
   State& s = *state_;
-  const std::size_t g = static_cast<std::size_t>(group);
-  const int slot = s.staging_of.at(g);
-  if (slot < 0)
+  if (group < 0 || group >= s.layout.group_count())
+    throw Error(std::string("Engine::grads_ready: no group ").append(std::to_string(group)).append(" (there are ")
+                    .append(std::to_string(s.layout.group_count())).append(")"));
+  if (s.staging_of[static_cast<std::size_t>(group)] < 0)
     throw Error(std::string("Engine::grads_ready(").append(std::to_string(group))
-                    .append("): no gradient of this group was requested through a lease's grad()"));
-  Slot& staging = s.staging[static_cast<std::size_t>(slot)];
-  const auto& place = s.layout.group(group);
-  char* data = static_cast<char*>(staging.buffer.data());
-  const bool first = !s.accumulated[g];
-  s.accumulated[g] = true;
-  Stream& stream = *s.comm_stream;
-  if (s.grads_full()) {
-    if (s.comm.size() > 1) s.comm.all_reduce(data, data, place.padded, s.dtype, ReduceOp::sum, stream);
-    s.math->accumulate(at(s.grads, place.full_offset, s.dtype), data, place.padded, s.dtype, first, stream);
-  } else {
-    char* mine = data + s.bytes(s.shard_begin(group));
-    s.comm.reduce_scatter(data, mine, place.shard, s.dtype, ReduceOp::sum, stream);
-    s.math->accumulate(at(s.grads, place.shard_offset, s.dtype), mine, place.shard, s.dtype, first, stream);
-  }
-  s.device.memset_async(data, 0, s.bytes(place.padded), stream);
-  s.comm_stream->record(*staging.free_after);
-  staging.owner = -1;
-  s.staging_of[g] = -1;
-  if (!s.config.buckets.overlap_comm) s.comm_stream->synchronize();
+                    .append("): no gradient of this group was requested through a lease's grad() since its last "
+                            "grads_ready"));
+  s.mark_ready(group);
 }
 
 StepResult Engine::step() {
   State& s = *state_;
   Stream& stream = *s.comm_stream;
   const Layout& layout = s.layout;
+  s.flush_buckets();
   ++s.steps;
 
   // The gradient each rank updates with: its shard of every segment.
@@ -518,6 +696,7 @@ StepResult Engine::step() {
   result.loss_scale = s.scaler.scale();
   s.last_norm = result.grad_norm;
   std::fill(s.accumulated.begin(), s.accumulated.end(), false);
+  std::fill(s.summed.begin(), s.summed.end(), false);
   std::swap(s.previous_order, s.order);  // keeps both vectors' capacity
   s.order.clear();
   s.order_position = 0;
@@ -533,24 +712,15 @@ StepResult Engine::step() {
   args.step = s.steps - s.skipped;
   args.grad_scale = 1.0 / scale;
   args.clip_coef = max_norm > 0 && result.grad_norm > max_norm ? max_norm / (result.grad_norm + 1e-6) : 1.0;
-  // Where the updated parameters of a group's shard go on the device, in the working dtype; null
-  // where they stay off the device (stage 3, offloaded parameters).
-  auto out_of = [&](int g) -> char* {
-    const auto& place = layout.group(g);
-    if (!s.params_sharded()) return at(s.full_params, place.full_offset + s.shard_begin(g), s.dtype);
-    if (!s.param_offload) return at(s.param_shards, place.shard_offset, s.dtype);
-    if (s.params_offloaded(g)) return nullptr;
-    return static_cast<char*>(s.resident[static_cast<std::size_t>(g)].data()) + s.bytes(s.shard_begin(g));
-  };
   if (s.offloaded) {
-    for (int g = 0; g < layout.group_count(); ++g) s.offload_groups[static_cast<std::size_t>(g)] = {grad_of(g), out_of(g)};
+    for (int g = 0; g < layout.group_count(); ++g) s.offload_groups[static_cast<std::size_t>(g)] = {grad_of(g), s.param_shard_out(g)};
     s.offloaded->step(s.offload_groups, args, s.param_offload.get());
     if (s.param_offload) s.param_offload->finish_updates();
   } else {
     s.adam_shards.clear();
     for (int g = 0; g < layout.group_count(); ++g) {
       const auto& place = layout.group(g);
-      if (char* out = out_of(g))
+      if (char* out = s.param_shard_out(g))
         s.adam_shards.push_back({s.master.as<float>() + place.shard_offset, s.m.as<float>() + place.shard_offset,
                                  s.v.as<float>() + place.shard_offset, grad_of(g), out, place.shard});
     }
@@ -571,23 +741,7 @@ StepResult Engine::step() {
     if (s.param_offload) s.param_offload->finish_updates();
   }
   s.device.memset_async(s.grads.data(), 0, s.grads.bytes(), stream);
-
-  // Every rank needs the full updated parameters again, except stage 3's gathered-on-use groups.
-  for (int g = 0; g < layout.group_count(); ++g) {
-    const auto& place = layout.group(g);
-    char* full = nullptr;
-    if (!s.params_sharded()) {
-      full = at(s.full_params, place.full_offset, s.dtype);
-    } else if (s.resident[static_cast<std::size_t>(g)]) {
-      full = static_cast<char*>(s.resident[static_cast<std::size_t>(g)].data());
-      if (s.param_shards)
-        s.device.copy_async(full + s.bytes(s.shard_begin(g)), at(s.param_shards, place.shard_offset, s.dtype),
-                            s.bytes(place.shard), stream);
-    }
-    if (full && layout.partitions() > 1)
-      s.comm.all_gather(full + s.bytes(s.shard_begin(g)), full, place.shard, s.dtype, stream);
-  }
-  stream.synchronize();
+  s.gather_params();
   return result;
 }
 
@@ -610,9 +764,11 @@ EngineStats Engine::stats() const {
 namespace {
 
 namespace ckpt = engine::checkpoint;
+using ckpt::StateKind;
 
 // The tensor ranges rank `q` of a layout stores in a checkpoint (`saved`: one partition writes
-// only on rank 0) or holds in its optimizer shard (every rank when there is one partition).
+// only on rank 0) or holds in its optimizer shard (every rank when there is one partition), in
+// shard order.
 std::vector<ckpt::Range> ranges_of(const Layout& layout, int q, bool saved) {
   std::vector<ckpt::Range> ranges;
   if (saved && layout.partitions() == 1 && q != 0) return ranges;
@@ -626,116 +782,64 @@ std::vector<ckpt::Range> ranges_of(const Layout& layout, int q, bool saved) {
   return ranges;
 }
 
-// Where tensor element `j` of a range sits in the rank's shard buffer (optimizer states).
-std::size_t shard_position(const Layout& layout, int q, std::size_t tensor, std::size_t j) {
+// Where tensor element `j` sits in rank `q`'s shard buffer (optimizer states), and in its group's
+// shard.
+std::size_t in_group_shard(const Layout& layout, int q, std::size_t tensor, std::size_t j) {
   const auto& place = layout.tensor(tensor);
-  const auto& g = layout.group(place.group);
-  const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(q) * g.shard;
-  return g.shard_offset + (place.offset + j - begin);
+  const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(q) * layout.group(place.group).shard;
+  return place.offset + j - begin;
+}
+std::size_t shard_position(const Layout& layout, int q, std::size_t tensor, std::size_t j) {
+  return layout.group(layout.tensor(tensor).group).shard_offset + in_group_shard(layout, q, tensor, j);
 }
 
-std::string shape_text(const std::vector<std::size_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text.append(i ? ", " : "").append(std::to_string(shape[i]));
-  return text.append("]");
-}
-
+// The settings a checkpoint records, as key=value words.
 std::string fingerprint(const Config& c) {
   const auto& o = c.optimizer;
-  char text[256];
-  std::snprintf(text, sizeof text, "stage=%d dtype=%s optimizer=%s lr=%a beta1=%a beta2=%a eps=%a weight_decay=%a",
+  char text[320];
+  std::snprintf(text, sizeof text,
+                "stage=%d dtype=%s optimizer=%s lr=%.9g beta1=%.9g beta2=%.9g eps=%.9g weight_decay=%.9g "
+                "gradient_clipping=%.9g",
                 c.stage, std::string(dtype_name(c.precision.dtype)).c_str(),
-                o.type == OptimizerType::adam ? "adam" : "adamw", o.lr, o.beta1, o.beta2, o.eps, o.weight_decay);
+                o.type == OptimizerType::adam ? "adam" : "adamw", o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+                c.gradient_clipping);
   return text;
+}
+
+// "key: A in the checkpoint, B now" for each key whose value differs.
+std::vector<std::string> config_changes(const std::string& saved, const std::string& now) {
+  auto words = [](const std::string& text) {
+    std::vector<std::pair<std::string, std::string>> result;
+    std::istringstream in(text);
+    for (std::string word; in >> word;) {
+      const std::size_t eq = word.find('=');
+      if (eq != std::string::npos) result.emplace_back(word.substr(0, eq), word.substr(eq + 1));
+    }
+    return result;
+  };
+  std::vector<std::string> changes;
+  const auto before = words(saved);
+  for (const auto& [key, value] : words(now)) {
+    const auto it = std::find_if(before.begin(), before.end(), [&](const auto& w) { return w.first == key; });
+    const std::string old = it == before.end() ? std::string("unset") : it->second;
+    if (old != value) changes.push_back(std::string(key).append(": ").append(old).append(" in the checkpoint, ").append(value).append(" now"));
+  }
+  return changes;
 }
 
 std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
 
-// Throws Error unless every tensor of the manifest is this engine's (name, shape, group), every
-// element has exactly one range, and every rank file exists with the size the manifest says.
-void validate(const ckpt::Manifest& m, const std::vector<ParamSpec>& specs, const std::string& dir) {
-  const std::string where = std::string("checkpoint ").append(dir).append(": ");
-  if (m.tensors.size() != specs.size())
-    throw Error(std::string(where).append("it holds ").append(std::to_string(m.tensors.size()))
-                    .append(" tensors, this model has ").append(std::to_string(specs.size()))
-                    .append(": it is a checkpoint of another model"));
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    const auto& e = m.tensors[t];
-    if (e.name != specs[t].name || e.shape != specs[t].shape || e.group != specs[t].group || e.numel != specs[t].numel())
-      throw Error(std::string(where).append("tensor ").append(std::to_string(t)).append(" is '").append(e.name)
-                      .append("' ").append(shape_text(e.shape)).append(" group ").append(std::to_string(e.group))
-                      .append(" there and '").append(specs[t].name).append("' ").append(shape_text(specs[t].shape))
-                      .append(" group ").append(std::to_string(specs[t].group))
-                      .append(" here: it is a checkpoint of another model"));
-  }
-  if (m.files.size() != static_cast<std::size_t>(m.world_size))
-    throw Error(std::string(where).append("the manifest lists ").append(std::to_string(m.files.size()))
-                    .append(" rank files for world size ").append(std::to_string(m.world_size)));
-  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> cover(specs.size());
-  for (const auto& f : m.files) {
-    for (const auto& r : f.ranges) cover[r.tensor].push_back({r.lo, r.hi});
-    const std::string path = join(dir, f.name);
-    struct stat info {};
-    if (::stat(path.c_str(), &info) != 0)
-      throw IoError(std::string(where).append("a rank file is missing"), path, 0, 0, errno);
-    if (static_cast<std::uint64_t>(info.st_size) != f.bytes || f.bytes != 3 * sizeof(float) * f.elements())
-      throw Error(std::string(where).append("rank file ").append(path).append(" has ")
-                      .append(std::to_string(info.st_size)).append(" bytes, the manifest says ")
-                      .append(std::to_string(f.bytes)).append(" (")
-                      .append(std::to_string(3 * sizeof(float) * f.elements()))
-                      .append(" by its ranges): the file is truncated or damaged"));
-  }
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    std::sort(cover[t].begin(), cover[t].end());
-    std::size_t next = 0;
-    for (const auto& [lo, hi] : cover[t]) {
-      if (lo != next) break;
-      next = hi;
-    }
-    if (next != specs[t].numel())
-      throw Error(std::string(where).append("the ranges of tensor '").append(specs[t].name)
-                      .append("' do not cover it exactly once: the manifest is damaged"));
+// Calls visit(range, a, b, at) for the parts [a, b) (tensor elements) of `ranges` inside shard
+// positions [lo, lo + n), `at` being a's place from lo. `ranges` are in shard order.
+template <class Visit>
+void for_each_overlap(const Layout& layout, int q, const std::vector<ckpt::Range>& ranges, std::size_t lo,
+                      std::size_t n, Visit visit) {
+  for (const ckpt::Range& r : ranges) {
+    const std::size_t begin = shard_position(layout, q, r.tensor, r.lo), end = begin + (r.hi - r.lo);
+    const std::size_t a = std::max(lo, begin), b = std::min(lo + n, end);
+    if (a < b) visit(r, r.lo + (a - begin), r.lo + (b - begin), a - lo);
   }
 }
-
-// The rank files of a checkpoint, open for reading ranges of tensors.
-class CheckpointReader {
- public:
-  CheckpointReader(const ckpt::Manifest& m, const std::string& dir) : manifest_(m) {
-    for (const auto& f : m.files) {
-      paths_.push_back(join(dir, f.name));
-      fds_.push_back(::open(paths_.back().c_str(), O_RDONLY | O_CLOEXEC));
-      if (fds_.back() < 0) throw IoError("checkpoint: cannot open", paths_.back(), 0, 0, errno);
-    }
-  }
-  ~CheckpointReader() {
-    for (int fd : fds_)
-      if (fd >= 0) ::close(fd);
-  }
-  CheckpointReader(const CheckpointReader&) = delete;
-  CheckpointReader& operator=(const CheckpointReader&) = delete;
-
-  // Elements [a, b) of tensor `t`'s state (0 master, 1 m, 2 v) into out[0, b - a).
-  void read(int state, std::size_t t, std::size_t a, std::size_t b, float* out) {
-    for (std::size_t f = 0; f < manifest_.files.size(); ++f) {
-      const auto& file = manifest_.files[f];
-      const std::size_t base = static_cast<std::size_t>(state) * file.elements();
-      std::size_t prefix = 0;
-      for (const auto& r : file.ranges) {
-        const std::size_t lo = std::max(a, r.lo), hi = std::min(b, r.hi);
-        if (r.tensor == t && lo < hi)
-          ckpt::read_at(fds_[f], paths_[f], out + (lo - a), (hi - lo) * sizeof(float),
-                        (base + prefix + (lo - r.lo)) * sizeof(float));
-        prefix += r.hi - r.lo;
-      }
-    }
-  }
-
- private:
-  const ckpt::Manifest& manifest_;
-  std::vector<std::string> paths_;
-  std::vector<int> fds_;
-};
 
 }  // namespace
 
@@ -759,15 +863,15 @@ static std::vector<std::uint32_t> gather_words(Device& device, Communicator& com
 }
 
 // Every rank learns whether any failed; a failed rank rethrows its own error, the others say which
-// rank failed, so that no rank goes on to the next collective phase alone.
+// rank failed (and `consequence`), so that no rank goes on to the next collective phase alone.
 static void agree(Device& device, Communicator& comm, Stream& stream, const std::exception_ptr& failure,
-                  const char* operation) {
+                  const std::string& operation, const std::string& consequence = "nothing was changed") {
   const auto flags = gather_words(device, comm, stream, {failure ? 1u : 0u});
   if (failure) std::rethrow_exception(failure);
   for (std::size_t r = 0; r < flags.size(); ++r)
     if (flags[r])
       throw Error(std::string(operation).append(": rank ").append(std::to_string(r))
-                      .append(" failed (its error says why); nothing was changed"));
+                      .append(" failed (its error says why); ").append(consequence));
 }
 
 static void require_between_steps(const std::vector<bool>& accumulated, const std::vector<int>& leases,
@@ -802,48 +906,57 @@ void Engine::save(const std::string& dir) {
   }
   agree(s.device, s.comm, stream, failure, op);
 
-  // This rank's file: master, m, v of each of its ranges, through the pinned staging.
-  std::uint32_t crc = 0;
-  std::uint64_t bytes = 0;
+  // This rank's three files: each state of each of its ranges, in shard order.
+  ckpt::RankEntry mine;
+  mine.ranges = ranges_of(s.layout, s.rank, true);
   try {
-    const auto ranges = ranges_of(s.layout, s.rank, true);
-    ckpt::FileWriter writer(join(temp, ckpt::rank_file_name(s.rank)));
-    float* staging = s.staging_f32();
-    for (int state = 0; state < 3; ++state) {
-      const DeviceBuffer& buffer = state == 0 ? s.master : state == 1 ? s.m : s.v;
-      for (const auto& r : ranges) {
-        const std::size_t at = shard_position(s.layout, s.rank, r.tensor, r.lo);
-        for (std::size_t first = 0; first < r.hi - r.lo; first += s.staging_elements) {
-          const std::size_t count = std::min(s.staging_elements, r.hi - r.lo - first);
-          if (s.offloaded) {
-            s.offloaded->read_state(static_cast<engine::OffloadedOptimizer::State>(state), at + first, staging, count);
-          } else {
+    std::vector<std::unique_ptr<ckpt::FileWriter>> writers;
+    for (int k = 0; k < ckpt::kStates; ++k)
+      writers.push_back(std::make_unique<ckpt::FileWriter>(join(temp, ckpt::state_file_name(s.rank, StateKind(k)))));
+    if (s.offloaded && !mine.ranges.empty()) {
+      // One pass over the shard: each NVMe sub-group is read once, into pinned host memory.
+      const auto& last = mine.ranges.back();
+      const std::size_t from = shard_position(s.layout, s.rank, mine.ranges.front().tensor, mine.ranges.front().lo);
+      const std::size_t to = shard_position(s.layout, s.rank, last.tensor, last.lo) + (last.hi - last.lo);
+      s.offloaded->visit_states(from, to - from, false, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
+        const float* states[] = {master, m, v};
+        for_each_overlap(s.layout, s.rank, mine.ranges, from + first, n,
+                         [&](const ckpt::Range&, std::size_t a, std::size_t b, std::size_t at) {
+                           for (int k = 0; k < ckpt::kStates; ++k) writers[k]->append(states[k] + at, (b - a) * sizeof(float));
+                         });
+      });
+    } else if (!s.offloaded) {
+      float* staging = s.staging_f32();
+      for (int k = 0; k < ckpt::kStates; ++k) {
+        const DeviceBuffer& buffer = k == 0 ? s.master : k == 1 ? s.m : s.v;
+        for (const auto& r : mine.ranges) {
+          const std::size_t at = shard_position(s.layout, s.rank, r.tensor, r.lo);
+          for (std::size_t first = 0; first < r.hi - r.lo; first += s.staging_elements) {
+            const std::size_t count = std::min(s.staging_elements, r.hi - r.lo - first);
             s.device.copy_async(staging, buffer.as<float>() + at + first, count * sizeof(float), stream);
             stream.synchronize();
+            writers[static_cast<std::size_t>(k)]->append(staging, count * sizeof(float));
           }
-          writer.append(staging, count * sizeof(float));
         }
       }
     }
-    writer.finish();
-    crc = writer.crc32c();
-    bytes = writer.bytes();
+    for (int k = 0; k < ckpt::kStates; ++k) {
+      auto& w = *writers[static_cast<std::size_t>(k)];
+      w.finish();
+      mine.files[static_cast<std::size_t>(k)] = {ckpt::state_file_name(s.rank, StateKind(k)), w.bytes(), w.chunk_crcs()};
+    }
   } catch (...) {
     failure = std::current_exception();
   }
-  const auto files = gather_words(s.device, s.comm, stream,
-                                  {failure ? 1u : 0u, crc, static_cast<std::uint32_t>(bytes),
-                                   static_cast<std::uint32_t>(bytes >> 32)});
-  {
-    std::vector<std::uint32_t> flags;
-    for (std::size_t r = 0; r < files.size(); r += 4) flags.push_back(files[r]);
-    if (failure) std::rethrow_exception(failure);
-    for (std::size_t r = 0; r < flags.size(); ++r)
-      if (flags[r])
-        throw Error(std::string(op).append(": rank ").append(std::to_string(r))
-                        .append(" failed to write its file (its error says why); ").append(target).append(" is unchanged"));
-  }
+  agree(s.device, s.comm, stream, failure, op, std::string(target).append(" is unchanged"));
 
+  // Rank 0 writes the manifest: every rank's chunk checksums travel to it as 32-bit words.
+  std::vector<std::uint32_t> crcs;
+  for (const auto& f : mine.files) crcs.insert(crcs.end(), f.chunk_crcs.begin(), f.chunk_crcs.end());
+  const auto counts = gather_words(s.device, s.comm, stream, {static_cast<std::uint32_t>(crcs.size())});
+  const std::size_t most = *std::max_element(counts.begin(), counts.end());
+  crcs.resize(most);
+  const auto all_crcs = gather_words(s.device, s.comm, stream, crcs);
   if (s.rank == 0) {
     try {
       ckpt::Manifest m;
@@ -857,9 +970,15 @@ void Engine::save(const std::string& dir) {
       m.config = fingerprint(s.config);
       for (const ParamSpec& p : s.specs) m.tensors.push_back({p.name, p.shape, p.group, p.numel()});
       for (int q = 0; q < s.comm.size(); ++q) {
-        const std::size_t w = static_cast<std::size_t>(q) * 4;
-        m.files.push_back({ckpt::rank_file_name(q), files[w + 2] | (std::uint64_t{files[w + 3]} << 32), files[w + 1],
-                           ranges_of(s.layout, q, true)});
+        ckpt::RankEntry entry;
+        entry.ranges = ranges_of(s.layout, q, true);
+        const std::uint64_t bytes = entry.elements() * sizeof(float);
+        const std::size_t chunks = static_cast<std::size_t>((bytes + m.chunk_bytes - 1) / m.chunk_bytes);
+        auto next = all_crcs.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q) * most);
+        for (int k = 0; k < ckpt::kStates; ++k, next += static_cast<std::ptrdiff_t>(chunks))
+          entry.files[static_cast<std::size_t>(k)] = {ckpt::state_file_name(q, StateKind(k)), bytes,
+                                                      std::vector<std::uint32_t>(next, next + static_cast<std::ptrdiff_t>(chunks))};
+        m.ranks.push_back(std::move(entry));
       }
       const std::string text = ckpt::serialize(m);
       ckpt::write_file_synced(join(temp, ckpt::kManifestName), text.data(), text.size());
@@ -889,66 +1008,74 @@ void Engine::save(const std::string& dir) {
   agree(s.device, s.comm, stream, failure, op);
 }
 
-void Engine::load(const std::string& dir) {
+LoadResult Engine::load(const std::string& dir) {
   State& s = *state_;
   Stream& stream = *s.comm_stream;
   const char* op = "Engine::load";
   require_between_steps(s.accumulated, s.leases, op);
   stream.synchronize();
 
-  // Everything is read and checked before the engine changes: the manifest against this model, the
-  // files' sizes, the CRC32C of every file (whole files: every rank reads every tensor's master
-  // weights), then the data into host memory.
-  ckpt::Manifest m;
-  std::vector<std::vector<float>> master(s.specs.size());
-  std::vector<float> moments[2];
+  // First everything this rank will read is checked, the engine unchanged: the manifest against
+  // this model, the files' sizes, and the CRC32C of every chunk holding one of this rank's ranges
+  // (only those: a rank reads its own shard's ranges, wherever the saving ranks put them).
+  std::unique_ptr<ckpt::Reader> reader;
+  const auto mine = ranges_of(s.layout, s.rank, false);
   std::exception_ptr failure;
   try {
-    const std::string manifest_path = join(dir, ckpt::kManifestName);
-    m = ckpt::parse(ckpt::read_whole_file(manifest_path), manifest_path);
-    validate(m, s.specs, dir);
-    for (const auto& f : m.files) {
-      const std::string path = join(dir, f.name);
-      const std::uint32_t crc = ckpt::file_crc32c(path, f.bytes);
-      if (crc != f.crc32c)
-        throw Error(std::string("checkpoint ").append(dir).append(": rank file ").append(path)
-                        .append(" has CRC32C ").append(std::to_string(crc)).append(", the manifest says ")
-                        .append(std::to_string(f.crc32c)).append(": the file is damaged; load another checkpoint"));
-    }
-    CheckpointReader reader(m, dir);
-    for (std::size_t t = 0; t < s.specs.size(); ++t) {
-      master[t].resize(s.specs[t].numel());
-      reader.read(0, t, 0, master[t].size(), master[t].data());
-    }
-    for (int k = 0; k < 2; ++k) {
-      moments[k].assign(s.layout.shard_numel(), 0.0f);  // padding stays zero
-      for (const auto& r : ranges_of(s.layout, s.rank, false))
-        reader.read(k + 1, r.tensor, r.lo, r.hi, moments[k].data() + shard_position(s.layout, s.rank, r.tensor, r.lo));
-    }
+    reader = std::make_unique<ckpt::Reader>(dir);
+    ckpt::require_model(reader->manifest(), s.specs, dir);
+    reader->check_files();
+    for (int k = 0; k < ckpt::kStates; ++k)
+      for (const auto& r : mine) reader->read(StateKind(k), r.tensor, r.lo, r.hi, nullptr);
   } catch (...) {
     failure = std::current_exception();
   }
   agree(s.device, s.comm, stream, failure, op);
 
-  for (std::size_t t = 0; t < s.specs.size(); ++t) set_param(t, master[t].data());
-  for (int k = 0; k < 2; ++k) {
-    const std::vector<float>& values = moments[k];
+  // Then the states of this rank's shard and its part of the parameters, read again (the page
+  // cache usually still holds them) and checked again as they are read.
+  try {
+    auto read_into = [&](int k, const ckpt::Range& r, std::size_t a, std::size_t b, float* out) {
+      reader->read(StateKind(k), r.tensor, a, b, out);
+      if (k == 0) s.write_param_shard(s.layout.tensor(r.tensor).group, in_group_shard(s.layout, s.rank, r.tensor, a), out, b - a);
+    };
     if (s.offloaded) {
-      s.offloaded->write_state(k == 0 ? engine::OffloadedOptimizer::State::m : engine::OffloadedOptimizer::State::v, 0,
-                               values.data(), values.size());
-      continue;
+      s.offloaded->visit_states(0, s.layout.shard_numel(), true, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
+        float* states[] = {master, m, v};
+        for (float* state : states) std::fill(state, state + n, 0.0f);  // padding
+        for_each_overlap(s.layout, s.rank, mine, first, n, [&](const ckpt::Range& r, std::size_t a, std::size_t b, std::size_t at) {
+          for (int k = 0; k < ckpt::kStates; ++k) read_into(k, r, a, b, states[k] + at);
+        });
+      });
+    } else {
+      float* staging = s.staging_f32();
+      for (int k = 0; k < ckpt::kStates; ++k) {
+        float* buffer = (k == 0 ? s.master : k == 1 ? s.m : s.v).as<float>();
+        s.device.memset_async(buffer, 0, s.layout.shard_numel() * sizeof(float), stream);  // padding
+        for (const auto& r : mine) {
+          const std::size_t at = shard_position(s.layout, s.rank, r.tensor, r.lo);
+          for (std::size_t first = 0; first < r.hi - r.lo; first += s.staging_elements) {
+            const std::size_t count = std::min(s.staging_elements, r.hi - r.lo - first);
+            stream.synchronize();  // the staging's previous copy is done
+            read_into(k, r, r.lo + first, r.lo + first + count, staging);
+            s.device.copy_async(buffer + at + first, staging, count * sizeof(float), stream);
+          }
+        }
+        stream.synchronize();
+      }
     }
-    float* device = (k == 0 ? s.m : s.v).as<float>();
-    for (std::size_t first = 0; first < values.size(); first += s.staging_elements) {
-      const std::size_t count = std::min(s.staging_elements, values.size() - first);
-      std::memcpy(s.staging_f32(), values.data() + first, count * sizeof(float));
-      s.device.copy_async(device + first, s.staging_f32(), count * sizeof(float), stream);
-      stream.synchronize();
-    }
+    s.drop_gathered();
+  } catch (...) {
+    failure = std::current_exception();
   }
+  agree(s.device, s.comm, stream, failure, op,
+        "this engine is partly loaded: load a checkpoint again before training");
+  s.gather_params();
+  const ckpt::Manifest& m = reader->manifest();
   s.steps = m.steps;
   s.skipped = m.skipped;
   s.scaler.restore(m.loss_scale, m.clean_steps, m.hysteresis_left);
+  return {m.steps, config_changes(m.config, fingerprint(s.config))};
 }
 
 }  // namespace zest

@@ -96,7 +96,11 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   add(MemoryCategory::buffers, p.scalars);
 
   const std::size_t segment_bytes = bytes(layout.largest_segment());
-  p.staging_slot = segment_bytes;
+  // A reduce bucket holds consecutive groups up to buckets.reduce (never more than every group
+  // together, so a small model does not pay for a large bucket), or one larger group alone.
+  p.bucket_elements = std::max(layout.largest_segment(),
+                               std::min(config.buckets.reduce_bytes / dtype_size(dtype), layout.full_numel()));
+  p.staging_slot = bytes(p.bucket_elements);
   add(MemoryCategory::buffers, MemoryPlan::kStagingSlots * p.staging_slot);
   if (sharded) {
     // Gathered buffers for the groups that are not resident: as many as max_live_bytes holds, at

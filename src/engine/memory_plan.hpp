@@ -4,8 +4,7 @@
 // the estimate cannot drift from what the engine really holds.
 //
 // All figures are per rank. The engine allocates everything at construction and nothing larger
-// during a step, so the device figures are also its peaks (get_param with several ranks adds one
-// transient buffer of at most kStagingElements fp32 values, outside training steps).
+// during a step, so the device figures are also its peaks.
 #pragma once
 
 #include <array>
@@ -71,8 +70,11 @@ struct MemoryPlan {
   std::size_t grads = 0;
   std::size_t optimizer_state = 0;       // each of master, m, v (0 when offloaded)
   std::size_t scalars = 0;
-  std::size_t staging_slot = 0;          // gradient staging, kStagingSlots of them
-  static constexpr std::size_t kStagingSlots = 2;  // backward writes one while the other reduces
+  // Gradient staging: kStagingSlots reduce buckets of bucket_elements each (in dtype), so backward
+  // writes into one while the other reduces.
+  std::size_t bucket_elements = 0;
+  std::size_t staging_slot = 0;
+  static constexpr std::size_t kStagingSlots = 2;
   std::size_t gathered_slot = 0;         // stage 3: full parameters of one non-resident group
   std::size_t gathered_count = 0;
   std::size_t gathered_shard = 0;        // stage 3, offloaded parameters: per gathered buffer

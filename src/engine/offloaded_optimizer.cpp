@@ -103,21 +103,24 @@ struct OffloadedOptimizer::Impl {
                       .append("); its states are partly updated. Rebuild the engine and set or load its weights again"));
   }
 
-  // Calls visit(master, first, n) for the master weights of [offset, offset + count) piece by
-  // piece (`first`: the piece's place from `offset`); nvme: with each touched sub-group read into
-  // a slot and, when `write_back`, written again afterwards.
+  // Calls visit(master, m, v, first, n) for the states of [offset, offset + count) piece by piece
+  // (`first`: the piece's place from `offset`); nvme: with each touched sub-group read into a slot
+  // once and, when `write_back`, written again afterwards.
   template <class Visit>
-  void visit_master(std::size_t offset, std::size_t count, bool write_back, Visit visit, int state = 0) {
+  void visit_states(std::size_t offset, std::size_t count, bool write_back, Visit visit) {
     check_usable();
-    if (!store) return visit(states.as<float>() + static_cast<std::size_t>(state) * layout.shard_numel() + offset,
-                             std::size_t{0}, count);
+    if (!store) {
+      float* master = states.as<float>() + offset;
+      return visit(master, master + layout.shard_numel(), master + 2 * layout.shard_numel(), std::size_t{0}, count);
+    }
     const std::size_t end = offset + count;
     for (const SubGroup& sub : subs) {
       const std::size_t lo = std::max(offset, sub.offset), hi = std::min(end, sub.offset + sub.count);
       if (lo >= hi) continue;
       try {
         store->read_async(sub.region, state_slot(0)).wait();
-        visit(master_of(sub, 0) + static_cast<std::size_t>(state) * sub.count + (lo - sub.offset), lo - offset, hi - lo);
+        const std::size_t in = lo - sub.offset;
+        visit(master_of(sub, 0) + in, m_of(sub, 0) + in, v_of(sub, 0) + in, lo - offset, hi - lo);
         if (write_back) store->write_async(sub.region, state_slot(0)).wait();
       } catch (const IoError& error) {
         if (write_back) broken_reason = error.what();
@@ -250,27 +253,19 @@ OffloadedOptimizer::~OffloadedOptimizer() {
 }
 
 void OffloadedOptimizer::write_master(std::size_t offset, const float* values, std::size_t count) {
-  impl_->visit_master(offset, count, true, [values](float* master, std::size_t first, std::size_t n) {
+  impl_->visit_states(offset, count, true, [values](float* master, float*, float*, std::size_t first, std::size_t n) {
     std::memcpy(master, values + first, n * sizeof(float));
   });
 }
 
 void OffloadedOptimizer::read_master(std::size_t offset, float* values, std::size_t count) {
-  impl_->visit_master(offset, count, false, [values](float* master, std::size_t first, std::size_t n) {
+  impl_->visit_states(offset, count, false, [values](float* master, float*, float*, std::size_t first, std::size_t n) {
     std::memcpy(values + first, master, n * sizeof(float));
   });
 }
 
-void OffloadedOptimizer::write_state(State state, std::size_t offset, const float* values, std::size_t count) {
-  impl_->visit_master(offset, count, true, [values](float* data, std::size_t first, std::size_t n) {
-    std::memcpy(data, values + first, n * sizeof(float));
-  }, static_cast<int>(state));
-}
-
-void OffloadedOptimizer::read_state(State state, std::size_t offset, float* values, std::size_t count) {
-  impl_->visit_master(offset, count, false, [values](float* data, std::size_t first, std::size_t n) {
-    std::memcpy(values + first, data, n * sizeof(float));
-  }, static_cast<int>(state));
+void OffloadedOptimizer::visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) {
+  impl_->visit_states(offset, count, write_back, visit);
 }
 
 void OffloadedOptimizer::step(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args,

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -68,10 +69,12 @@ class OffloadedOptimizer {
   // nvme: reads (and for write_master rewrites) the sub-groups the range touches.
   void write_master(std::size_t offset, const float* values, std::size_t count);
   void read_master(std::size_t offset, float* values, std::size_t count);
-  // The same for any of the three states (checkpoints): master weights, Adam's m or v.
-  enum class State { master = 0, m = 1, v = 2 };
-  void write_state(State state, std::size_t offset, const float* values, std::size_t count);
-  void read_state(State state, std::size_t offset, float* values, std::size_t count);
+  // The three states of [offset, offset + count) of the shard buffer, side by side (checkpoints):
+  // visit(master, m, v, first, n) for consecutive pieces, `first` counted from `offset`. nvme: each
+  // sub-group the range touches is read once (and written back after its visit when `write_back`),
+  // from the swap file into a pinned slot; nothing passes through device memory.
+  using StatesVisit = std::function<void(float* master, float* m, float* v, std::size_t first, std::size_t n)>;
+  void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit);
 
   // One Adam step over the whole shard. `groups` has one entry per layout group; the gradients
   // must be complete on the device. Returns when the parameters are on the device (or handed to

@@ -2,20 +2,22 @@
 # `zest bench step` on a small model: the offloaded step runs with its states in a swap file in a
 # fresh directory, the JSON carries the promised fields with sane values (steps timed, the states
 # on disk at 12 bytes per parameter, a disk-bound limit from measured bandwidths, resident memory
-# read), a bad argument is refused with exit 2, and the swap file is gone afterwards.
+# read, the backward stand-in timed with the --bucket given), a bad argument is refused with exit 2,
+# and the swap file is gone afterwards.
 # usage: bench_step_test.sh ZEST DIR   (DIR: where the temporary swap directory goes, e.g. the build dir)
 set -euo pipefail
 zest=$1
 work=$(mktemp -d "$2/zest-bench-step-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-"$zest" bench step --path "$work" --params 2e6 --steps 2 --io-size 0.125 --reps 1 --json > "$work/out.json"
+"$zest" bench step --path "$work" --params 2e6 --steps 2 --io-size 0.125 --reps 1 --bucket 1MiB --json > "$work/out.json"
 python3 - "$work/out.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 keys = ["params", "step_seconds", "step_samples", "disk_bound_seconds", "ratio", "nvme_bytes",
         "bytes_read_per_step", "bytes_written_per_step", "write_bytes_per_s", "read_bytes_per_s",
-        "peak_rss_bytes", "rss_bytes", "offload_pinned_bytes"]
+        "peak_rss_bytes", "rss_bytes", "offload_pinned_bytes", "reduce_bucket_bytes", "backward_seconds",
+        "backward_plus_step_seconds"]
 problems = [f"no {k}" for k in keys if k not in r]
 if problems:
     print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)
@@ -32,6 +34,9 @@ if abs(r["ratio"] - r["disk_bound_seconds"] / r["step_seconds"]) > 0.01 * r["rat
     problems.append(f"ratio {r['ratio']} is not disk_bound_seconds / step_seconds")
 if not r["peak_rss_bytes"] >= r["rss_bytes"] > 0: problems.append(f"rss {r['rss_bytes']} peak {r['peak_rss_bytes']}")
 if not r["offload_pinned_bytes"] > 0: problems.append("no pinned slots for the offloaded states")
+if r["reduce_bucket_bytes"] != 1 << 20: problems.append(f"reduce_bucket_bytes {r['reduce_bucket_bytes']} for --bucket 1MiB")
+if not r["backward_plus_step_seconds"] > r["backward_seconds"] > 0:
+    problems.append(f"backward {r['backward_seconds']} s, with step() {r['backward_plus_step_seconds']} s")
 if not r["grad_norm"] > 0: problems.append(f"grad_norm {r['grad_norm']}: the gradients did not arrive")
 if problems:
     print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)

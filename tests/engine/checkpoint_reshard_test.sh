@@ -2,7 +2,7 @@
 # zest-train resumed from checkpoints across rank counts and stages follows the loss curve of one
 # uninterrupted run: np 4 stage 3 saves after step 5, np 2 stage 2 loads it and saves after step 9,
 # np 1 stage 0 loads that and stops at step 12; each resumed step's loss is within 1e-5 of the
-# reference's. Then a save killed with SIGKILL at some point must leave a checkpoint that loads.
+# reference's. Then saves killed with SIGKILL inside their save window leave the previous checkpoint.
 # usage: checkpoint_reshard_test.sh ZEST_TRAIN MPIRUN SOURCE_DIR
 set -euo pipefail
 train=$1 mpirun=$2 source=$3
@@ -41,22 +41,40 @@ same b 6 9 || failures=$((failures + 1))
 same c 10 12 || failures=$((failures + 1))
 grep -q "resumed from .* after step 5" "$work/b.out" || { echo "FAIL: b did not resume after step 5"; failures=$((failures + 1)); }
 
-# Crash safety: saves over the step-9 checkpoint killed with SIGKILL at several moments; after each,
-# the checkpoint directory must load (holding step 9 or the killed run's step 10) and train on.
-for delay in 0.3 0.6 0.9 1.2; do
-  sed -e "s/^stage: .*/stage: 3/" "$source/configs/train-tiny.yaml" > "$work/kill.yaml"
-  "$mpirun" --oversubscribe --bind-to none -np 2 "$train" --config "$work/kill.yaml" \
-    --load "$work/ckpt" --steps 10 --save "$work/ckpt" > "$work/kill.out" 2>&1 &
+# Crash safety, on a 20M-parameter model so that a save takes long enough to be caught inside:
+# a run loads the step-1 checkpoint, trains step 2 and saves over it; its ranks get SIGKILL the
+# moment the save's temporary directory appears (then: once rank 1 has begun writing v, its last file). The kill must have landed
+# inside the save (the run never said it saved, the temporary directory is there), and the
+# checkpoint must still load and hold step 1.
+sed -e "s/^stage: .*/stage: 3/; s/memory: 256MiB/memory: 4GiB/; s/hidden: 128/hidden: 3072/; s/layers: 2/layers: 3/" \
+  "$source/configs/train-tiny.yaml" > "$work/big.yaml"
+"$mpirun" --oversubscribe --bind-to none -np 2 "$train" --config "$work/big.yaml" --steps 1 --save "$work/big" \
+  > "$work/big.out" 2>&1 || { echo "FAIL: big"; cat "$work/big.out"; exit 1; }
+for moment in "-name big.tmp-*" "-path *big.tmp-*/rank1.v.bin -size +0c"; do
+  "$mpirun" --oversubscribe --bind-to none -np 2 "$train" --config "$work/big.yaml" \
+    --load "$work/big" --steps 2 --save "$work/big" > "$work/kill.out" 2>&1 &
   pid=$!
-  sleep "$delay"
+  for ((i = 0; i < 6000; i++)); do  # up to 60 s
+    set -f  # $moment is find's predicates, its patterns find's
+    # shellcheck disable=SC2086
+    found=$(find "$work" $moment 2> /dev/null)
+    set +f
+    [ -n "$found" ] && break
+    sleep 0.01
+  done
   for rank in $(pgrep -P "$pid" || true); do kill -KILL "$rank" 2>/dev/null || true; done  # the ranks, by id
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
-  run "after-kill" 1 0 --load "$work/ckpt" --steps 12
-  grep -Eq "resumed from .* after step (9|10)" "$work/after-kill.out" \
-    || { echo "FAIL: after a kill at ${delay}s"; cat "$work/after-kill.out"; failures=$((failures + 1)); }
-  rm -rf "$work"/ckpt.tmp-* "$work"/ckpt.old-*  # what a killed save leaves behind
+  where="a kill at find $moment"
+  if grep -q "saved a checkpoint" "$work/kill.out" || ! compgen -G "$work/big.tmp-*" > /dev/null; then
+    echo "FAIL: $where did not land inside the save"; cat "$work/kill.out"; failures=$((failures + 1))
+  fi
+  "$mpirun" --oversubscribe --bind-to none -np 1 "$train" --config "$work/big.yaml" --load "$work/big" --steps 1 \
+    > "$work/after-kill.out" 2>&1 || true
+  grep -q "resumed from .* after step 1 " "$work/after-kill.out" \
+    || { echo "FAIL: after $where, the checkpoint does not load as step 1"; cat "$work/after-kill.out"; failures=$((failures + 1)); }
+  rm -rf "$work"/big.tmp-* "$work"/big.old-*  # what a killed save leaves behind
 done
 
-[ "$failures" -eq 0 ] && echo "zest-train: resumed across np 4/2/1 and stages 3/2/0 on the uninterrupted loss curve; killed saves left loadable checkpoints"
+[ "$failures" -eq 0 ] && echo "zest-train: resumed across np 4/2/1 and stages 3/2/0 on the uninterrupted loss curve; saves killed inside the save left the previous checkpoint"
 exit "$failures"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/reference_training.hpp"
+#include "engine/shared_dir.hpp"
 #include "runtime/mpi_communicator.hpp"
 #include "runtime/mpi_session.hpp"
 #include "zest/engine.hpp"
@@ -29,33 +30,8 @@ namespace fs = std::filesystem;
 
 constexpr int kSteps = 8;
 
-int rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-// A directory every rank shares, made by rank 0 and removed at the end.
-class SharedDir {
- public:
-  SharedDir() {
-    char name[256] = {};
-    if (rank() == 0) {
-      std::strcpy(name, "/tmp/zest-checkpoint-test-XXXXXX");
-      if (!::mkdtemp(name)) name[0] = '\0';
-    }
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
-  }
-  ~SharedDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank() == 0) fs::remove_all(path_);
-  }
-  std::string path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::rank;
+using test::SharedDir;
 
 // Steps [first, last] of the reference model's training on an existing engine (cpu: in place).
 void train_steps(Engine& engine, const Options& o, int first, int last, Communicator& comm) {
@@ -129,6 +105,7 @@ struct Case {
   DType dtype;
   int overflow_at_step;
   OffloadDevice offload;
+  OffloadDevice offload_param = OffloadDevice::none;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -142,6 +119,12 @@ TEST_P(SameWorld, ResumedTrainingIsBitIdenticalToUninterrupted) {
   o.dtype = c.dtype;
   o.overflow_at_step = c.overflow_at_step;
   o.offload_optimizer = c.offload;
+  o.offload_param = c.offload_param;
+  SharedDir swap;
+  if (c.offload == OffloadDevice::nvme || c.offload_param == OffloadDevice::nvme) {
+    o.nvme_path = swap.path();
+    o.sub_group_bytes = 12 * 128;  // many sub-groups: ranges cross them, sub-groups hold several ranges
+  }
   const TrainedRun want = uninterrupted(o);
   SharedDir dir;
   const std::string checkpoint = dir.path() + "/ckpt";
@@ -183,7 +166,11 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"stage2_fp16_skipped_step", 2, DType::f16, 2, OffloadDevice::none},
                     Case{"stage3_bf16", 3, DType::bf16, -1, OffloadDevice::none},
                     Case{"stage2_cpu_offload", 2, DType::f32, -1, OffloadDevice::cpu},
-                    Case{"stage3_cpu_offload", 3, DType::f32, -1, OffloadDevice::cpu}),
+                    Case{"stage3_cpu_offload", 3, DType::f32, -1, OffloadDevice::cpu},
+                    // States saved from and loaded into the NVMe swap files through pinned host memory.
+                    Case{"stage2_nvme_offload", 2, DType::f32, -1, OffloadDevice::nvme},
+                    Case{"stage3_bf16_nvme_offload_params_too", 3, DType::bf16, -1, OffloadDevice::nvme,
+                         OffloadDevice::nvme}),
     [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST_F(Fixture, LoadsIntoAnotherStage3To2To0) {
@@ -219,6 +206,30 @@ TEST_F(Fixture, LoadsIntoAnotherStage3To2To0) {
   EXPECT_EQ(engine.stats().steps, kSteps);
 }
 
+TEST_F(Fixture, LoadReportsTheSettingsThatDiffer) {
+  Options o;
+  o.stage = 2;
+  SharedDir dir;
+  {
+    Engine engine(make_config(o), *device, *comm, model());
+    set_initial(engine);
+    train_steps(engine, o, 1, 2, *comm);
+    engine.save(dir.path() + "/a");
+  }
+  Engine same(make_config(o), *device, *comm, model());
+  const LoadResult unchanged = same.load(dir.path() + "/a");
+  EXPECT_EQ(unchanged.steps, 2);
+  EXPECT_TRUE(unchanged.config_changes.empty());
+  Config changed = make_config(o);
+  changed.optimizer.lr = changed.optimizer.lr / 2;
+  changed.stage = 3;
+  Engine other(changed, *device, *comm, model());
+  const LoadResult result = other.load(dir.path() + "/a");
+  ASSERT_EQ(result.config_changes.size(), 2u);
+  EXPECT_EQ(result.config_changes[0], "stage: 2 in the checkpoint, 3 now");
+  EXPECT_EQ(result.config_changes[1].rfind("lr: ", 0), 0u) << result.config_changes[1];
+}
+
 // Rank 0 damages a copy of a good checkpoint; every rank must refuse it with `expected` in the
 // message, and the engine must keep its weights and step count and train on.
 class Damaged : public Fixture {
@@ -231,8 +242,11 @@ class Damaged : public Fixture {
   }
   std::string good() const { return dir.path() + "/good"; }
 
+  // `expected` in every rank's error; with `rank0_reads_it`, the damage is in a range only rank 0
+  // reads (same world size): the others say that rank 0 failed.
   template <class Damage>
-  void expect_refused(Damage damage, const std::string& expected, std::vector<ParamSpec> specs = model()) {
+  void expect_refused(Damage damage, const std::string& expected, std::vector<ParamSpec> specs = model(),
+                      bool rank0_reads_it = false) {
     const std::string bad = dir.path() + "/bad";
     if (rank() == 0) {
       fs::remove_all(bad);
@@ -248,7 +262,8 @@ class Damaged : public Fixture {
       engine.load(bad);
       ADD_FAILURE() << "loaded a checkpoint damaged to give: " << expected;
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      const std::string message = rank0_reads_it && rank() != 0 ? "rank 0 failed" : expected;
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
     EXPECT_EQ(params_of(engine), before);
     EXPECT_EQ(engine.stats().steps, 1);
@@ -275,17 +290,17 @@ void rewrite(const fs::path& file, const std::function<void(std::string&)>& edit
 }
 
 TEST_F(Damaged, TruncatedRankFile) {
-  expect_refused([](const fs::path& d) { fs::resize_file(d / "rank0.bin", fs::file_size(d / "rank0.bin") - 4); },
+  expect_refused([](const fs::path& d) { fs::resize_file(d / "rank0.m.bin", fs::file_size(d / "rank0.m.bin") - 4); },
                  "truncated");
 }
 
 TEST_F(Damaged, FlippedByteInRankFile) {
-  expect_refused([](const fs::path& d) { rewrite(d / "rank0.bin", [](std::string& t) { t[t.size() / 2] ^= 1; }); },
-                 "CRC32C");
+  expect_refused([](const fs::path& d) { rewrite(d / "rank0.m.bin", [](std::string& t) { t[t.size() / 2] ^= 1; }); },
+                 "CRC32C", model(), true);
 }
 
 TEST_F(Damaged, MissingRankFile) {
-  expect_refused([](const fs::path& d) { fs::remove(d / "rank0.bin"); }, "rank file is missing");
+  expect_refused([](const fs::path& d) { fs::remove(d / "rank0.m.bin"); }, "rank file is missing");
 }
 
 TEST_F(Damaged, MissingManifest) {
@@ -298,8 +313,8 @@ TEST_F(Damaged, EditedManifest) {
 }
 
 TEST_F(Damaged, FutureFormatVersion) {
-  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 2"); }); },
-                 "format version 2");
+  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 3"); }); },
+                 "format version 3");
 }
 
 TEST_F(Damaged, AnotherModel) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -53,7 +54,11 @@ struct Options {
   std::string nvme_path;              // the directory for nvme
   std::size_t sub_group_bytes = 0;    // 0: the default
   int buffer_count = 4;
+  std::vector<ParamSpec> specs;       // empty: model()
+  std::size_t reduce_bucket = 0;      // buckets.reduce; 0: the default
 };
+
+inline std::vector<ParamSpec> specs_of(const Options& o) { return o.specs.empty() ? model() : o.specs; }
 
 inline Config make_config(const Options& o) {
   Config c;
@@ -78,16 +83,18 @@ inline Config make_config(const Options& o) {
   if (o.offload_optimizer == OffloadDevice::nvme) c.offload.optimizer.path = o.nvme_path;
   if (o.offload_param == OffloadDevice::nvme) c.offload.param.path = o.nvme_path;
   if (o.sub_group_bytes > 0) c.offload.sub_group_bytes = o.sub_group_bytes;
+  if (o.reduce_bucket > 0) c.buckets.reduce_bytes = o.reduce_bucket;
   return c;
 }
 
 // Trains `steps` steps with an engine on `device` and `comm`; returns every tensor's final master
 // weights. On a host-accessible device the trainer reads parameters and writes gradients in place;
 // elsewhere it goes through host copies, as a GPU trainer's kernels would write them, and finishes
-// its writes (stream synchronized) before grads_ready.
+// its writes (stream synchronized) before grads_ready. `after_step` runs after each step() returns.
 inline std::vector<std::vector<float>> train_engine(const Options& o, int steps, Device& device, Communicator& comm,
-                                                    EngineStats* stats_out = nullptr) {
-  const std::vector<ParamSpec> specs = model();
+                                                    EngineStats* stats_out = nullptr,
+                                                    const std::function<void()>& after_step = {}) {
+  const std::vector<ParamSpec> specs = specs_of(o);
   Engine engine(make_config(o), device, comm, specs);
   for (std::size_t t = 0; t < specs.size(); ++t) {
     std::vector<float> values(specs[t].numel());
@@ -135,6 +142,7 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
       }
     }
     engine.step();
+    if (after_step) after_step();
   }
   std::vector<std::vector<float>> result;
   for (std::size_t t = 0; t < specs.size(); ++t) {
@@ -148,7 +156,7 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
 // The same training in one process, in double precision, Adam written out plainly.
 inline std::vector<std::vector<double>> train_reference(const Options& o, int steps) {
   const Config c = make_config(o);
-  const std::vector<ParamSpec> specs = model();
+  const std::vector<ParamSpec> specs = specs_of(o);
   std::vector<std::vector<double>> p, m, v;
   for (std::size_t t = 0; t < specs.size(); ++t) {
     p.emplace_back(specs[t].numel());

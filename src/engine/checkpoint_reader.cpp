@@ -1,0 +1,195 @@
+#include "engine/checkpoint_reader.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+
+#include "offload/checksum.hpp"
+#include "zest/error.hpp"
+
+namespace zest::engine::checkpoint {
+namespace {
+
+// Rank files stay open between reads; a checkpoint of thousands of ranks would exceed the
+// process's descriptor limit, so the oldest are closed past this many.
+constexpr std::size_t kMaxOpenFiles = 64;
+
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) text.append(i ? ", " : "").append(std::to_string(shape[i]));
+  return text.append("]");
+}
+
+std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
+
+}  // namespace
+
+Reader::Reader(std::string dir) : dir_(std::move(dir)) {
+  const std::string manifest_path = join(dir_, kManifestName);
+  manifest_ = parse(read_whole_file(manifest_path), manifest_path);
+  pieces_.resize(manifest_.tensors.size());
+  for (std::size_t r = 0; r < manifest_.ranks.size(); ++r) {
+    std::uint64_t at = 0;
+    for (const Range& range : manifest_.ranks[r].ranges) {
+      pieces_[range.tensor].push_back({static_cast<int>(r), range.lo, range.hi, at});
+      at += range.hi - range.lo;
+    }
+  }
+  for (std::size_t t = 0; t < pieces_.size(); ++t) {
+    auto& pieces = pieces_[t];
+    std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) { return x.lo < y.lo; });
+    std::size_t next = 0;
+    for (const Piece& p : pieces) {
+      if (p.lo != next) break;
+      next = p.hi;
+    }
+    if (next != manifest_.tensors[t].numel)
+      throw Error(std::string("checkpoint ").append(dir_).append(": the ranges of tensor '")
+                      .append(manifest_.tensors[t].name).append("' do not cover it exactly once: the manifest is damaged"));
+  }
+}
+
+Reader::~Reader() {
+  for (const auto& [key, fd] : fds_) ::close(fd);
+}
+
+std::string Reader::path(int rank, StateKind state) const {
+  return join(dir_, manifest_.ranks.at(static_cast<std::size_t>(rank)).files[static_cast<std::size_t>(state)].name);
+}
+
+void Reader::check_files(std::optional<StateKind> only) const {
+  for (std::size_t r = 0; r < manifest_.ranks.size(); ++r) {
+    for (int k = 0; k < kStates; ++k) {
+      if (only && StateKind(k) != *only) continue;
+      const StateFile& file = manifest_.ranks[r].files[static_cast<std::size_t>(k)];
+      const std::string p = join(dir_, file.name);
+      struct stat info {};
+      if (::stat(p.c_str(), &info) != 0)
+        throw IoError(std::string("checkpoint ").append(dir_).append(": a rank file is missing"), p, 0, 0, errno);
+      if (static_cast<std::uint64_t>(info.st_size) != file.bytes)
+        throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(p).append(" has ")
+                        .append(std::to_string(info.st_size)).append(" bytes, the manifest says ")
+                        .append(std::to_string(file.bytes)).append(": the file is truncated or damaged"));
+    }
+  }
+}
+
+int Reader::fd(int rank, StateKind state) {
+  const auto key = std::make_pair(rank, static_cast<int>(state));
+  if (auto it = fds_.find(key); it != fds_.end()) return it->second;
+  if (fds_.size() >= kMaxOpenFiles) {
+    ::close(fds_.begin()->second);
+    fds_.erase(fds_.begin());
+  }
+  const std::string p = path(rank, state);
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IoError(std::string("checkpoint ").append(dir_).append(": cannot open a rank file"), p, 0, 0, errno);
+  fds_[key] = fd;
+  return fd;
+}
+
+std::size_t Reader::load_chunk(int rank, StateKind state, std::size_t index, char* into) {
+  const StateFile& file = manifest_.ranks[static_cast<std::size_t>(rank)].files[static_cast<std::size_t>(state)];
+  const std::uint64_t offset = index * manifest_.chunk_bytes;
+  const std::size_t length = static_cast<std::size_t>(std::min(manifest_.chunk_bytes, file.bytes - offset));
+  const std::string p = path(rank, state);
+  read_at(fd(rank, state), p, into, length, offset);
+  const std::uint32_t crc = offload::crc32c(into, length);
+  if (crc != file.chunk_crcs[index])
+    throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(p).append(" chunk ")
+                    .append(std::to_string(index)).append(" (bytes ").append(std::to_string(offset)).append(" to ")
+                    .append(std::to_string(offset + length)).append(") has CRC32C ").append(std::to_string(crc))
+                    .append(", the manifest says ").append(std::to_string(file.chunk_crcs[index]))
+                    .append(": the file is damaged; load another checkpoint"));
+  return length;
+}
+
+void Reader::read_bytes(int rank, StateKind state, std::uint64_t offset, std::size_t bytes, char* out) {
+  const std::uint64_t chunk = manifest_.chunk_bytes;
+  const std::uint64_t end = offset + bytes;
+  while (offset < end) {
+    const std::size_t index = static_cast<std::size_t>(offset / chunk);
+    const std::uint64_t chunk_begin = index * chunk;
+    const StateFile& file = manifest_.ranks[static_cast<std::size_t>(rank)].files[static_cast<std::size_t>(state)];
+    const std::uint64_t chunk_end = std::min(chunk_begin + chunk, file.bytes);
+    const std::size_t take = static_cast<std::size_t>(std::min(end, chunk_end) - offset);
+    const bool cached = chunk_rank_ == rank && chunk_state_ == static_cast<int>(state) && chunk_index_ == index;
+    if (!cached && out && offset == chunk_begin && take == chunk_end - chunk_begin) {
+      load_chunk(rank, state, index, out);  // a whole chunk: straight into place
+    } else {
+      if (!cached) {
+        chunk_.resize(static_cast<std::size_t>(chunk));
+        chunk_rank_ = -1;  // until the new chunk is verified
+        chunk_length_ = load_chunk(rank, state, index, chunk_.data());
+        chunk_rank_ = rank;
+        chunk_state_ = static_cast<int>(state);
+        chunk_index_ = index;
+      }
+      if (out) std::copy_n(chunk_.data() + (offset - chunk_begin), take, out);
+    }
+    offset += take;
+    if (out) out += take;
+  }
+}
+
+void Reader::read(StateKind state, std::size_t tensor, std::size_t a, std::size_t b, float* out) {
+  for (const Piece& p : pieces_.at(tensor)) {
+    const std::size_t lo = std::max(a, p.lo), hi = std::min(b, p.hi);
+    if (lo >= hi) continue;
+    read_bytes(p.rank, state, (p.at + (lo - p.lo)) * sizeof(float), (hi - lo) * sizeof(float),
+               out ? reinterpret_cast<char*>(out + (lo - a)) : nullptr);
+  }
+}
+
+std::vector<std::string> Reader::verify_all() {
+  std::vector<std::string> problems;
+  std::vector<char> buffer(static_cast<std::size_t>(manifest_.chunk_bytes));
+  for (std::size_t r = 0; r < manifest_.ranks.size(); ++r) {
+    for (int k = 0; k < kStates; ++k) {
+      const StateKind state = static_cast<StateKind>(k);
+      const StateFile& file = manifest_.ranks[r].files[static_cast<std::size_t>(k)];
+      const std::string p = path(static_cast<int>(r), state);
+      struct stat info {};
+      if (::stat(p.c_str(), &info) != 0) {
+        problems.push_back(std::string(p).append(": missing"));
+        continue;
+      }
+      if (static_cast<std::uint64_t>(info.st_size) != file.bytes) {
+        problems.push_back(std::string(p).append(": ").append(std::to_string(info.st_size))
+                               .append(" bytes, the manifest says ").append(std::to_string(file.bytes)));
+        continue;
+      }
+      for (std::size_t c = 0; c < file.chunk_crcs.size(); ++c) {
+        try {
+          load_chunk(static_cast<int>(r), state, c, buffer.data());
+        } catch (const std::exception& e) {
+          problems.push_back(e.what());
+        }
+      }
+    }
+  }
+  return problems;
+}
+
+void require_model(const Manifest& m, const std::vector<ParamSpec>& specs, const std::string& dir) {
+  const std::string where = std::string("checkpoint ").append(dir).append(": ");
+  if (m.tensors.size() != specs.size())
+    throw Error(std::string(where).append("it holds ").append(std::to_string(m.tensors.size()))
+                    .append(" tensors, this model has ").append(std::to_string(specs.size()))
+                    .append(": it is a checkpoint of another model"));
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    const auto& e = m.tensors[t];
+    if (e.name != specs[t].name || e.shape != specs[t].shape || e.group != specs[t].group || e.numel != specs[t].numel())
+      throw Error(std::string(where).append("tensor ").append(std::to_string(t)).append(" is '").append(e.name)
+                      .append("' ").append(shape_text(e.shape)).append(" group ").append(std::to_string(e.group))
+                      .append(" there and '").append(specs[t].name).append("' ").append(shape_text(specs[t].shape))
+                      .append(" group ").append(std::to_string(specs[t].group))
+                      .append(" here: it is a checkpoint of another model"));
+  }
+}
+
+}  // namespace zest::engine::checkpoint

@@ -1,0 +1,71 @@
+// A checkpoint directory open for reading: the manifest parsed and checked, and any range of any
+// tensor's state read from the rank files with every chunk it touches verified against its CRC32C.
+// Engine::load reads only the ranges its rank needs through it; `zest checkpoint consolidate` and
+// `inspect` (zest/checkpoint.hpp) read and verify through it too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/checkpoint_format.hpp"
+#include "zest/engine.hpp"
+
+namespace zest::engine::checkpoint {
+
+class Reader {
+ public:
+  // Reads the manifest and checks that its ranges cover every tensor exactly once. Throws Error
+  // (a damaged or unreadable manifest, a newer format) or IoError (no manifest) naming the path.
+  explicit Reader(std::string dir);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+  std::string path(int rank, StateKind state) const;
+
+  // Throws unless every file the manifest lists (of `only` that state) exists with the size it
+  // says (the data is checked as it is read).
+  void check_files(std::optional<StateKind> only = std::nullopt) const;
+
+  // Elements [a, b) of tensor `tensor`'s `state` into out[0, b - a); with out null, only verified.
+  // Reads the chunks holding them and checks each one's CRC32C before using it: throws Error naming
+  // the file, the chunk and its offset on a mismatch, IoError when a read fails or the file is short.
+  void read(StateKind state, std::size_t tensor, std::size_t a, std::size_t b, float* out);
+
+  // Checks every file's size and every chunk's CRC32C, all of them: one line per problem found
+  // (empty: the checkpoint is intact).
+  std::vector<std::string> verify_all();
+
+ private:
+  // Tensor elements [lo, hi) sit in `rank`'s state files from element `at` on.
+  struct Piece {
+    int rank = 0;
+    std::size_t lo = 0, hi = 0;
+    std::uint64_t at = 0;
+  };
+  int fd(int rank, StateKind state);
+  // Bytes [offset, offset + bytes) of a state file into out (null: only verified).
+  void read_bytes(int rank, StateKind state, std::uint64_t offset, std::size_t bytes, char* out);
+  // Reads chunk `index` of a file into `into` and checks it; returns its length.
+  std::size_t load_chunk(int rank, StateKind state, std::size_t index, char* into);
+
+  std::string dir_;
+  Manifest manifest_;
+  std::vector<std::vector<Piece>> pieces_;  // per tensor, in element order
+  std::map<std::pair<int, int>, int> fds_;  // (rank, state) -> open file, at most kMaxOpenFiles
+  std::vector<char> chunk_;                 // the last chunk read through it, verified
+  int chunk_rank_ = -1, chunk_state_ = -1;
+  std::size_t chunk_index_ = 0, chunk_length_ = 0;
+};
+
+// Throws Error unless the checkpoint holds exactly `specs` (names, shapes, groups, in order).
+void require_model(const Manifest& manifest, const std::vector<ParamSpec>& specs, const std::string& dir);
+
+}  // namespace zest::engine::checkpoint

@@ -1,0 +1,232 @@
+// Gradient buckets (buckets.reduce), under mpirun with 1, 2 and 4 ranks: consecutive small groups
+// share one reduce collective, every stage still equals the reference Adam, and the buckets take
+// exactly the memory the plan (and `zest estimate`) says.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/reference_training.hpp"
+#include "runtime/mpi_communicator.hpp"
+#include "runtime/mpi_session.hpp"
+#include "zest/engine.hpp"
+#include "zest/error.hpp"
+#include "zest/estimate.hpp"
+
+namespace zest {
+namespace {
+
+using namespace reference_training;
+
+// Forwards to the real communicator and counts the reductions (all-reduce and reduce-scatter).
+class CountingCommunicator : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+
+  // Reductions since the last call.
+  int take_reductions() { return std::exchange(reductions_, 0); }
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend_name() const override { return inner_.backend_name(); }
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override {
+    ++reductions_;
+    inner_.all_reduce(send, recv, count, dtype, op, stream);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
+                      Stream& stream) override {
+    ++reductions_;
+    inner_.reduce_scatter(send, recv, recv_count, dtype, op, stream);
+  }
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, Stream& stream) override {
+    inner_.all_gather(send, recv, send_count, dtype, stream);
+  }
+  void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
+    inner_.broadcast(buffer, count, dtype, root, stream);
+  }
+  void barrier() override { inner_.barrier(); }
+
+ private:
+  Communicator& inner_;
+  int reductions_ = 0;
+};
+
+constexpr int kGroups = 24;
+constexpr int kSteps = 4;
+
+// Many small one-tensor groups of different sizes (150 to 1001 elements).
+std::vector<ParamSpec> small_groups() {
+  std::vector<ParamSpec> specs;
+  for (int g = 0; g < kGroups; ++g)
+    specs.push_back({std::string("layer").append(std::to_string(g)), {150 + 37 * static_cast<std::size_t>(g)}, g});
+  return specs;
+}
+
+std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// A one-tensor group's segment: 64-element aligned, split into equal 64-aligned shards.
+std::size_t padded(const ParamSpec& spec, int partitions) {
+  return round_up(spec.numel(), 64 * static_cast<std::size_t>(partitions));
+}
+
+// The buckets one backward pass fills: groups in backward order, each appended to the current
+// bucket while the bucket's elements stay within buckets.reduce; a larger group fills one alone.
+int expected_buckets(const std::vector<ParamSpec>& specs, std::size_t reduce_bytes, int partitions) {
+  const std::size_t capacity = reduce_bytes / sizeof(float);
+  int buckets = 0;
+  std::size_t used = capacity;  // no bucket open
+  for (auto it = specs.rbegin(); it != specs.rend(); ++it) {
+    const std::size_t need = padded(*it, partitions);
+    if (used + need > capacity) {
+      ++buckets;
+      used = 0;
+    }
+    used += need;
+  }
+  return buckets;
+}
+
+struct Case {
+  int stage;
+  std::size_t reduce_bytes;
+  const char* name;
+};
+
+class Coalescing : public testing::TestWithParam<Case> {};
+
+// Per step: one reduction per bucket (plus step()'s all-reduce of the overflow flag and the norm
+// where gradients are sharded), and the parameters of the reference Adam.
+TEST_P(Coalescing, OneReductionPerBucketAndTheReferenceParameters) {
+  const Case& k = GetParam();
+  Options o;
+  o.stage = k.stage;
+  o.specs = small_groups();
+  o.reduce_bucket = k.reduce_bytes;
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{256} << 20);
+  auto real = make_mpi_communicator(session, *device);
+  CountingCommunicator comm(*real);
+  std::vector<int> per_step;
+  EngineStats stats;
+  const auto got = train_engine(o, kSteps, *device, comm, &stats, [&] { per_step.push_back(comm.take_reductions()); });
+  EXPECT_LT(max_relative_error(got, train_reference(o, kSteps)), 1e-6);
+
+  const int ranks = comm.size(), partitions = k.stage == 0 ? 1 : ranks;
+  const int buckets = expected_buckets(o.specs, k.reduce_bytes, partitions);
+  if (k.reduce_bytes == 1) {
+    EXPECT_EQ(buckets, kGroups);  // a bucket per group
+  } else if (k.reduce_bytes == 8192) {
+    EXPECT_GT(buckets, 2);
+    EXPECT_LT(buckets, kGroups / 2);
+  } else {
+    EXPECT_EQ(buckets, 1);  // every group in one
+  }
+  if (ranks == 1) return;  // one rank reduces nothing: the count says nothing
+  const int scalars = partitions > 1 ? 1 : 0;
+  ASSERT_EQ(per_step.size(), static_cast<std::size_t>(kSteps));
+  for (int step = 0; step < kSteps; ++step)
+    EXPECT_EQ(per_step[static_cast<std::size_t>(step)], buckets + scalars) << "step " << step + 1;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    StagesAndBucketSizes, Coalescing,
+    testing::Values(Case{0, 1, "stage0_one_group_each"}, Case{0, 8192, "stage0_8KiB"}, Case{0, 25u << 20, "stage0_25MiB"},
+                    Case{1, 1, "stage1_one_group_each"}, Case{1, 8192, "stage1_8KiB"}, Case{1, 25u << 20, "stage1_25MiB"},
+                    Case{2, 1, "stage2_one_group_each"}, Case{2, 8192, "stage2_8KiB"}, Case{2, 25u << 20, "stage2_25MiB"},
+                    Case{3, 1, "stage3_one_group_each"}, Case{3, 8192, "stage3_8KiB"}, Case{3, 25u << 20, "stage3_25MiB"}),
+    [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Accumulated micro-batches: a group's second micro-batch lands in the same bucket as its first
+// (large buckets) or in a bucket of its own (one group each); both sum to the whole batch.
+TEST(Buckets, AccumulationAcrossMicroBatchesInEveryBucketSize) {
+  for (int stage : {0, 2, 3}) {
+    for (std::size_t reduce : {std::size_t{1}, std::size_t{8192}, std::size_t{25} << 20}) {
+      Options o;
+      o.stage = stage;
+      o.specs = small_groups();
+      o.reduce_bucket = reduce;
+      o.accumulation = 2;
+      MpiSession session;
+      auto device = make_cpu_device(std::size_t{256} << 20);
+      auto comm = make_mpi_communicator(session, *device);
+      const auto got = train_engine(o, kSteps, *device, *comm);
+      EXPECT_LT(max_relative_error(got, train_reference(o, kSteps)), 1e-6) << "stage " << stage << " reduce " << reduce;
+    }
+  }
+}
+
+// The two buckets are the plan's size, max(buckets.reduce, the largest group), and nothing else
+// is allocated: after training and get_param every category's peak equals the estimate.
+TEST(Buckets, MemoryIsThePlannedBucketSize) {
+  const std::vector<ParamSpec> specs = small_groups();
+  for (int stage : {1, 2, 3}) {
+    MpiSession session;
+    auto device = make_cpu_device(std::size_t{256} << 20);
+    auto comm = make_mpi_communicator(session, *device);
+    std::size_t buffers[2] = {};
+    const std::size_t reduce[2] = {1, 8192};
+    for (int i = 0; i < 2; ++i) {
+      Options o;
+      o.stage = stage;
+      o.specs = specs;
+      o.reduce_bucket = reduce[i];
+      const Config config = make_config(o);
+      const MemoryEstimate want = estimate_memory(config, specs, comm->size());
+      EngineStats stats;
+      train_engine(o, 2, *device, *comm, &stats);
+      for (std::size_t c = 0; c < kMemoryCategoryCount; ++c)
+        EXPECT_EQ(stats.memory.peak[c], want.device[c]) << category_name(static_cast<MemoryCategory>(c));
+      EXPECT_EQ(stats.memory.peak_total, want.device_total);
+      buffers[i] = stats.memory.peak_of(MemoryCategory::buffers);
+      EXPECT_EQ(device->memory_stats().current_total, 0u);
+    }
+    // From one group per bucket (the largest, 1001 elements padded) to 8 KiB buckets: two buckets
+    // of 2048 fp32 elements instead of the largest group's.
+    const std::size_t largest = padded(specs.back(), comm->size());
+    EXPECT_EQ(buffers[1] - buffers[0], 2 * (std::max<std::size_t>(2048, largest) - largest) * sizeof(float))
+        << "stage " << stage;
+  }
+}
+
+TEST(Buckets, TrainerErrorsNameTheGroupAndWhatToDo) {
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{64} << 20);
+  auto comm = make_mpi_communicator(session, *device);
+  Options o;
+  o.specs = small_groups();
+  o.reduce_bucket = 1;  // one group per bucket: two buckets hold two groups
+  Engine engine(make_config(o), *device, *comm, o.specs);
+  {
+    auto a = engine.acquire(5), b = engine.acquire(4), c = engine.acquire(3);
+    a.grad(5);
+    b.grad(4);
+    try {
+      c.grad(3);
+      ADD_FAILURE() << "a third group's gradient with two buckets in use";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("call grads_ready(group)"), std::string::npos) << e.what();
+    }
+    engine.grads_ready(5);
+    try {
+      engine.grads_ready(5);
+      ADD_FAILURE() << "grads_ready twice";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("since its last grads_ready"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    engine.step();  // group 4's gradient was asked for and never handed over
+    ADD_FAILURE() << "step() with a gradient still being written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("grads_ready(4) was not called"), std::string::npos) << e.what();
+  }
+  engine.grads_ready(4);
+  EXPECT_FALSE(engine.step().skipped);
+}
+
+}  // namespace
+}  // namespace zest
