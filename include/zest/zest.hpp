@@ -1,6 +1,7 @@
 // The whole public API of zest.
 #pragma once
 
+#include "zest/checkpoint.hpp"
 #include "zest/communicator.hpp"
 #include "zest/config.hpp"
 #include "zest/device.hpp"

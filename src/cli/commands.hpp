@@ -9,6 +9,8 @@ int config_check(int argc, char** argv);
 // zest smoke [--config FILE]: a multi-rank run of the runtime (devices, memory, collectives)
 int smoke(int argc, char** argv);
 int estimate(int argc, char** argv);  // zest estimate --params N [options] (estimate.cpp)
+// zest checkpoint inspect DIR [--no-verify] | consolidate DIR OUT [--dtype D] (checkpoint.cpp)
+int checkpoint(int argc, char** argv);
 // zest bench adam [--threads N] [--params N] [--mode M] [--json] (bench/adam_bench.cpp)
 int bench_adam(int argc, char** argv);
 // zest bench io --path DIR [--size GiB] [--json]: NVMe store bandwidth (bench/io_bench.cpp)

@@ -14,6 +14,9 @@ constexpr const char* kUsage =
     "  config check FILE        validate a config; print it resolved, or every error (exit 2)\n"
     "  smoke [--config FILE]    run the runtime on every rank: memory, streams, collectives\n"
     "  estimate --params N      memory per device, host and NVMe of every stage and offload mode\n"
+    "  checkpoint inspect DIR   a checkpoint's manifest, tensors and files; verify every checksum\n"
+    "  checkpoint consolidate DIR OUT [--dtype f32|bf16|f16]\n"
+    "                           its weights as one safetensors file, streamed\n"
     "  bench adam [options]     CPU/GPU Adam throughput against the machine's memory roofline\n"
     "  bench io --path DIR      NVMe store bandwidth against a synchronous O_DIRECT loop\n"
     "  bench memory [options]   memory per rank of ZeRO stages 0-3 against DDP on a real model\n"
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
     return zest::cli::config_check(argc - 3, argv + 3);
   if (command == "smoke") return zest::cli::smoke(argc - 2, argv + 2);
   if (command == "estimate") return zest::cli::estimate(argc - 2, argv + 2);
+  if (command == "checkpoint") return zest::cli::checkpoint(argc - 2, argv + 2);
   if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "adam") == 0)
     return zest::cli::bench_adam(argc - 3, argv + 3);
   if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "io") == 0)

@@ -1,0 +1,45 @@
+// Writes a synthetic checkpoint (tests/engine/synthetic_checkpoint.hpp) for the CLI tests.
+// usage: make_test_checkpoint DIR RANKS CHUNK_BYTES SHAPE:NAME...
+//   SHAPE is dimensions joined by 'x' ("331x3", "4096"; empty for a scalar); NAME is the rest of
+//   the argument, any characters. Tensor i is in group i.
+#include <cstdio>
+#include <algorithm>
+#include <cstdlib>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/synthetic_checkpoint.hpp"
+
+namespace {
+
+zest::ParamSpec parse_spec(const std::string& text, int group) {
+  const std::size_t colon = text.find(':');
+  if (colon == std::string::npos) throw std::invalid_argument("expected SHAPE:NAME, found '" + text + "'");
+  zest::ParamSpec spec{text.substr(colon + 1), {}, group};
+  for (std::size_t at = 0; at < colon;) {
+    const std::size_t x = std::min(text.find('x', at), colon);
+    spec.shape.push_back(std::stoull(text.substr(at, x - at)));
+    at = x + 1;
+  }
+  return spec;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: make_test_checkpoint DIR RANKS CHUNK_BYTES SHAPE:NAME...\n");
+    return 2;
+  }
+  try {
+    std::vector<zest::ParamSpec> specs;
+    for (int i = 4; i < argc; ++i) specs.push_back(parse_spec(argv[i], i - 4));
+    zest::synthetic_checkpoint::write(argv[1], specs, std::atoi(argv[2]), std::stoull(argv[3]));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "make_test_checkpoint: %s\n", e.what());
+    return 1;
+  }
+}
