@@ -125,6 +125,11 @@ class Stream {
   // Runs `task` on a host thread in stream order (cpu: the stream's worker; cuda: a host callback,
   // which must not call CUDA). An exception it throws is rethrown by synchronize().
   virtual void host_task(std::function<void()> task) = 0;
+  // After a task fails, the stream skips its later host tasks until synchronize() reports the error.
+  // A lockstep task runs all the same, told whether the stream had failed: for work every rank
+  // must reach in step (a collective's agreement), so that a rank whose stream failed tells the
+  // others instead of leaving them waiting for it. Its own exception is kept if it is the first.
+  virtual void lockstep_task(std::function<void(bool stream_failed)> task) = 0;
   // Blocks until all submitted work has finished; rethrows the first error of that work.
   virtual void synchronize() = 0;
 };

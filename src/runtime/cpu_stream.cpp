@@ -31,11 +31,12 @@ bool CpuMark::done() const {
 // Device::synchronize() never touches a stream that is being destroyed.
 class CpuStreamWorker {
  public:
-  enum class Kind { work, mark, wait };
+  enum class Kind { work, lockstep, mark, wait };
   struct Task {
     Kind kind = Kind::work;
     std::function<void()> work;
     std::shared_ptr<CpuMark> mark;
+    std::function<void(bool)> lockstep;
   };
 
   CpuStreamWorker() : thread_([this] { run(); }) {}
@@ -94,6 +95,13 @@ class CpuStreamWorker {
             } catch (...) {
               raised = std::current_exception();
             }
+          }
+          break;
+        case Kind::lockstep:
+          try {
+            task.lockstep(failed != nullptr);
+          } catch (...) {
+            raised = std::current_exception();
           }
           break;
         case Kind::mark:
@@ -195,7 +203,7 @@ CpuStream::~CpuStream() { worker_->stop(); }
 void CpuStream::record(Event& event) {
   auto& cpu = const_cast<CpuEvent&>(cpu_event(event, "Stream::record"));
   auto mark = std::make_shared<detail::CpuMark>();
-  worker_->submit({detail::CpuStreamWorker::Kind::mark, {}, mark});
+  worker_->submit({detail::CpuStreamWorker::Kind::mark, {}, mark, {}});
   cpu.set_mark(std::move(mark));
 }
 
@@ -203,12 +211,17 @@ void CpuStream::wait(const Event& event) {
   std::shared_ptr<detail::CpuMark> mark = cpu_event(event, "Stream::wait").mark();
   if (!mark) return;  // never recorded: nothing to wait for (as in CUDA)
   if (mark->done() && mark->wait() == nullptr) return;  // already reached, without error
-  worker_->submit({detail::CpuStreamWorker::Kind::wait, {}, std::move(mark)});
+  worker_->submit({detail::CpuStreamWorker::Kind::wait, {}, std::move(mark), {}});
 }
 
 void CpuStream::host_task(std::function<void()> task) {
   if (!task) throw Error("Stream::host_task: the task is empty; pass a callable");
-  worker_->submit({detail::CpuStreamWorker::Kind::work, std::move(task), nullptr});
+  worker_->submit({detail::CpuStreamWorker::Kind::work, std::move(task), nullptr, {}});
+}
+
+void CpuStream::lockstep_task(std::function<void(bool stream_failed)> task) {
+  if (!task) throw Error("Stream::lockstep_task: the task is empty; pass a callable");
+  worker_->submit({detail::CpuStreamWorker::Kind::lockstep, {}, nullptr, std::move(task)});
 }
 
 void CpuStream::synchronize() {

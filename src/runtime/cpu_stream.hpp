@@ -93,6 +93,7 @@ class CpuStream final : public Stream {
   void record(Event& event) override;
   void wait(const Event& event) override;
   void host_task(std::function<void()> task) override;
+  void lockstep_task(std::function<void(bool stream_failed)> task) override;
   void synchronize() override;
 
   // The device that created this stream (identified by its registry); null for a lone stream.

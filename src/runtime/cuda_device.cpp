@@ -105,18 +105,20 @@ class StreamErrors {
   std::uint64_t floor_ = 0;
 };
 
-// What a host callback owns.
+// What a host callback owns. A lockstep task runs after a failure too (Stream::lockstep_task).
 struct HostTask {
-  std::function<void()> task;
+  std::function<void(bool stream_failed)> task;
+  bool lockstep = false;
   std::shared_ptr<StreamErrors> errors;
   std::uint64_t sequence = 0;
 };
 
 void CUDART_CB run_host_task(void* data) {
   const std::unique_ptr<HostTask> host_task(static_cast<HostTask*>(data));
-  if (host_task->errors->failed()) return;
+  const bool failed = host_task->errors->failed();
+  if (failed && !host_task->lockstep) return;
   try {
-    host_task->task();
+    host_task->task(failed);
   } catch (...) {
     // An exception must not cross into the CUDA runtime's callback thread.
     host_task->errors->record(std::current_exception(), host_task->sequence);
@@ -212,12 +214,10 @@ class CudaStream final : public Stream {
   }
 
   void host_task(std::function<void()> task) override {
-    auto payload = std::make_unique<HostTask>(
-        HostTask{std::move(task), errors_, errors_->submitted() + 1});
-    ZEST_CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_task, payload.get()));
-    payload.release();  // the callback owns it now
-    errors_->next_sequence();
+    launch_host_task([task = std::move(task)](bool) { task(); }, false);
   }
+
+  void lockstep_task(std::function<void(bool stream_failed)> task) override { launch_host_task(std::move(task), true); }
 
   void synchronize() override {
     ZEST_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -225,10 +225,18 @@ class CudaStream final : public Stream {
   }
 
   cudaStream_t handle() const { return stream_; }
+
   int ordinal() const { return ordinal_; }
   const std::shared_ptr<StreamErrors>& errors() const { return errors_; }
 
  private:
+  void launch_host_task(std::function<void(bool)> task, bool lockstep) {
+    auto payload = std::make_unique<HostTask>(HostTask{std::move(task), lockstep, errors_, errors_->submitted() + 1});
+    ZEST_CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_task, payload.get()));
+    payload.release();  // the callback owns it now
+    errors_->next_sequence();
+  }
+
   int ordinal_;
   cudaStream_t stream_ = nullptr;
   std::shared_ptr<StreamErrors> errors_ = std::make_shared<StreamErrors>();

@@ -201,11 +201,13 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
 void MpiCommunicator::barrier() { ZEST_MPI_CHECK(MPI_Barrier(host_comm_)); }
 
 void MpiCommunicator::enqueue(Call call, Stream& stream) {
-  stream.host_task([this, call = std::move(call)] { run(call); });
+  // In lockstep: a rank whose stream already failed still reaches the agreement, so that every
+  // rank raises instead of waiting for it.
+  stream.lockstep_task([this, call = std::move(call)](bool stream_failed) { run(call, stream_failed); });
 }
 
-void MpiCommunicator::run(const Call& call) {
-  agree(call);
+void MpiCommunicator::run(const Call& call, bool stream_failed) {
+  agree(call, stream_failed);
   if (call.count == 0) return;
   switch (call.kind) {
     case Kind::all_reduce:
@@ -225,8 +227,8 @@ void MpiCommunicator::run(const Call& call) {
 
 // One MPI_MAX over the signature and its negation gives every rank the max and the min of each
 // field; equal min and max means every rank asked for the same thing.
-void MpiCommunicator::agree(const Call& call) {
-  enum Field { kind, count, dtype, op, root, invalid_rank, kFields };
+void MpiCommunicator::agree(const Call& call, bool stream_failed) {
+  enum Field { kind, count, dtype, op, root, invalid_rank, failed_rank, kFields };
   const bool reduces = call.kind == Kind::all_reduce || call.kind == Kind::reduce_scatter;
   std::int64_t signature[kFields] = {
       static_cast<std::int64_t>(call.kind),
@@ -235,6 +237,7 @@ void MpiCommunicator::agree(const Call& call) {
       reduces ? static_cast<std::int64_t>(call.op) : 0,
       call.kind == Kind::broadcast ? call.root : 0,
       call.invalid.empty() ? -1 : rank_,
+      stream_failed ? rank_ : -1,
   };
   std::int64_t extremes[2 * kFields];
   for (int i = 0; i < kFields; ++i) {
@@ -248,8 +251,14 @@ void MpiCommunicator::agree(const Call& call) {
   const auto max = [&](Field f) { return extremes[f]; };
   const auto min = [&](Field f) { return -extremes[kFields + f]; };
 
-  if (!call.invalid.empty()) throw CommError(call.invalid);
   std::string message = kind_name(call.kind);
+  if (max(failed_rank) >= 0) {
+    // The failed rank's stream keeps its own first error; this one reaches the others.
+    message.append(": rank ").append(std::to_string(max(failed_rank)));
+    message.append("'s stream failed before this collective (its own error says why); no rank moved data");
+    throw CommError(message);
+  }
+  if (!call.invalid.empty()) throw CommError(call.invalid);
   if (max(invalid_rank) >= 0) {
     message.append(": rank ").append(std::to_string(max(invalid_rank)));
     message.append(" passed invalid arguments (its own error says which); no rank moved data");

@@ -77,8 +77,10 @@ class MpiCommunicator final : public Communicator {
 
   static const char* kind_name(Kind kind);
   void enqueue(Call call, Stream& stream);
-  void run(const Call& call);
-  void agree(const Call& call);
+  void run(const Call& call, bool stream_failed);
+  // Every rank's call must match, and no rank's arguments or stream (`stream_failed`: an earlier
+  // task on it threw) may have failed: else every rank throws CommError, and none moves data.
+  void agree(const Call& call, bool stream_failed);
   void run_all_reduce(const Call& call);
   void run_reduce_scatter(const Call& call);
   void run_all_gather(const Call& call);

@@ -227,6 +227,23 @@ TEST(CpuStream, FirstErrorSurfacesInSynchronizeAndLaterTasksAreSkipped) {
   EXPECT_EQ(thrown_message([&] { after.synchronize(); }), "first failure");
 }
 
+TEST(CpuStream, LockstepTasksRunAfterAFailureAndAreToldOfIt) {
+  CpuStream stream;
+  std::vector<int> seen;  // written by the stream's worker only, read after synchronize
+  stream.lockstep_task([&](bool failed) { seen.push_back(failed ? 1 : 0); });
+  stream.host_task([] { throw std::runtime_error("first failure"); });
+  stream.host_task([&] { seen.push_back(9); });  // skipped
+  stream.lockstep_task([&](bool failed) {
+    seen.push_back(failed ? 1 : 0);
+    throw std::runtime_error("a lockstep failure");  // not the stream's first error
+  });
+  EXPECT_EQ(thrown_message([&] { stream.synchronize(); }), "first failure");
+  EXPECT_EQ(seen, (std::vector<int>{0, 1}));
+  stream.lockstep_task([&](bool failed) { seen.push_back(failed ? 1 : 0); });
+  stream.synchronize();
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 0}));
+}
+
 TEST(CpuStream, ErrorPreservesTheExceptionType) {
   CpuStream stream;
   stream.host_task([] { throw CommError("collective mismatch"); });

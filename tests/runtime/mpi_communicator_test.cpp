@@ -539,6 +539,33 @@ TEST_F(MpiCommunicatorTest, InvalidArgumentsOnOneRankFailEveryRank) {
       << null_error;
 }
 
+// A rank whose stream failed before a collective (one of its own tasks threw) still reaches the
+// collective's agreement, so every rank raises instead of waiting for it forever; later
+// collectives stay in step, and once the error is reported the communicator works again.
+TEST_F(MpiCommunicatorTest, AStreamFailedOnOneRankFailsItsCollectivesOnEveryRank) {
+  DeviceBuffer data = buffer(16);
+  const int failing = size_ - 1;
+  if (rank_ == failing) stream_->host_task([] { throw Error("the trainer's own task failed"); });
+  comm_->all_reduce(data.data(), data.data(), 16, DType::f32, ReduceOp::sum, *stream_);
+  comm_->all_gather(data.as<float>() + rank_, data.data(), 1, DType::f32, *stream_);
+  try {
+    stream_->synchronize();
+    ADD_FAILURE() << "no error after a failed task";
+  } catch (const Error& e) {
+    const std::string expected = rank_ == failing
+                                     ? std::string("the trainer's own task failed")
+                                     : "all_reduce: rank " + std::to_string(failing) +
+                                           "'s stream failed before this collective (its own error "
+                                           "says why); no rank moved data";
+    EXPECT_EQ(std::string(e.what()), expected);
+  }
+  std::vector<float> ones(16, 1.0f);
+  std::memcpy(data.data(), ones.data(), 16 * sizeof(float));
+  comm_->all_reduce(data.data(), data.data(), 16, DType::f32, ReduceOp::sum, *stream_);
+  stream_->synchronize();
+  EXPECT_EQ(data.as<float>()[15], static_cast<float>(size_));
+}
+
 TEST_F(MpiCommunicatorTest, CountZeroMovesNothing) {
   const std::uint64_t before = comm_->mpi_calls_issued();
   comm_->all_reduce(nullptr, nullptr, 0, DType::f32, ReduceOp::sum, *stream_);
