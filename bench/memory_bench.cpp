@@ -33,8 +33,9 @@ constexpr const char* kUsage =
     "usage: zest bench memory [--config FILE] [--params N] [--steps N] [--device-memory SIZE]\n"
     "                         [--json FILE] [--csv FILE] [--chart FILE.svg] [--no-fit] [--nvme-path DIR]\n"
     "  Run under mpirun -np N (or alone: a world of one). Defaults: the built-in config (cpu device,\n"
-    "  bf16, AdamW), --params 4000000, --steps 4, --device-memory 128MiB for the largest-model search,\n"
-    "  outputs zest-memory.json, zest-memory.csv and zest-memory.svg in the current directory.\n"
+    "  bf16, AdamW, 1 MiB buckets: one layer each), --params 4000000, --steps 4, --device-memory\n"
+    "  128MiB for the largest-model search, outputs zest-memory.json, zest-memory.csv and\n"
+    "  zest-memory.svg in the current directory.\n"
     "  The nvme offload rows keep their swap files in --nvme-path (default: a fresh directory in the\n"
     "  current directory, removed afterwards).\n";
 
@@ -274,7 +275,9 @@ Config default_config() {
   c.device.memory = std::size_t{4} << 30;  // room for stage 0; the fit search sets its own budget
   c.precision.dtype = DType::bf16;
   c.optimizer.threads = 1;
-  c.buckets.reduce_bytes = c.buckets.allgather_bytes = std::size_t{8} << 20;
+  // Buckets below one layer of the default model (741 x 741 bf16 = 1.07 MiB): each reduce bucket
+  // holds one layer, as in the ZeRO paper's accounting, rather than the whole small model.
+  c.buckets.reduce_bytes = c.buckets.allgather_bytes = std::size_t{1} << 20;
   return c;
 }
 

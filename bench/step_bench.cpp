@@ -5,7 +5,8 @@
 // compute and the transfers overlap perfectly and reads and writes share the disk for free. The
 // ratio limit / measured step time says how much of the step is the disk (target >= 0.85: the
 // compute hides behind the I/O). Resident memory is reported to show that the host holds only the
-// configured sub-group slots, not the states.
+// configured sub-group slots, not the states. --optimizer-on-device keeps the states on the device
+// instead (no disk), so that what is left of step() is the Adam math and the parameter all-gather.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,7 +29,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: zest bench step --path DIR [--params N] [--steps N] [--dtype bf16|fp16|fp32]\n"
     "                       [--sub-group SIZE] [--buffers N] [--groups N] [--device-memory SIZE]\n"
-    "                       [--io-size GiB] [--reps N] [--bucket SIZE] [--no-set-param] [--json]\n"
+    "                       [--io-size GiB] [--reps N] [--bucket SIZE] [--allgather SIZE]\n"
+    "                       [--optimizer-on-device] [--no-set-param] [--json]\n"
     "  A world of one (or every rank under mpirun) builds an Engine on the cpu device (stage 2) with\n"
     "  offload.optimizer.device nvme in DIR, --params parameters (default 2e8) in --groups equal\n"
     "  groups (default 64), and times --steps (default 3) optimizer steps; the NvmeStore's sequential\n"
@@ -38,7 +40,10 @@ constexpr const char* kUsage =
     "  sub-group per 1M-value chunk: minutes at 2e9). Defaults: bf16, the config's sub-group (256MiB)\n"
     "  and buffer count (4); the device budget fits params and grads. --bucket sets buckets.reduce\n"
     "  (default 25MiB; 1 reduces one group per collective); the backward stand-in (gradient writes\n"
-    "  and their reductions) is timed per step next to step().\n";
+    "  and their reductions) is timed per step next to step(). --allgather sets buckets.allgather (default\n"
+    "  25MiB; 1 all-gathers one group per collective after the step). --optimizer-on-device keeps the\n"
+    "  optimizer states on the device (no --path, no disk figures): step() is then the Adam math and the\n"
+    "  parameter all-gather.\n";
 
 struct Options {
   std::string path;
@@ -50,6 +55,8 @@ struct Options {
   int groups = 64;
   std::size_t device_memory = 0;  // 0: fitted to params and grads
   std::size_t bucket = 0;         // buckets.reduce; 0: the config default
+  std::size_t allgather = 0;      // buckets.allgather; 0: the config default
+  bool on_device = false;         // optimizer states on the device: no NVMe
   double io_gib = 4.0;
   int reps = 3;
   bool set_param = true;
@@ -111,6 +118,8 @@ int parse(int argc, char** argv, Options& o) {
     try {
       if (arg == "--json") {
         o.json = true;
+      } else if (arg == "--optimizer-on-device") {
+        o.on_device = true;
       } else if (arg == "--no-set-param") {
         o.set_param = false;
       } else if (arg == "--path" && has_value) {
@@ -140,6 +149,8 @@ int parse(int argc, char** argv, Options& o) {
         o.device_memory = parse_size(argv[++i]);
       } else if (arg == "--bucket" && has_value) {
         o.bucket = parse_size(argv[++i]);
+      } else if (arg == "--allgather" && has_value) {
+        o.allgather = parse_size(argv[++i]);
       } else if (arg == "--dtype" && has_value) {
         const std::string d = argv[++i];
         if (d == "bf16") o.dtype = DType::bf16;
@@ -151,11 +162,12 @@ int parse(int argc, char** argv, Options& o) {
         return 2;
       }
     } catch (const std::exception& e) {  // stod/stoi/parse_size on text that is no number or size
-      if (arg == "--sub-group" || arg == "--device-memory" || arg == "--bucket") return bad(e.what());  // says what a size is
+      if (arg == "--sub-group" || arg == "--device-memory" || arg == "--bucket" || arg == "--allgather")
+        return bad(e.what());  // says what a size is
       return bad(arg == "--params" ? "a count >= 1 (e.g. 2e8)" : arg == "--io-size" ? "GiB > 0" : "a count");
     }
   }
-  if (o.path.empty()) {
+  if (o.path.empty() && !o.on_device) {
     std::fprintf(stderr, "zest bench step: --path DIR is required\n%s", kUsage);
     return 2;
   }
@@ -173,13 +185,18 @@ int bench_step(int argc, char** argv) {
     config.stage = 2;
     config.device.type = DeviceType::cpu;
     config.precision.dtype = o.dtype;
-    config.offload.optimizer.device = OffloadDevice::nvme;
-    config.offload.optimizer.path = o.path;
+    if (!o.on_device) {
+      config.offload.optimizer.device = OffloadDevice::nvme;
+      config.offload.optimizer.path = o.path;
+    }
     if (o.sub_group > 0) config.offload.sub_group_bytes = o.sub_group;
     if (o.buffers > 0) config.offload.optimizer.buffer_count = o.buffers;
     if (o.bucket > 0) config.buckets.reduce_bytes = o.bucket;
-    // Params and grads in dtype, with room for padding and the reduction buckets.
-    const std::size_t model_bytes = 2 * dtype_size(o.dtype) * o.params;
+    if (o.allgather > 0) config.buckets.allgather_bytes = o.allgather;
+    // Params and grads in dtype (with the states on the device, 12 bytes per parameter too: more
+    // than this rank's shard of them needs), with room for padding and the buckets.
+    const std::size_t model_bytes =
+        2 * dtype_size(o.dtype) * o.params + (o.on_device ? 12 * o.params : 0);
     config.device.memory = o.device_memory > 0 ? o.device_memory : model_bytes + model_bytes / 16 + (std::size_t{256} << 20);
     config = parse_config(to_yaml(config));  // validated like a user's file
 
@@ -194,8 +211,10 @@ int bench_step(int argc, char** argv) {
     comm.barrier();
     // Every rank at once, as in the step (they share the disk). The engine's store does not register
     // its staging buffers with the ring: measure that path.
-    const bench::StoreBandwidth bw = bench::measure_store_bandwidth(o.path, runtime.rank(), runtime.cpus(), io_bytes,
-                                                                    config.io, o.reps, false);
+    const bench::StoreBandwidth bw =
+        o.on_device ? bench::StoreBandwidth{}
+                    : bench::measure_store_bandwidth(o.path, runtime.rank(), runtime.cpus(), io_bytes, config.io, o.reps,
+                                                     false);
 
     std::vector<ParamSpec> specs;
     const std::size_t per_group = o.params / static_cast<std::size_t>(o.groups);
@@ -252,7 +271,7 @@ int bench_step(int argc, char** argv) {
     const double backward_median = median(backward_seconds), total_median = median(total_seconds);
     // Each step reads every sub-group's region once and writes it back once.
     const auto bytes_read = static_cast<double>(stats.nvme_bytes), bytes_written = static_cast<double>(stats.nvme_bytes);
-    const double limit = bytes_read / bw.read_bytes_per_s + bytes_written / bw.write_bytes_per_s;
+    const double limit = o.on_device ? 0.0 : bytes_read / bw.read_bytes_per_s + bytes_written / bw.write_bytes_per_s;
     const double ratio = limit / step_median;
     const std::size_t rss = proc_status_bytes("VmRSS"), hwm = proc_status_bytes("VmHWM");
     const HostMemoryStats pinned = runtime.device().pinned_stats();
@@ -270,6 +289,7 @@ int bench_step(int argc, char** argv) {
       std::printf(
           "{\"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"ranks\": %d, \"steps\": %d, \"path\": \"%s\",\n"
           " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s, \"reduce_bucket_bytes\": %zu,\n"
+          " \"allgather_bucket_bytes\": %zu, \"optimizer_on_device\": %s,\n"
           " \"backward_seconds\": %.5f, \"backward_plus_step_seconds\": %.5f,\n"
           " \"step_seconds\": %.4f, \"step_samples\": %s, \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f,\n"
           " \"grad_write_seconds\": %.3f, \"grad_norm\": %.6g,\n"
@@ -280,24 +300,34 @@ int bench_step(int argc, char** argv) {
           " \"device_budget_bytes\": %zu, \"loadavg_before\": \"%s\", \"loadavg_after\": \"%s\"}\n",
           engine.numel(), engine.group_count(), std::string(dtype_name(o.dtype)).c_str(), comm.size(), o.steps,
           o.path.c_str(), config.offload.sub_group_bytes, config.offload.optimizer.buffer_count,
-          bw.direct ? "true" : "false", config.buckets.reduce_bytes, backward_median, total_median, step_median,
+          bw.direct ? "true" : "false", config.buckets.reduce_bytes, config.buckets.allgather_bytes,
+          o.on_device ? "true" : "false", backward_median, total_median, step_median,
           samples.c_str(), setup_seconds, set_param_seconds, grad_seconds,
           last.grad_norm, stats.nvme_bytes, stats.nvme_bytes, stats.nvme_bytes, bw.write_bytes_per_s,
           bw.read_bytes_per_s, bw.bytes, limit, ratio, rss, hwm, stats.offload_pinned_bytes, pinned.peak,
           config.device.memory, load_before.c_str(), load_after.c_str());
     } else {
       const auto gb = [](double bytes) { return bytes / 1e9; };
-      std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), states on NVMe in %s (%s)\n",
-                  engine.numel(), std::string(dtype_name(o.dtype)).c_str(), engine.group_count(), comm.size(),
-                  o.path.c_str(), bw.direct ? "O_DIRECT" : "buffered");
-      std::printf("  sub-group %s, %d buffers; engine built in %.1f s, weights set in %.1f s%s\n",
-                  format_size(config.offload.sub_group_bytes).c_str(), config.offload.optimizer.buffer_count,
-                  setup_seconds, set_param_seconds, o.set_param ? "" : " (left zero: --no-set-param)");
-      std::printf("  store bandwidth (median of %d over %.2f GB): write %.3f GB/s, read %.3f GB/s\n", o.reps,
-                  gb(static_cast<double>(bw.bytes)), gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s));
-      std::printf("  per step: %.2f GB read + %.2f GB written -> disk-bound limit %.3f s\n", gb(bytes_read),
-                  gb(bytes_written), limit);
-      std::printf("  step() median of %d: %.3f s -> ratio %.3f (target >= 0.85)\n", o.steps, step_median, ratio);
+      if (o.on_device) {
+        std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), states on the device\n",
+                    engine.numel(), std::string(dtype_name(o.dtype)).c_str(), engine.group_count(), comm.size());
+        std::printf("  engine built in %.1f s, weights set in %.1f s%s\n", setup_seconds, set_param_seconds,
+                    o.set_param ? "" : " (left zero: --no-set-param)");
+        std::printf("  step() median of %d: %.4f s\n", o.steps, step_median);
+      } else {
+        std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), states on NVMe in %s (%s)\n",
+                    engine.numel(), std::string(dtype_name(o.dtype)).c_str(), engine.group_count(), comm.size(),
+                    o.path.c_str(), bw.direct ? "O_DIRECT" : "buffered");
+        std::printf("  sub-group %s, %d buffers; engine built in %.1f s, weights set in %.1f s%s\n",
+                    format_size(config.offload.sub_group_bytes).c_str(), config.offload.optimizer.buffer_count,
+                    setup_seconds, set_param_seconds, o.set_param ? "" : " (left zero: --no-set-param)");
+        std::printf("  store bandwidth (median of %d over %.2f GB): write %.3f GB/s, read %.3f GB/s\n", o.reps,
+                    gb(static_cast<double>(bw.bytes)), gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s));
+        std::printf("  per step: %.2f GB read + %.2f GB written -> disk-bound limit %.3f s\n", gb(bytes_read),
+                    gb(bytes_written), limit);
+        std::printf("  step() median of %d: %.3f s -> ratio %.3f (target >= 0.85)\n", o.steps, step_median, ratio);
+      }
+      std::printf("  buckets.allgather %s\n", format_size(config.buckets.allgather_bytes).c_str());
       std::printf("  buckets.reduce %s: backward (gradient writes, reductions launched) median %.4f s, backward + step()\n"
                   "  median %.4f s\n", format_size(config.buckets.reduce_bytes).c_str(), backward_median, total_median);
       std::printf("  resident: %.2f GB now, %.2f GB peak (states on disk: %.2f GB); pinned %.2f GB (offload %.2f GB)\n",

@@ -28,7 +28,10 @@
 // buckets.reduce bytes (a larger group fills a bucket alone); one collective reduces a bucket once
 // every group in it is ready and it is full, or the next group does not fit, or step() is called.
 // Two buckets exist (each max(buckets.reduce, the largest group), at most every group together): a
-// trainer may hold gradients it has not handed over in at most two of them.
+// trainer may hold gradients it has not handed over in at most two of them. After step() and
+// load(), the updated parameters are all-gathered likewise (config buckets.allgather): consecutive
+// groups whose full parameters fit in buckets.allgather bytes together share one collective through
+// a bucket of the largest such run; a larger group is gathered in place.
 // Threading: one host thread drives an Engine. Every rank makes the same calls in the same order
 // (acquire/grads_ready/step are collective where the stage needs it).
 //

@@ -24,10 +24,11 @@ constexpr const char* kEstimateUsage =
     "in L equal layers (default 32) on R ranks per node (default 1) and K nodes (default 1), for\n"
     "every ZeRO stage and offload mode: per device (params, grads, optimizer states, buffers), pinned\n"
     "host memory per node and NVMe swap space per node. Buffers are the two gradient buckets (each\n"
-    "max(buckets.reduce, one layer), at most the whole model) and, under stage 3, the gathered (live)\n"
-    "layers. Bucket, stage-3 and offload settings come from FILE (marked * where its stage and\n"
-    "offload match a row) or the defaults; --dtype overrides its precision (default: FILE's, else\n"
-    "bf16). Activations and framework workspace are not included.\n";
+    "max(buckets.reduce, one layer), at most the whole model), the parameter all-gather's bucket (the\n"
+    "largest run of consecutive layers that fit in buckets.allgather together; none when no two fit)\n"
+    "and, under stage 3, the gathered (live) layers. Bucket, stage-3 and offload settings come from\n"
+    "FILE (marked * where its stage and offload match a row) or the defaults; --dtype overrides its\n"
+    "precision (default: FILE's, else bf16). Activations and framework workspace are not included.\n";
 
 struct Options {
   std::size_t params = 0;

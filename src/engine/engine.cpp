@@ -159,6 +159,7 @@ struct Engine::State {
   std::unique_ptr<engine::ParamOffload> param_offload;
   std::vector<engine::OffloadGroup> offload_groups;
   DeviceBuffer update_out;  // offloaded parameters, device Adam: one group's updated shard
+  DeviceBuffer gather_bucket;  // gather_through_bucket: every rank's shards of one run of groups
 
   // Declared last, so it is destroyed first: destroying a stream waits for its work, which may
   // still refer to the buffers and spans above (when construction or a step failed part-way).
@@ -295,23 +296,53 @@ struct Engine::State {
   }
 
   // After every rank's shard of the parameters changed: every rank needs the full parameters
-  // again, except stage 3's gathered-on-use groups. Returns when they are in place.
+  // again, except stage 3's gathered-on-use groups. Returns when they are in place. Consecutive
+  // small groups share one collective (config buckets.allgather): with many small groups the
+  // per-collective latency, not the bytes, is what the gather costs.
   void gather_params() {
-    Stream& stream = *comm_stream;
-    for (int g = 0; g < layout.group_count(); ++g) {
-      const auto& place = layout.group(g);
-      char* full = nullptr;
-      if (!params_sharded()) {
-        full = at(full_params, place.full_offset, dtype);
-      } else if (resident[static_cast<std::size_t>(g)]) {
-        full = static_cast<char*>(resident[static_cast<std::size_t>(g)].data());
-        if (param_shards)
-          device.copy_async(full + bytes(shard_begin(g)), at(param_shards, place.shard_offset, dtype),
-                            bytes(place.shard), stream);
-      }
-      if (full && layout.partitions() > 1) comm.all_gather(full + bytes(shard_begin(g)), full, place.shard, dtype, stream);
+    for (const engine::GatherRun& run : plan.gather_runs) {
+      if (run.groups.size() == 1) gather_in_place(run.groups.front());
+      else gather_through_bucket(run);
     }
-    stream.synchronize();
+    comm_stream->synchronize();
+  }
+
+  // One group's all-gather straight into its full segment: no copies beyond bringing the updated
+  // shard to its place in the segment (stage 3 updates a separate shard buffer).
+  void gather_in_place(int g) {
+    const auto& place = layout.group(g);
+    char* const full = group_params(g);
+    char* const own = full + bytes(shard_begin(g));
+    const char* const updated = param_shard_out(g);
+    if (updated != own) device.copy_async(own, updated, bytes(place.shard), *comm_stream);
+    if (layout.partitions() > 1) comm.all_gather(own, full, place.shard, dtype, *comm_stream);
+  }
+
+  // Several groups in one all-gather: the bucket holds rank r's shards of the run's groups, one
+  // after another, at r * run.shard; each group's own shard is copied in, every rank's piece of it
+  // copied out to its full segment. The copies cost far less than a collective per group, and the
+  // runs are small (they fit in buckets.allgather), so the bytes copied stay small too.
+  void gather_through_bucket(const engine::GatherRun& run) {
+    Stream& stream = *comm_stream;
+    char* const bucket = static_cast<char*>(gather_bucket.data());
+    char* const mine = bucket + bytes(static_cast<std::size_t>(rank) * run.shard);
+    std::size_t offset = 0;  // of the group's shard in a rank's piece of the bucket
+    for (int g : run.groups) {
+      device.copy_async(mine + bytes(offset), param_shard_out(g), bytes(layout.group(g).shard), stream);
+      offset += layout.group(g).shard;
+    }
+    comm.all_gather(mine, bucket, run.shard, dtype, stream);
+    offset = 0;
+    for (int g : run.groups) {
+      const std::size_t shard = layout.group(g).shard;
+      char* const full = group_params(g);
+      const char* const updated = param_shard_out(g);
+      for (std::size_t r = 0; r < static_cast<std::size_t>(layout.partitions()); ++r) {
+        char* const piece = full + bytes(r * shard);
+        if (piece != updated) device.copy_async(piece, bucket + bytes(r * run.shard + offset), bytes(shard), stream);
+      }
+      offset += shard;
+    }
   }
 
   void release(int g) {
@@ -458,6 +489,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     s.param_offload = std::make_unique<engine::ParamOffload>(device, layout, plan.param_offload, s.dtype, s.param_store);
     s.update_out = device.allocate(plan.update_out, MemoryCategory::buffers);
   }
+  s.gather_bucket = device.allocate(plan.gather_bucket, MemoryCategory::buffers);
   s.staging_elements = plan.staging_elements;
   s.pinned = device.allocate_pinned(plan.engine_pinned);
   s.grad_spans.reserve(groups);

@@ -62,6 +62,32 @@ void plan_param_offload(const Config& config, const Layout& layout, DType dtype,
   p.pinned_bytes = p.staging_bytes + p.updates_bytes;
 }
 
+// Consecutive gathered groups share a run while the run's gathered bytes (every rank's shards:
+// partitions x its shard) fit in buckets.allgather; a larger group is a run of its own. Runs skip
+// the groups that are not gathered after a step (stage 3's gathered-on-use ones): which groups
+// share a run only decides where they sit in the bucket, not what the gather computes.
+void plan_gather_runs(const Config& config, const Layout& layout, DType dtype, MemoryPlan& p) {
+  if (config.stage == 0) return;  // one partition: the full parameters are what the step updated
+  const std::size_t element = dtype_size(dtype);
+  // One partition gathers nothing, so groups gain nothing from sharing a bucket.
+  const std::size_t capacity = layout.partitions() > 1 ? config.buckets.allgather_bytes : 0;
+  std::size_t run_bytes = 0;
+  for (int g = 0; g < layout.group_count(); ++g) {
+    if (config.stage == 3 && p.resident[static_cast<std::size_t>(g)] == 0) continue;
+    const auto& place = layout.group(g);
+    const std::size_t need = place.padded * element;
+    if (p.gather_runs.empty() || run_bytes + need > capacity) {
+      p.gather_runs.emplace_back();
+      run_bytes = 0;
+    }
+    GatherRun& run = p.gather_runs.back();
+    run.groups.push_back(g);
+    run.shard += place.shard;
+    run_bytes += need;
+    if (run.groups.size() > 1) p.gather_bucket = std::max(p.gather_bucket, run_bytes);
+  }
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const Config& config, const Layout& layout) {
@@ -112,6 +138,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
     if (p.offload_params) p.gathered_shard = bytes(layout.largest_segment() / partitions);
     add(MemoryCategory::buffers, p.gathered_count * (p.gathered_slot + p.gathered_shard));
   }
+  plan_gather_runs(config, layout, dtype, p);
+  add(MemoryCategory::buffers, p.gather_bucket);
   if (p.offload_optimizer) plan_optimizer_offload(config, layout, dtype, p.optimizer_offload);
   if (p.offload_params) {
     p.param_offload.offloaded.resize(groups);

@@ -62,6 +62,13 @@ struct ParamOffloadPlan {
   std::size_t nvme_bytes = 0;
 };
 
+// Groups whose full parameters step() rebuilds from the updated shards with one all-gather: one
+// group (gathered in place, no bucket) or several consecutive ones (through the gather bucket).
+struct GatherRun {
+  std::vector<int> groups;  // in layout order
+  std::size_t shard = 0;    // elements: the groups' shards together, one rank's piece of the run
+};
+
 struct MemoryPlan {
   // Device buffers, bytes (0: not allocated).
   std::size_t full_params = 0;           // stages 0-2: every segment
@@ -79,6 +86,12 @@ struct MemoryPlan {
   std::size_t gathered_count = 0;
   std::size_t gathered_shard = 0;        // stage 3, offloaded parameters: per gathered buffer
   std::size_t update_out = 0;            // offloaded parameters, optimizer on the device
+  // After each step (config buckets.allgather): the groups whose full parameters are rebuilt
+  // (stages 1-2: every group; stage 3: the resident ones; stage 0: none) in runs of consecutive
+  // groups whose gathered bytes fit in buckets.allgather (one partition: a run per group). The
+  // bucket holds the largest run of several groups (0 when none), rank-major.
+  std::vector<GatherRun> gather_runs;
+  std::size_t gather_bucket = 0;
 
   // Pinned host memory of the engine itself: the scalars, then set_param/get_param staging.
   std::size_t staging_elements = 0;

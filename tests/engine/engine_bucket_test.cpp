@@ -1,5 +1,6 @@
-// Gradient buckets (buckets.reduce), under mpirun with 1, 2 and 4 ranks: consecutive small groups
-// share one reduce collective, every stage still equals the reference Adam, and the buckets take
+// Gradient buckets (buckets.reduce) and the parameter all-gather's bucket (buckets.allgather),
+// under mpirun with 1, 2 and 4 ranks: consecutive small groups share one reduce collective, and
+// after the step one all-gather; every stage still equals the reference Adam, and the buckets take
 // exactly the memory the plan (and `zest estimate`) says.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -22,13 +23,16 @@ namespace {
 
 using namespace reference_training;
 
-// Forwards to the real communicator and counts the reductions (all-reduce and reduce-scatter).
+// Forwards to the real communicator and counts the reductions (all-reduce and reduce-scatter) and
+// the all-gathers.
 class CountingCommunicator : public Communicator {
  public:
   explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
 
   // Reductions since the last call.
   int take_reductions() { return std::exchange(reductions_, 0); }
+  // All-gathers since the last call.
+  int take_gathers() { return std::exchange(gathers_, 0); }
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -43,6 +47,7 @@ class CountingCommunicator : public Communicator {
     inner_.reduce_scatter(send, recv, recv_count, dtype, op, stream);
   }
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, Stream& stream) override {
+    ++gathers_;
     inner_.all_gather(send, recv, send_count, dtype, stream);
   }
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
@@ -53,6 +58,7 @@ class CountingCommunicator : public Communicator {
  private:
   Communicator& inner_;
   int reductions_ = 0;
+  int gathers_ = 0;
 };
 
 constexpr int kGroups = 24;
@@ -191,6 +197,110 @@ TEST(Buckets, MemoryIsThePlannedBucketSize) {
         << "stage " << stage;
   }
 }
+
+// The runs of groups one step all-gathers, as the engine's plan must form them: the groups whose
+// full parameters the step rebuilds (stages 1-2: every group; stage 3: those resident under
+// reference_training's 1 KiB persistence threshold) in layout order, each appended to the current
+// run while the run's gathered bytes (every rank's shards: the padded segments) stay within
+// buckets.allgather; a larger group is a run alone.
+struct GatherRuns {
+  int gathered_groups = 0;
+  int runs = 0;
+  std::size_t largest_shared = 0;  // bytes of the largest run of several groups: the gather bucket
+};
+
+GatherRuns expected_gather_runs(const std::vector<ParamSpec>& specs, int stage, std::size_t allgather_bytes,
+                                int partitions) {
+  GatherRuns result;
+  std::size_t used = 0;
+  int in_run = 0;
+  for (const ParamSpec& spec : specs) {
+    const std::size_t need = padded(spec, partitions) * sizeof(float);
+    if (stage == 3 && need > 1024) continue;  // gathered when a lease asks for it, not by step()
+    ++result.gathered_groups;
+    if (result.runs == 0 || used + need > allgather_bytes) {
+      ++result.runs;
+      used = 0;
+      in_run = 0;
+    }
+    used += need;
+    if (++in_run > 1) result.largest_shared = std::max(result.largest_shared, used);
+  }
+  return result;
+}
+
+struct GatherCase {
+  int stage;
+  std::size_t allgather_bytes;
+  const char* name;
+};
+
+class GatherCoalescing : public testing::TestWithParam<GatherCase> {};
+
+// Per step (inside step() only: stage 3's leases gather their groups themselves): one all-gather
+// per run, none with one rank; the parameters of the reference Adam; and the gather bucket is the
+// largest run of several groups, exactly as the estimate says.
+TEST_P(GatherCoalescing, OneAllGatherPerRunAndTheReferenceParameters) {
+  const GatherCase& k = GetParam();
+  Options o;
+  o.stage = k.stage;
+  o.specs = small_groups();
+  o.allgather_bucket = k.allgather_bytes;
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{256} << 20);
+  auto real = make_mpi_communicator(session, *device);
+  CountingCommunicator comm(*real);
+  std::vector<int> per_step;
+  EngineStats stats;
+  const auto got = train_engine(o, kSteps, *device, comm, &stats, [&] { per_step.push_back(comm.take_gathers()); },
+                                [&] { comm.take_gathers(); });
+  EXPECT_LT(max_relative_error(got, train_reference(o, kSteps)), 1e-6);
+  // Bit for bit the run that gathers one group per collective: the bucket only moves bytes (the
+  // gradients, hence the weights, depend on the gathered parameters).
+  Options unbucketed_options = o;
+  unbucketed_options.allgather_bucket = 1;
+  EXPECT_EQ(got, train_engine(unbucketed_options, kSteps, *device, comm));
+
+  const int ranks = comm.size();
+  const MemoryEstimate want = estimate_memory(make_config(o), o.specs, ranks);
+  for (std::size_t c = 0; c < kMemoryCategoryCount; ++c)
+    EXPECT_EQ(stats.memory.peak[c], want.device[c]) << category_name(static_cast<MemoryCategory>(c));
+  const MemoryEstimate unbucketed = estimate_memory(make_config(unbucketed_options), o.specs, ranks);
+  const GatherRuns runs = expected_gather_runs(o.specs, k.stage, k.allgather_bytes, ranks);
+  ASSERT_EQ(per_step.size(), static_cast<std::size_t>(kSteps));
+  if (ranks == 1) {  // one partition: nothing to gather, no bucket
+    for (int step = 0; step < kSteps; ++step) EXPECT_EQ(per_step[static_cast<std::size_t>(step)], 0) << "step " << step + 1;
+    EXPECT_EQ(want.device_of(MemoryCategory::buffers), unbucketed.device_of(MemoryCategory::buffers));
+    return;
+  }
+  EXPECT_EQ(want.device_of(MemoryCategory::buffers) - unbucketed.device_of(MemoryCategory::buffers),
+            runs.largest_shared);
+  if (k.allgather_bytes == 1) {
+    EXPECT_EQ(runs.runs, runs.gathered_groups);  // one per group
+    EXPECT_EQ(runs.largest_shared, 0u);
+  } else if (k.allgather_bytes < (std::size_t{1} << 20)) {
+    EXPECT_GT(runs.runs, 1);
+    EXPECT_LT(runs.runs, runs.gathered_groups);
+  } else {
+    EXPECT_EQ(runs.runs, 1);  // every gathered group in one
+  }
+  if (k.stage == 3) {
+    EXPECT_EQ(runs.gathered_groups, 3);  // the three 256-element groups are resident
+  }
+  for (int step = 0; step < kSteps; ++step)
+    EXPECT_EQ(per_step[static_cast<std::size_t>(step)], runs.runs) << "step " << step + 1;
+}
+
+// Middle sizes that split the gathered groups into several runs: stage 3 gathers only its three
+// resident groups (3 KiB at 2 or 4 ranks), so its middle size is smaller.
+INSTANTIATE_TEST_SUITE_P(
+    StagesAndBucketSizes, GatherCoalescing,
+    testing::Values(GatherCase{1, 1, "stage1_one_group_each"}, GatherCase{1, 8192, "stage1_8KiB"},
+                    GatherCase{1, 25u << 20, "stage1_25MiB"}, GatherCase{2, 1, "stage2_one_group_each"},
+                    GatherCase{2, 8192, "stage2_8KiB"}, GatherCase{2, 25u << 20, "stage2_25MiB"},
+                    GatherCase{3, 1, "stage3_one_group_each"}, GatherCase{3, 2048, "stage3_2KiB"},
+                    GatherCase{3, 25u << 20, "stage3_25MiB"}),
+    [](const testing::TestParamInfo<GatherCase>& info) { return std::string(info.param.name); });
 
 TEST(Buckets, TrainerErrorsNameTheGroupAndWhatToDo) {
   MpiSession session;

@@ -80,14 +80,18 @@ Config memory_config(int stage, std::size_t budget) {
   // Reduce buckets of one layer, so the buffers stay two layers: with the default 25MiB each of the
   // two buckets would hold this small model's whole gradient.
   c.buckets.reduce_bytes = segment_bound();
+  // Likewise the parameter all-gather's bucket: at most one layer (the default would hold the
+  // whole model under stages 1-2).
+  c.buckets.allgather_bytes = segment_bound();
   return c;
 }
 
 // What the config lets the engine hold in `buffers`: two gradient buckets of max(buckets.reduce,
-// the largest segment); under stage 3 the gathered-parameter buffers, at most max(max_live, two
-// segments) (two is the engine's minimum); 256 bytes for step()'s scalars.
+// the largest segment); the all-gather bucket, at most buckets.allgather; under stage 3 the
+// gathered-parameter buffers, at most max(max_live, two segments) (two is the engine's minimum);
+// 256 bytes for step()'s scalars.
 std::size_t buffer_bound(const Config& c) {
-  std::size_t bound = 2 * std::max(c.buckets.reduce_bytes, segment_bound()) + 256;
+  std::size_t bound = 2 * std::max(c.buckets.reduce_bytes, segment_bound()) + c.buckets.allgather_bytes + 256;
   if (c.stage == 3) bound += std::max(c.stage3.max_live_bytes, 2 * segment_bound());
   return bound;
 }

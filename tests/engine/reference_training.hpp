@@ -56,6 +56,7 @@ struct Options {
   int buffer_count = 4;
   std::vector<ParamSpec> specs;       // empty: model()
   std::size_t reduce_bucket = 0;      // buckets.reduce; 0: the default
+  std::size_t allgather_bucket = 0;   // buckets.allgather; 0: the default
 };
 
 inline std::vector<ParamSpec> specs_of(const Options& o) { return o.specs.empty() ? model() : o.specs; }
@@ -84,16 +85,19 @@ inline Config make_config(const Options& o) {
   if (o.offload_param == OffloadDevice::nvme) c.offload.param.path = o.nvme_path;
   if (o.sub_group_bytes > 0) c.offload.sub_group_bytes = o.sub_group_bytes;
   if (o.reduce_bucket > 0) c.buckets.reduce_bytes = o.reduce_bucket;
+  if (o.allgather_bucket > 0) c.buckets.allgather_bytes = o.allgather_bucket;
   return c;
 }
 
 // Trains `steps` steps with an engine on `device` and `comm`; returns every tensor's final master
 // weights. On a host-accessible device the trainer reads parameters and writes gradients in place;
 // elsewhere it goes through host copies, as a GPU trainer's kernels would write them, and finishes
-// its writes (stream synchronized) before grads_ready. `after_step` runs after each step() returns.
+// its writes (stream synchronized) before grads_ready. `before_step` runs just before each step(),
+// `after_step` after each step() returns.
 inline std::vector<std::vector<float>> train_engine(const Options& o, int steps, Device& device, Communicator& comm,
                                                     EngineStats* stats_out = nullptr,
-                                                    const std::function<void()>& after_step = {}) {
+                                                    const std::function<void()>& after_step = {},
+                                                    const std::function<void()>& before_step = {}) {
   const std::vector<ParamSpec> specs = specs_of(o);
   Engine engine(make_config(o), device, comm, specs);
   for (std::size_t t = 0; t < specs.size(); ++t) {
@@ -141,6 +145,7 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
         engine.grads_ready(g);
       }
     }
+    if (before_step) before_step();
     engine.step();
     if (after_step) after_step();
   }
