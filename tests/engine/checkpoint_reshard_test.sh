@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # zest-train resumed from checkpoints across rank counts and stages follows the loss curve of one
-# uninterrupted run: np 4 stage 3 saves after step 5, np 2 stage 2 loads it and saves after step 9,
-# np 1 stage 0 loads that and stops at step 12; each resumed step's loss is within 1e-5 of the
-# reference's. Then saves killed with SIGKILL inside their save window leave the previous checkpoint.
+# uninterrupted run: np 4 stage 3 saves after step 5, np 2 stage 2 with its optimizer states on NVMe
+# loads it and saves after step 9, np 1 stage 0 loads that and stops at step 12; each resumed
+# step's loss is within 1e-5 of the reference's. Then saves killed with SIGKILL inside their save window leave the previous checkpoint.
 # usage: checkpoint_reshard_test.sh ZEST_TRAIN MPIRUN SOURCE_DIR
 set -euo pipefail
 train=$1 mpirun=$2 source=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# run NAME RANKS STAGE ARGS...: writes $work/NAME.loss ("step loss" lines)
+# run NAME RANKS STAGE ARGS...: writes $work/NAME.loss ("step loss" lines); $extra (YAML) is
+# appended to the config
+extra=""
 run() {
   local name=$1 ranks=$2 stage=$3
   shift 3
   sed -e "s/^stage: .*/stage: $stage/" "$source/configs/train-tiny.yaml" > "$work/$name.yaml"
+  printf '%s\n' "$extra" >> "$work/$name.yaml"
   "$mpirun" --oversubscribe --bind-to none -np "$ranks" "$train" --config "$work/$name.yaml" "$@" \
     > "$work/$name.out" 2>&1 || { echo "FAIL: $name"; cat "$work/$name.out"; exit 1; }
   awk '$1 == "step" { print $2, $4 }' "$work/$name.out" > "$work/$name.loss"
@@ -34,7 +37,11 @@ same() {
 failures=0
 run ref 1 0 --steps 12
 run a 4 3 --steps 5 --save "$work/ckpt"
+# b keeps its optimizer states in NVMe swap files: loaded into them and saved from them by ranges.
+mkdir "$work/swap"
+extra=$(printf 'offload:\n  optimizer:\n    device: nvme\n    path: %s' "$work/swap")
 run b 2 2 --load "$work/ckpt" --steps 9 --save "$work/ckpt"
+extra=""
 run c 1 0 --load "$work/ckpt" --steps 12
 same a 1 5 || failures=$((failures + 1))
 same b 6 9 || failures=$((failures + 1))
