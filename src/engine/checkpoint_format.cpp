@@ -9,6 +9,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <vector>
 
@@ -50,6 +51,8 @@ std::size_t RankEntry::elements() const {
 std::string state_file_name(int rank, StateKind state) {
   return std::string("rank").append(std::to_string(rank)).append(".").append(state_name(state)).append(".bin");
 }
+
+std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
 
 std::string serialize(const Manifest& m) {
   std::ostringstream out;

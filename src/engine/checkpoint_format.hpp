@@ -69,6 +69,7 @@ struct Manifest {
 };
 
 std::string state_file_name(int rank, StateKind state);  // rank<r>.<state>.bin
+std::string join(const std::string& dir, const std::string& name);  // dir/name
 
 // Text; ends with a line holding the CRC32C of everything before it.
 std::string serialize(const Manifest& manifest);

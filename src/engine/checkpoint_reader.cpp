@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
 
 #include "offload/checksum.hpp"
 #include "zest/error.hpp"
@@ -23,8 +22,6 @@ std::string shape_text(const std::vector<std::size_t>& shape) {
   for (std::size_t i = 0; i < shape.size(); ++i) text.append(i ? ", " : "").append(std::to_string(shape[i]));
   return text.append("]");
 }
-
-std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
 
 }  // namespace
 

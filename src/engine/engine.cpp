@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <stdio.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -470,7 +469,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     s.staging.push_back(Slot{device.allocate(plan.staging_slot, MemoryCategory::buffers), device.create_event(), -1, {}});
   s.buckets.resize(s.staging.size());
   for (Bucket& b : s.buckets) b.entries.reserve(groups);
-  s.bucket_limit = std::min(config.buckets.reduce_bytes / dtype_size(s.dtype), layout.full_numel());
+  s.bucket_limit = plan.bucket_fill;
   s.smallest_group = layout.group(0).padded;
   for (int g = 1; g < layout.group_count(); ++g) s.smallest_group = std::min(s.smallest_group, layout.group(g).padded);
   for (std::size_t i = 0; i < plan.gathered_count; ++i)
@@ -859,7 +858,7 @@ std::vector<std::string> config_changes(const std::string& saved, const std::str
   return changes;
 }
 
-std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
+using ckpt::join;
 
 // Calls visit(range, a, b, at) for the parts [a, b) (tensor elements) of `ranges` inside shard
 // positions [lo, lo + n), `at` being a's place from lo. `ranges` are in shard order.

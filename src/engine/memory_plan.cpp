@@ -124,8 +124,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   const std::size_t segment_bytes = bytes(layout.largest_segment());
   // A reduce bucket holds consecutive groups up to buckets.reduce (never more than every group
   // together, so a small model does not pay for a large bucket), or one larger group alone.
-  p.bucket_elements = std::max(layout.largest_segment(),
-                               std::min(config.buckets.reduce_bytes / dtype_size(dtype), layout.full_numel()));
+  p.bucket_fill = std::min(config.buckets.reduce_bytes / dtype_size(dtype), layout.full_numel());
+  p.bucket_elements = std::max(layout.largest_segment(), p.bucket_fill);
   p.staging_slot = bytes(p.bucket_elements);
   add(MemoryCategory::buffers, MemoryPlan::kStagingSlots * p.staging_slot);
   if (sharded) {

@@ -80,6 +80,7 @@ struct MemoryPlan {
   // Gradient staging: kStagingSlots reduce buckets of bucket_elements each (in dtype), so backward
   // writes into one while the other reduces.
   std::size_t bucket_elements = 0;
+  std::size_t bucket_fill = 0;  // groups share a bucket up to this many elements (buckets.reduce)
   std::size_t staging_slot = 0;
   static constexpr std::size_t kStagingSlots = 2;
   std::size_t gathered_slot = 0;         // stage 3: full parameters of one non-resident group
