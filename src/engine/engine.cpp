@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/checkpoint_format.hpp"
-#include "engine/checkpoint_reader.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/reader.hpp"
 #include "engine/device_math.hpp"
 #include "engine/layout.hpp"
 #include "engine/loss_scaler.hpp"
@@ -794,7 +794,7 @@ EngineStats Engine::stats() const {
 
 namespace {
 
-namespace ckpt = engine::checkpoint;
+namespace ckpt = checkpoint;
 using ckpt::StateKind;
 
 // The tensor ranges rank `q` of a layout stores in a checkpoint (`saved`: one partition writes

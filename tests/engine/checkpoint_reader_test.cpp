@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_format.hpp"
-#include "engine/checkpoint_reader.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/reader.hpp"
 #include "zest/error.hpp"
 
-namespace zest::engine::checkpoint {
+namespace zest::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -150,4 +150,4 @@ TEST_F(ReaderTest, AnInconsistentManifestIsRefused) {
 }
 
 }  // namespace
-}  // namespace zest::engine::checkpoint
+}  // namespace zest::checkpoint

@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_format.hpp"
+#include "checkpoint/format.hpp"
 #include "offload/checksum.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 
 namespace zest::synthetic_checkpoint {
 
-namespace ckpt = engine::checkpoint;
+namespace ckpt = checkpoint;
 
 // Element j of tensor t. Multiples of 1/8 up to ~125 in magnitude: exact in fp32, and most need
 // rounding in bf16 (8 significant bits), ties included. tests/cli/checkpoint_consolidate_test.py

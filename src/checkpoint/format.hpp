@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace zest::engine::checkpoint {
+namespace zest::checkpoint {
 
 constexpr int kFormatVersion = 2;
 constexpr const char* kManifestName = "manifest";
@@ -105,4 +105,4 @@ class FileWriter {
   std::vector<std::uint32_t> crcs_;
 };
 
-}  // namespace zest::engine::checkpoint
+}  // namespace zest::checkpoint

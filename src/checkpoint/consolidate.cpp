@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/checkpoint_reader.hpp"
+#include "checkpoint/reader.hpp"
 #include "runtime/half.hpp"
 #include "zest/checkpoint.hpp"
 #include "zest/error.hpp"
@@ -24,7 +24,7 @@
 namespace zest {
 namespace {
 
-namespace ckpt = engine::checkpoint;
+namespace ckpt = checkpoint;
 
 // The file's numbers and tensor bytes are little-endian; written as the host holds them.
 static_assert(std::endian::native == std::endian::little, "consolidate writes host bytes as little-endian");

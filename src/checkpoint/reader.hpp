@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/checkpoint_format.hpp"
+#include "checkpoint/format.hpp"
 #include "zest/engine.hpp"
 
-namespace zest::engine::checkpoint {
+namespace zest::checkpoint {
 
 class Reader {
  public:
@@ -68,4 +68,4 @@ class Reader {
 // Throws Error unless the checkpoint holds exactly `specs` (names, shapes, groups, in order).
 void require_model(const Manifest& manifest, const std::vector<ParamSpec>& specs, const std::string& dir);
 
-}  // namespace zest::engine::checkpoint
+}  // namespace zest::checkpoint

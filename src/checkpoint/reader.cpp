@@ -1,4 +1,4 @@
-#include "engine/checkpoint_reader.hpp"
+#include "checkpoint/reader.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include "offload/checksum.hpp"
 #include "zest/error.hpp"
 
-namespace zest::engine::checkpoint {
+namespace zest::checkpoint {
 namespace {
 
 // Rank files stay open between reads; a checkpoint of thousands of ranks would exceed the
@@ -189,4 +189,4 @@ void require_model(const Manifest& m, const std::vector<ParamSpec>& specs, const
   }
 }
 
-}  // namespace zest::engine::checkpoint
+}  // namespace zest::checkpoint

@@ -1,13 +1,13 @@
 // zest/checkpoint.hpp's read_checkpoint_info and verify_checkpoint: the public view of what
 // checkpoint::Reader parses and checks.
-#include "engine/checkpoint_reader.hpp"
+#include "checkpoint/reader.hpp"
 #include "zest/checkpoint.hpp"
 
 namespace zest {
 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
-  const engine::checkpoint::Reader reader(dir);
-  const engine::checkpoint::Manifest& m = reader.manifest();
+  const checkpoint::Reader reader(dir);
+  const checkpoint::Manifest& m = reader.manifest();
   CheckpointInfo info;
   info.format_version = m.version;
   info.world_size = m.world_size;
@@ -17,15 +17,15 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   info.loss_scale = m.loss_scale;
   info.config = m.config;
   info.chunk_bytes = m.chunk_bytes;
-  for (const engine::checkpoint::TensorEntry& t : m.tensors) info.tensors.push_back({t.name, t.shape, t.group});
-  for (const engine::checkpoint::RankEntry& rank : m.ranks)
-    for (const engine::checkpoint::StateFile& file : rank.files)
+  for (const checkpoint::TensorEntry& t : m.tensors) info.tensors.push_back({t.name, t.shape, t.group});
+  for (const checkpoint::RankEntry& rank : m.ranks)
+    for (const checkpoint::StateFile& file : rank.files)
       info.files.push_back({file.name, file.bytes, file.chunk_crcs.size()});
   return info;
 }
 
 std::vector<std::string> verify_checkpoint(const std::string& dir) {
-  engine::checkpoint::Reader reader(dir);
+  checkpoint::Reader reader(dir);
   return reader.verify_all();
 }
 

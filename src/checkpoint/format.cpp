@@ -1,4 +1,4 @@
-#include "engine/checkpoint_format.hpp"
+#include "checkpoint/format.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,7 +16,7 @@
 #include "offload/checksum.hpp"
 #include "zest/error.hpp"
 
-namespace zest::engine::checkpoint {
+namespace zest::checkpoint {
 namespace {
 
 [[noreturn]] void bad_manifest(const std::string& path, int line, const std::string& what) {
@@ -291,4 +291,4 @@ void FileWriter::finish() {
   if (rc != 0) throw IoError("checkpoint: cannot close", path_, 0, bytes_, errno);
 }
 
-}  // namespace zest::engine::checkpoint
+}  // namespace zest::checkpoint
