@@ -151,7 +151,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
 
   std::size_t largest_tensor = 0;
   for (std::size_t t = 0; t < layout.tensor_count(); ++t) largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
-  p.staging_elements = std::min(largest_tensor, kStagingElements);
+  // At least 3: the device-resident states pass through it for checkpoints a third each.
+  p.staging_elements = std::min(std::max(largest_tensor, std::size_t{3}), kStagingElements);
   const std::size_t low_bytes = dtype == DType::f32 ? 0 : bytes(p.staging_elements);
   p.engine_pinned = kScalarsBytes + p.staging_elements * sizeof(float) + low_bytes;
 

@@ -129,7 +129,7 @@ struct OffloadedOptimizer::Impl {
     }
   }
 
-  void step(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) {
+  void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) {
     check_usable();
     try {
       run(groups, args, sink);
@@ -140,7 +140,7 @@ struct OffloadedOptimizer::Impl {
     }
   }
 
-  void run(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) {
+  void run(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) {
     const std::size_t n = subs.size();
     // Gradients run slots - 1 sub-groups ahead; states are read max(1, slots - 2) ahead, which
     // leaves a slot for the update and one for the write of the previous sub-group.
@@ -169,7 +169,7 @@ struct OffloadedOptimizer::Impl {
       grad_ready[slot]->synchronize();
       if (store) reads[slot].wait();
       float* master = master_of(sub, slot);
-      const OffloadGroup& io = groups[static_cast<std::size_t>(sub.group)];
+      const StepGroup& io = groups[static_cast<std::size_t>(sub.group)];
       const bool upload = io.device_out != nullptr;
       // fp32 parameters on the device are the master weights: uploaded from the whole-shard array
       // where it exists, else copied next to the low-precision outputs.
@@ -268,7 +268,7 @@ void OffloadedOptimizer::visit_states(std::size_t offset, std::size_t count, boo
   impl_->visit_states(offset, count, write_back, visit);
 }
 
-void OffloadedOptimizer::step(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args,
+void OffloadedOptimizer::step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args,
                               HostParamSink* sink) {
   impl_->step(groups, args, sink);
 }

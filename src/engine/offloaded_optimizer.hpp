@@ -29,6 +29,7 @@
 
 #include "engine/layout.hpp"
 #include "engine/memory_plan.hpp"
+#include "engine/optimizer_states.hpp"
 #include "offload/io_handle.hpp"
 #include "offload/store.hpp"
 #include "optim/cpu_adam.hpp"
@@ -37,54 +38,36 @@
 
 namespace zest::engine {
 
-// Where the updated low-precision parameters of a group go when they stay on the host (stage 3 with
-// offloaded parameters): begin_update gives the host buffer for the group's whole shard (dtype),
-// end_update says it is complete. Called from the thread that runs step().
-class HostParamSink {
- public:
-  virtual ~HostParamSink() = default;
-  virtual void* begin_update(int group) = 0;
-  virtual void end_update(int group) = 0;
-};
-
-// One group's part of the step: this rank's gradient shard on the device (in dtype), and where the
-// updated parameters of the shard go: device memory, or (device_out null) the step's HostParamSink.
-struct OffloadGroup {
-  const void* grad = nullptr;
-  void* device_out = nullptr;
-};
-
-class OffloadedOptimizer {
+class OffloadedOptimizer final : public OptimizerStates {
  public:
   // `plan`: its sub-groups and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be
   // shared with the parameters' offload), null for cpu. Throws OutOfDeviceMemory/SystemError from
   // the pinned allocations, IoError from the store.
   OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, const OptimizerOffloadPlan& plan,
                      DType dtype, int threads, std::shared_ptr<offload::Store> store);
-  ~OffloadedOptimizer();
+  ~OffloadedOptimizer() override;
   OffloadedOptimizer(const OffloadedOptimizer&) = delete;
   OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;
 
   // Master weights of [offset, offset + count) of the shard buffer (elements), synchronously.
   // nvme: reads (and for write_master rewrites) the sub-groups the range touches.
-  void write_master(std::size_t offset, const float* values, std::size_t count);
-  void read_master(std::size_t offset, float* values, std::size_t count);
+  void write_master(std::size_t offset, const float* values, std::size_t count) override;
+  void read_master(std::size_t offset, float* values, std::size_t count) override;
   // The three states of [offset, offset + count) of the shard buffer, side by side (checkpoints):
   // visit(master, m, v, first, n) for consecutive pieces, `first` counted from `offset`. nvme: each
   // sub-group the range touches is read once (and written back after its visit when `write_back`),
   // from the swap file into a pinned slot; nothing passes through device memory.
-  using StatesVisit = std::function<void(float* master, float* m, float* v, std::size_t first, std::size_t n)>;
-  void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit);
+  void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) override;
 
   // One Adam step over the whole shard. `groups` has one entry per layout group; the gradients
   // must be complete on the device. Returns when the parameters are on the device (or handed to
   // `sink`) and the states are stored. Throws IoError (then the optimizer is unusable, see above).
-  void step(std::span<const OffloadGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink);
+  void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) override;
 
   std::size_t sub_group_count() const;
   std::size_t sub_group_elements() const;  // the largest sub-group
-  std::size_t nvme_bytes() const;          // bytes of the store taken by the states
-  std::size_t pinned_bytes() const;        // pinned host memory it holds
+  std::size_t nvme_bytes() const override;    // bytes of the store taken by the states
+  std::size_t pinned_bytes() const override;  // pinned host memory it holds
 
  private:
   struct Impl;

@@ -1,0 +1,292 @@
+#include "checkpoint/engine_io.hpp"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/format.hpp"
+#include "checkpoint/reader.hpp"
+#include "zest/error.hpp"
+
+namespace zest::checkpoint {
+namespace {
+
+using engine::Layout;
+
+// The tensor ranges rank `q` of a layout stores in a checkpoint (`saved`: one partition writes
+// only on rank 0) or holds in its optimizer shard (every rank when there is one partition), in
+// shard order.
+std::vector<Range> ranges_of(const Layout& layout, int q, bool saved) {
+  std::vector<Range> ranges;
+  if (saved && layout.partitions() == 1 && q != 0) return ranges;
+  for (std::size_t t = 0; t < layout.tensor_count(); ++t) {
+    const auto& place = layout.tensor(t);
+    const auto& g = layout.group(place.group);
+    const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(q) * g.shard;
+    const std::size_t lo = std::max(place.offset, begin), hi = std::min(place.offset + place.numel, begin + g.shard);
+    if (lo < hi) ranges.push_back({t, lo - place.offset, hi - place.offset});
+  }
+  return ranges;
+}
+
+// Where tensor element `j` sits in rank `q`'s shard buffer (optimizer states), and in its group's
+// shard.
+std::size_t in_group_shard(const Layout& layout, int q, std::size_t tensor, std::size_t j) {
+  const auto& place = layout.tensor(tensor);
+  const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(q) * layout.group(place.group).shard;
+  return place.offset + j - begin;
+}
+std::size_t shard_position(const Layout& layout, int q, std::size_t tensor, std::size_t j) {
+  return layout.group(layout.tensor(tensor).group).shard_offset + in_group_shard(layout, q, tensor, j);
+}
+
+// The settings a checkpoint records, as key=value words.
+std::string fingerprint(const Config& c) {
+  const auto& o = c.optimizer;
+  char text[320];
+  std::snprintf(text, sizeof text,
+                "stage=%d dtype=%s optimizer=%s lr=%.9g beta1=%.9g beta2=%.9g eps=%.9g weight_decay=%.9g "
+                "gradient_clipping=%.9g",
+                c.stage, std::string(dtype_name(c.precision.dtype)).c_str(),
+                o.type == OptimizerType::adam ? "adam" : "adamw", o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+                c.gradient_clipping);
+  return text;
+}
+
+// "key: A in the checkpoint, B now" for each key whose value differs.
+std::vector<std::string> config_changes(const std::string& saved, const std::string& now) {
+  auto words = [](const std::string& text) {
+    std::vector<std::pair<std::string, std::string>> result;
+    std::istringstream in(text);
+    for (std::string word; in >> word;) {
+      const std::size_t eq = word.find('=');
+      if (eq != std::string::npos) result.emplace_back(word.substr(0, eq), word.substr(eq + 1));
+    }
+    return result;
+  };
+  std::vector<std::string> changes;
+  const auto before = words(saved);
+  for (const auto& [key, value] : words(now)) {
+    const auto it = std::find_if(before.begin(), before.end(), [&](const auto& w) { return w.first == key; });
+    const std::string old = it == before.end() ? std::string("unset") : it->second;
+    if (old != value) changes.push_back(std::string(key).append(": ").append(old).append(" in the checkpoint, ").append(value).append(" now"));
+  }
+  return changes;
+}
+
+
+// Calls visit(range, a, b, at) for the parts [a, b) (tensor elements) of `ranges` inside shard
+// positions [lo, lo + n), `at` being a's place from lo. `ranges` are in shard order.
+template <class Visit>
+void for_each_overlap(const Layout& layout, int q, const std::vector<Range>& ranges, std::size_t lo,
+                      std::size_t n, Visit visit) {
+  for (const Range& r : ranges) {
+    const std::size_t begin = shard_position(layout, q, r.tensor, r.lo), end = begin + (r.hi - r.lo);
+    const std::size_t a = std::max(lo, begin), b = std::min(lo + n, end);
+    if (a < b) visit(r, r.lo + (a - begin), r.lo + (b - begin), a - lo);
+  }
+}
+
+// Every rank's `words` (the same count on each), in rank order: status and values the ranks agree
+// on. 32-bit words travel as fp32 bit patterns, which the gather copies without arithmetic.
+std::vector<std::uint32_t> gather_words(Device& device, Communicator& comm, Stream& stream,
+                                               const std::vector<std::uint32_t>& words) {
+  const std::size_t n = words.size(), ranks = static_cast<std::size_t>(comm.size());
+  if (ranks == 1) return words;
+  HostBuffer host = device.allocate_pinned(ranks * n * sizeof(std::uint32_t));
+  DeviceBuffer buffer = device.allocate(ranks * n * sizeof(std::uint32_t), MemoryCategory::buffers);
+  char* mine = buffer.as<char>() + static_cast<std::size_t>(comm.rank()) * n * sizeof(std::uint32_t);
+  std::memcpy(host.data(), words.data(), n * sizeof(std::uint32_t));
+  device.copy_async(mine, host.data(), n * sizeof(std::uint32_t), stream);
+  comm.all_gather(mine, buffer.data(), n, DType::f32, stream);
+  device.copy_async(host.data(), buffer.data(), ranks * n * sizeof(std::uint32_t), stream);
+  stream.synchronize();
+  std::vector<std::uint32_t> all(ranks * n);
+  std::memcpy(all.data(), host.data(), all.size() * sizeof(std::uint32_t));
+  return all;
+}
+
+// Every rank learns whether any failed; a failed rank rethrows its own error, the others say which
+// rank failed (and `consequence`), so that no rank goes on to the next collective phase alone.
+void agree(Device& device, Communicator& comm, Stream& stream, const std::exception_ptr& failure,
+                  const std::string& operation, const std::string& consequence = "nothing was changed") {
+  const auto flags = gather_words(device, comm, stream, {failure ? 1u : 0u});
+  if (failure) std::rethrow_exception(failure);
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r])
+      throw Error(std::string(operation).append(": rank ").append(std::to_string(r))
+                      .append(" failed (its error says why); ").append(consequence));
+}
+
+}  // namespace
+
+void save(const EngineParts& e, const std::string& dir) {
+  Stream& stream = e.stream;
+  const int rank = e.comm.rank();
+  const char* op = "Engine::save";
+  const std::string target = std::filesystem::path(dir).lexically_normal().string();
+  if (target.empty() || std::filesystem::path(target).filename().empty())
+    throw Error(std::string(op).append(": '").append(dir).append("' names no directory"));
+  const auto pid = gather_words(e.device, e.comm, stream, {static_cast<std::uint32_t>(::getpid())})[0];
+  const std::string temp = std::string(target).append(".tmp-").append(std::to_string(pid));
+
+  std::exception_ptr failure;
+  if (rank == 0) {
+    try {
+      std::filesystem::remove_all(temp);  // left by a crashed save of an earlier process with this pid
+      std::filesystem::create_directories(temp);
+    } catch (const std::filesystem::filesystem_error& e) {
+      failure = std::make_exception_ptr(IoError(std::string(op).append(": cannot create the directory"), temp, 0, 0,
+                                                e.code().value()));
+    }
+  }
+  agree(e.device, e.comm, stream, failure, op);
+
+  // This rank's three files: each state of each of its ranges, in shard order.
+  RankEntry mine;
+  mine.ranges = ranges_of(e.layout, rank, true);
+  try {
+    std::vector<std::unique_ptr<FileWriter>> writers;
+    for (int k = 0; k < kStates; ++k)
+      writers.push_back(std::make_unique<FileWriter>(join(temp, state_file_name(rank, StateKind(k)))));
+    if (!mine.ranges.empty()) {
+      // One pass over the shard: each NVMe sub-group is read once, into pinned host memory.
+      const auto& last = mine.ranges.back();
+      const std::size_t from = shard_position(e.layout, rank, mine.ranges.front().tensor, mine.ranges.front().lo);
+      const std::size_t to = shard_position(e.layout, rank, last.tensor, last.lo) + (last.hi - last.lo);
+      e.states.visit_states(from, to - from, false, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
+        const float* states[] = {master, m, v};
+        for_each_overlap(e.layout, rank, mine.ranges, from + first, n,
+                         [&](const Range&, std::size_t a, std::size_t b, std::size_t at) {
+                           for (int k = 0; k < kStates; ++k) writers[k]->append(states[k] + at, (b - a) * sizeof(float));
+                         });
+      });
+    }
+    for (int k = 0; k < kStates; ++k) {
+      auto& w = *writers[static_cast<std::size_t>(k)];
+      w.finish();
+      mine.files[static_cast<std::size_t>(k)] = {state_file_name(rank, StateKind(k)), w.bytes(), w.chunk_crcs()};
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree(e.device, e.comm, stream, failure, op, std::string(target).append(" is unchanged"));
+
+  // Rank 0 writes the manifest: every rank's chunk checksums travel to it as 32-bit words.
+  std::vector<std::uint32_t> crcs;
+  for (const auto& f : mine.files) crcs.insert(crcs.end(), f.chunk_crcs.begin(), f.chunk_crcs.end());
+  const auto counts = gather_words(e.device, e.comm, stream, {static_cast<std::uint32_t>(crcs.size())});
+  const std::size_t most = *std::max_element(counts.begin(), counts.end());
+  crcs.resize(most);
+  const auto all_crcs = gather_words(e.device, e.comm, stream, crcs);
+  if (rank == 0) {
+    try {
+      Manifest m;
+      m.world_size = e.comm.size();
+      m.stage = e.config.stage;
+      m.steps = e.steps;
+      m.skipped = e.skipped;
+      m.loss_scale = e.scaler.scale();
+      m.clean_steps = e.scaler.clean_steps();
+      m.hysteresis_left = e.scaler.hysteresis_left();
+      m.config = fingerprint(e.config);
+      for (const ParamSpec& p : e.specs) m.tensors.push_back({p.name, p.shape, p.group, p.numel()});
+      for (int q = 0; q < e.comm.size(); ++q) {
+        RankEntry entry;
+        entry.ranges = ranges_of(e.layout, q, true);
+        const std::uint64_t bytes = entry.elements() * sizeof(float);
+        const std::size_t chunks = static_cast<std::size_t>((bytes + m.chunk_bytes - 1) / m.chunk_bytes);
+        auto next = all_crcs.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q) * most);
+        for (int k = 0; k < kStates; ++k, next += static_cast<std::ptrdiff_t>(chunks))
+          entry.files[static_cast<std::size_t>(k)] = {state_file_name(q, StateKind(k)), bytes,
+                                                      std::vector<std::uint32_t>(next, next + static_cast<std::ptrdiff_t>(chunks))};
+        m.ranks.push_back(std::move(entry));
+      }
+      const std::string text = serialize(m);
+      write_file_synced(join(temp, kManifestName), text.data(), text.size());
+      fsync_directory(temp);
+      // Swap the new directory in: atomically where the file system can exchange two names, else
+      // the old one is moved aside first (a crash between the two renames leaves it there).
+      const std::string aside = std::string(target).append(".old-").append(std::to_string(pid));
+      const bool existed = std::filesystem::exists(target);
+      if (existed && ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+        std::filesystem::remove_all(temp);  // now the old checkpoint
+      } else {
+        if (existed && ::rename(target.c_str(), aside.c_str()) != 0)
+          throw IoError(std::string(op).append(": cannot move the previous checkpoint aside"), target, 0, 0, errno);
+        if (::rename(temp.c_str(), target.c_str()) != 0)
+          throw IoError(std::string(op).append(": cannot rename the new checkpoint into place"), temp, 0, 0, errno);
+        if (existed) std::filesystem::remove_all(aside);
+      }
+      const std::filesystem::path parent = std::filesystem::path(target).parent_path();
+      fsync_directory(parent.empty() ? std::string(".") : parent.string());
+    } catch (const std::filesystem::filesystem_error& e) {
+      failure = std::make_exception_ptr(IoError(std::string(op).append(": ").append(e.what()), target, 0, 0,
+                                                e.code().value()));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree(e.device, e.comm, stream, failure, op);
+}
+
+LoadResult load(const EngineParts& e, const std::string& dir) {
+  Stream& stream = e.stream;
+  const int rank = e.comm.rank();
+  const char* op = "Engine::load";
+
+  // First everything this rank will read is checked, the engine unchanged: the manifest against
+  // this model, the files' sizes, and the CRC32C of every chunk holding one of this rank's ranges
+  // (only those: a rank reads its own shard's ranges, wherever the saving ranks put them).
+  std::unique_ptr<Reader> reader;
+  const auto mine = ranges_of(e.layout, rank, false);
+  std::exception_ptr failure;
+  try {
+    reader = std::make_unique<Reader>(dir);
+    require_model(reader->manifest(), e.specs, dir);
+    reader->check_files();
+    for (int k = 0; k < kStates; ++k)
+      for (const auto& r : mine) reader->read(StateKind(k), r.tensor, r.lo, r.hi, nullptr);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree(e.device, e.comm, stream, failure, op);
+
+  // Then the states of this rank's shard and its part of the parameters, read again (the page
+  // cache usually still holds them) and checked again as they are read.
+  try {
+    e.states.visit_states(0, e.layout.shard_numel(), true, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
+      float* states[] = {master, m, v};
+      for (float* state : states) std::fill(state, state + n, 0.0f);  // padding
+      for_each_overlap(e.layout, rank, mine, first, n, [&](const Range& r, std::size_t a, std::size_t b, std::size_t at) {
+        for (int k = 0; k < kStates; ++k) reader->read(StateKind(k), r.tensor, a, b, states[k] + at);
+        e.params.write_shard(e.layout.tensor(r.tensor).group, in_group_shard(e.layout, rank, r.tensor, a),
+                             master + at, b - a);
+      });
+    });
+    e.params.drop_prefetched();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree(e.device, e.comm, stream, failure, op,
+        "this engine is partly loaded: load a checkpoint again before training");
+  e.params.gather_all();
+  const Manifest& m = reader->manifest();
+  e.steps = m.steps;
+  e.skipped = m.skipped;
+  e.scaler.restore(m.loss_scale, m.clean_steps, m.hysteresis_left);
+  return {m.steps, config_changes(m.config, fingerprint(e.config))};
+}
+
+}  // namespace zest::checkpoint

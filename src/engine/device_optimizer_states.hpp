@@ -1,0 +1,45 @@
+// Optimizer states on the device: fp32 master weights, m and v of this rank's shard in three
+// device buffers, stepped by the device's Adam (DeviceMath) on the comm stream. Host access
+// (set_param, get_param, checkpoints) goes through the engine's pinned staging in chunks.
+#pragma once
+
+#include <vector>
+
+#include "engine/device_math.hpp"
+#include "engine/host_staging.hpp"
+#include "engine/layout.hpp"
+#include "engine/memory_plan.hpp"
+#include "engine/optimizer_states.hpp"
+#include "zest/device.hpp"
+
+namespace zest::engine {
+
+class DeviceOptimizerStates final : public OptimizerStates {
+ public:
+  // Allocates master, m and v (plan.optimizer_state each, zeroed) and, where stage 3's parameters
+  // are offloaded, the buffer their updates pass through (plan.update_out).
+  DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout, const MemoryPlan& plan,
+                        DType dtype, HostStaging& staging);
+
+  void write_master(std::size_t offset, const float* values, std::size_t count) override;
+  void read_master(std::size_t offset, float* values, std::size_t count) override;
+  void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) override;
+  void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) override;
+  std::size_t nvme_bytes() const override { return 0; }
+  std::size_t pinned_bytes() const override { return 0; }
+
+ private:
+  AdamShard shard(int g, const void* grad, void* out) const;
+
+  Device& device_;
+  Stream& stream_;
+  DeviceMath& math_;
+  const Layout& layout_;
+  const DType dtype_;
+  HostStaging& staging_;
+  DeviceBuffer master_, m_, v_;
+  DeviceBuffer update_out_;  // offloaded parameters: one group's updated shard on its way to the host
+  std::vector<AdamShard> shards_;  // the stream reads them until the step's math has run
+};
+
+}  // namespace zest::engine

@@ -1,0 +1,97 @@
+// Gradient buckets (config buckets.reduce): where backward writes gradients, and their reduction
+// across ranks into the accumulated gradient the step reads.
+//
+// Groups are placed in the open bucket in the order the trainer asks for their gradients (backward
+// order), as long as they fit in buckets.reduce (a larger group fills a bucket alone), so many small
+// layers cost one collective instead of one each: per-collective latency, not bandwidth, dominates
+// small messages. A bucket is sealed when the next group does not fit, when no group could fit in
+// what is left, or at step(); a sealed bucket whose groups are all ready is reduced at once on the
+// comm stream (while backward goes on), added to the accumulated gradient (the first reduction of
+// a step overwrites it) and zeroed for its next use. Stages 0 and 1 accumulate every group in full,
+// stages 2 and 3 only this rank's shard. Two buckets exist (MemoryPlan::kStagingSlots).
+// Threading: the engine's host thread; the work runs on the comm stream.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "engine/device_math.hpp"
+#include "engine/layout.hpp"
+#include "engine/memory_plan.hpp"
+#include "engine/slot_pool.hpp"
+#include "zest/communicator.hpp"
+#include "zest/config.hpp"
+#include "zest/device.hpp"
+
+namespace zest::engine {
+
+class GradBuckets {
+ public:
+  // Allocates the accumulated gradient and the buckets (plan.grads, plan.staging_slot each), zeroed.
+  GradBuckets(const Config& config, Device& device, Communicator& comm, Stream& comm_stream, DeviceMath& math,
+              const Layout& layout, const MemoryPlan& plan);
+
+  // Where group g's gradient of this micro-batch is written (its segment, padded; overwrite it):
+  // its place in the open bucket, taken on the first call after the group's last ready().
+  char* grad(int g);
+  bool requested(int g) const { return staging_of_[static_cast<std::size_t>(g)] >= 0; }
+  // The group's gradient is complete: its bucket is reduced once every group in it is.
+  void ready(int g);
+  // step(): throws Error when a group's gradient was requested and not marked ready; otherwise the
+  // open bucket is sealed (and reduced).
+  void flush();
+
+  // After flush(), on the comm stream: group g's reduced, accumulated gradient of this rank's shard.
+  const char* reduced(int g) const;
+  bool has_grad(int g) const { return accumulated_[static_cast<std::size_t>(g)]; }
+  bool any_grad() const;
+  // Forgets this step's gradients: the next reduction of each group overwrites; the accumulated
+  // gradient is zeroed on the comm stream (ordered after whatever read it).
+  void end_step();
+
+  // Borrows a free, all-zero bucket (get_param assembles a tensor there) and gives it back (zero
+  // again, its event recorded after its last use).
+  Slot& borrow(int group);
+  void give_back(Slot& slot);
+
+ private:
+  bool full_grads() const { return stage_ <= 1; }
+  std::size_t bytes(std::size_t elements) const { return elements * dtype_size(dtype_); }
+  void place(int g);
+  void seal(int slot);
+  void reduce(int slot);
+
+  // The groups whose gradients share one bucket and are reduced by one collective.
+  struct Bucket {
+    struct Entry {
+      int group = 0;
+      std::size_t offset = 0;  // of the group's padded segment in the bucket, elements
+    };
+    std::vector<Entry> entries;  // in the order grad() placed them; a group twice for two micro-batches
+    std::size_t used = 0;        // elements
+    int writing = 0;             // entries whose ready() has not come yet
+    bool sealed = false;         // takes no more groups: reduced as soon as writing is 0
+  };
+
+  Device& device_;
+  Communicator& comm_;
+  Stream& stream_;
+  DeviceMath& math_;
+  const Layout& layout_;
+  const int stage_;
+  const int rank_;
+  const DType dtype_;
+  const bool overlap_;
+  DeviceBuffer grads_;  // full segments (stages 0, 1) or this rank's shards (stages 2, 3)
+  SlotPool slots_;      // all zero while free
+  std::vector<Bucket> buckets_;  // per slot
+  int open_ = -1;                // the slot grad() places the next group in, or -1
+  std::size_t limit_ = 0;        // elements: buckets.reduce; a larger group fills a bucket alone
+  std::size_t smallest_group_ = 0;  // elements: a bucket with less room left is full
+  std::vector<int> staging_of_;     // group -> slot its gradient is being written to, or -1
+  std::vector<std::size_t> staged_at_;  // group -> its offset in that slot, elements
+  std::vector<bool> accumulated_;   // group -> has a gradient this step
+  std::vector<bool> summed_;        // group -> grads_ holds its reduced sum: the next one adds to it
+};
+
+}  // namespace zest::engine

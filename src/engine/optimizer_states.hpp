@@ -1,0 +1,62 @@
+// This rank's optimizer states — fp32 master weights and Adam's m and v of its shard — and the
+// Adam step over them, behind one interface with two implementations, so the engine's
+// orchestration never asks where they live:
+//   DeviceOptimizerStates     on the device (the device's Adam: DeviceMath)
+//   OffloadedOptimizer        pinned host memory or an NVMe swap file, stepped by the CPU Adam in a
+//                             pipeline of sub-groups (offload.optimizer.device: cpu | nvme)
+// Offsets and counts are elements of the rank's shard buffer (Layout::shard_numel()).
+// Threading: the engine's host thread.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "optim/cpu_adam.hpp"
+
+namespace zest::engine {
+
+// Where the updated low-precision parameters of a group go when they stay on the host (stage 3 with
+// offloaded parameters): begin_update gives the host buffer for the group's whole shard (dtype),
+// end_update says it is complete. Called from the thread that runs step().
+class HostParamSink {
+ public:
+  virtual ~HostParamSink() = default;
+  virtual void* begin_update(int group) = 0;
+  virtual void end_update(int group) = 0;
+};
+
+// One group's part of the step: this rank's reduced gradient shard on the device (in dtype), and
+// where the updated parameters of the shard go: device memory, or (device_out null) the step's
+// HostParamSink.
+struct StepGroup {
+  const void* grad = nullptr;
+  void* device_out = nullptr;
+};
+
+class OptimizerStates {
+ public:
+  virtual ~OptimizerStates() = default;
+
+  // Master weights of [offset, offset + count), from or to fp32 host memory, synchronously.
+  virtual void write_master(std::size_t offset, const float* values, std::size_t count) = 0;
+  virtual void read_master(std::size_t offset, float* values, std::size_t count) = 0;
+
+  // The three states of [offset, offset + count), side by side in host memory (checkpoints):
+  // visit(master, m, v, first, n) for consecutive pieces, `first` counted from `offset`; with
+  // `write_back`, what the visit leaves there is stored back. Nothing passes through device memory
+  // the plan did not reserve.
+  using StatesVisit = std::function<void(float* master, float* m, float* v, std::size_t first, std::size_t n)>;
+  virtual void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) = 0;
+
+  // One Adam step over the whole shard. `groups` has one entry per layout group; the gradients must
+  // be complete on the device (on the comm stream, which the step orders after). Returns when the
+  // updated parameters are on the device (or handed to `sink`) and the states are stored.
+  virtual void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) = 0;
+
+  virtual std::size_t nvme_bytes() const = 0;    // of the swap file
+  virtual std::size_t pinned_bytes() const = 0;  // pinned host memory held for the states
+};
+
+}  // namespace zest::engine
