@@ -190,7 +190,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
     train::Trainer trainer(config, train, corpus, device, comm, blas_threads);
     r.params = trainer.engine().numel();
     std::vector<ParamSpec> specs;
-    for (std::size_t t = 0; t < trainer.engine().size(); ++t) specs.push_back(trainer.engine().spec(t));
+    for (std::size_t t = 0; t < trainer.engine().tensor_count(); ++t) specs.push_back(trainer.engine().spec(t));
     r.estimate_device_bytes = estimate_memory(config, specs, comm.size()).device_total;
     for (int step = 1; step <= steps; ++step) {
       comm.barrier();
@@ -230,7 +230,7 @@ bool fits(Config config, const charlm::CharMlpShape& shape, std::size_t budget, 
     Engine engine(config, *device, comm, train::engine_params(model));
     for (int g = engine.group_count() - 1; g >= 0; --g) {
       auto lease = engine.acquire(g);
-      for (std::size_t t = 0; t < engine.size(); ++t)
+      for (std::size_t t = 0; t < engine.tensor_count(); ++t)
         if (engine.spec(t).group == g) lease.grad(t);
       engine.grads_ready(g);
     }

@@ -232,11 +232,11 @@ int bench_step(int argc, char** argv) {
       start = Clock::now();
       std::vector<float> values;
       std::size_t first = 0;
-      for (std::size_t t = 0; t < engine.size(); ++t) {
+      for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
         values.resize(engine.spec(t).numel());
         fill_weights(values, first);
         first += values.size();
-        engine.set_param(t, values.data());
+        engine.set_param(t, values);
       }
       set_param_seconds = seconds_since(start);
     }
@@ -250,8 +250,8 @@ int bench_step(int argc, char** argv) {
       const float grad = 1e-3f * static_cast<float>(engine.loss_scale()) * static_cast<float>(step + 1);
       for (int g = engine.group_count() - 1; g >= 0; --g) {
         auto lease = engine.acquire(g);
-        for (std::size_t t = 0; t < engine.size(); ++t)
-          if (engine.spec(t).group == g) fill_grad(lease.grad(t), engine.spec(t).numel(), o.dtype, grad);
+        for (std::size_t t = 0; t < engine.tensor_count(); ++t)
+          if (engine.spec(t).group == g) fill_grad(lease.grad(t).data, engine.spec(t).numel(), o.dtype, grad);
         engine.grads_ready(g);
       }
       backward_seconds.push_back(seconds_since(start));

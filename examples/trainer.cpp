@@ -61,9 +61,9 @@ class Trainer::Binding {
     release_all();
     auto& lease = leases_[static_cast<std::size_t>(group)];
     lease.emplace(engine_.acquire(group));
-    for (std::size_t t = 0; t < engine_.size(); ++t) {
+    for (std::size_t t = 0; t < engine_.tensor_count(); ++t) {
       if (engine_.spec(t).group != group) continue;
-      void* device = lease->param(t);
+      void* device = lease->param(t).data;
       if (engine_.dtype() == DType::f32) {
         param_ptrs_[t] = static_cast<float*>(device);
       } else {
@@ -75,9 +75,9 @@ class Trainer::Binding {
 
   void hand_over(int group) {
     auto& lease = leases_[static_cast<std::size_t>(group)];
-    for (std::size_t t = 0; t < engine_.size(); ++t)
+    for (std::size_t t = 0; t < engine_.tensor_count(); ++t)
       if (engine_.spec(t).group == group)
-        store_scaled(grads_[t].data(), engine_.loss_scale(), lease->grad(t), engine_.dtype(), grads_[t].size());
+        store_scaled(grads_[t].data(), engine_.loss_scale(), lease->grad(t).data, engine_.dtype(), grads_[t].size());
     engine_.grads_ready(group);
   }
 
@@ -107,10 +107,10 @@ Trainer::Trainer(const Config& config, const TrainConfig& train, const charlm::T
                     .append(") must split evenly into gradient_accumulation_steps (")
                     .append(std::to_string(accumulation_)).append(") micro-batches"));
   engine_ = std::make_unique<Engine>(config, device, comm, engine_params(model_));
-  for (std::size_t t = 0; t < engine_->size(); ++t) {
+  for (std::size_t t = 0; t < engine_->tensor_count(); ++t) {
     std::vector<float> values(engine_->spec(t).numel());
     model_.init_tensor(t, 0, values, train.seed);
-    engine_->set_param(t, values.data());
+    engine_->set_param(t, values);
   }
   binding_ = std::make_unique<Binding>(*engine_, model_);
   windows_.resize(model_.max_batch() * sampler_.window());

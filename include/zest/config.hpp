@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,15 @@ struct Stage3Config {
   std::size_t persistence_threshold_bytes = std::size_t{64} << 10;  // smaller stay resident
 };
 
+// An optimizer parameter group (e.g. no weight decay for biases and norms): the tensors whose names
+// match one of `match` (shell-style patterns as fnmatch(3) reads them, where `*` also matches '.')
+// take these hyper-parameters; an unset one is the optimizer's. A tensor belongs to the first group
+// that matches it; tensors no group matches use the optimizer's own values (group 0).
+struct OptimizerParamGroup {
+  std::vector<std::string> match;
+  std::optional<double> lr, beta1, beta2, eps, weight_decay;
+};
+
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;
   double lr = 1e-3;
@@ -48,6 +58,7 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.01;
   int threads = 0;  // CPU Adam threads; 0 = every core near the device
+  std::vector<OptimizerParamGroup> param_groups;  // groups 1, 2, ... in this order
 };
 
 struct LossScaleConfig {

@@ -53,7 +53,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zest/communicator.hpp"
@@ -63,10 +65,30 @@
 namespace zest {
 
 struct ParamSpec {
-  std::string name;
+  std::string name;  // unique and not empty: checkpoints and optimizer parameter groups use it
   std::vector<std::size_t> shape;
   int group = 0;  // a layer: gathered, released and reduced together; groups are contiguous runs
-  std::size_t numel() const;
+  std::size_t numel() const;  // throws Error when the shape's product overflows
+};
+
+// A tensor the engine hands out: device memory (on cpu, host memory the trainer reads and writes),
+// with its element type and its registered shape. Valid as long as the call that gave it says.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::span<const std::size_t> shape;  // the ParamSpec's, owned by the engine
+  std::size_t numel = 0;
+  template <class T>
+  T* as() const { return static_cast<T*>(data); }
+};
+
+// The Adam hyper-parameters of one optimizer parameter group, as the next step will use them.
+struct OptimizerGroupOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
 };
 
 struct StepResult {
@@ -103,17 +125,34 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  std::size_t size() const;                  // number of tensors
+  // Tensors are numbered in registration order. Out-of-range indices and unknown names throw Error.
+  std::size_t tensor_count() const;
+  std::size_t tensor_index(std::string_view name) const;
   const ParamSpec& spec(std::size_t tensor) const;
   std::size_t numel() const;                 // parameters, without padding
-  int group_count() const;
+  int group_count() const;                   // communication groups (layers)
   DType dtype() const;                       // of parameters and gradients on the device
 
-  // Sets a tensor's value from `numel` fp32 host values, identical on every rank: master weights and
-  // device parameters. Collective. Call before training (or to overwrite weights).
-  void set_param(std::size_t tensor, const float* values);
-  // Reads a tensor's fp32 master weights into `values` on every rank. Collective.
-  void get_param(std::size_t tensor, float* values);
+  // Sets a tensor's value from fp32 host values (exactly spec(tensor).numel() of them, else Error),
+  // identical on every rank: master weights and device parameters. Collective. Call before training
+  // (or to overwrite weights).
+  void set_param(std::size_t tensor, std::span<const float> values);
+  // Reads a tensor's fp32 master weights into `values` (exactly numel() of them) on every rank.
+  // Collective.
+  void get_param(std::size_t tensor, std::span<float> values);
+
+  // Optimizer parameter groups (config optimizer.param_groups; independent of the communication
+  // groups above): group 0 holds the tensors no pattern matches, with the optimizer's own values;
+  // group i >= 1 is param_groups[i - 1]. Changes take effect at the next step() and must be the
+  // same on every rank (each rank updates its own shard with its own values). save() records the
+  // current values and load() restores them, so a schedule resumes where it was.
+  int optimizer_group_count() const;
+  int optimizer_group_of(std::size_t tensor) const;
+  OptimizerGroupOptions optimizer_group(int group) const;
+  // Throws Error for a group out of range or a value no step can use (lr <= 0, betas outside
+  // [0, 1), eps <= 0, weight decay < 0, any of them not finite); nothing changes then.
+  void set_optimizer_group(int group, const OptimizerGroupOptions& options);
+  void set_lr(int group, double lr);  // set_optimizer_group with only the learning rate changed
 
   // Checkpoints. Collective; call between steps (no gradient accumulated, every rank the same).
   // save writes this rank's fp32 master weights, Adam's m and v, per tensor range of its shard (one
@@ -133,15 +172,23 @@ class Engine {
 
   // Device access to one group for forward or backward. Holding a lease keeps the group's full
   // parameters alive (stage 3: gathered, and released when the lease ends).
+  //
+  // Which pointers stay put (so a framework can alias its tensors to them without copies): at
+  // stages 0-2, and for stage 3's resident groups (smaller than stage3.persistence_threshold),
+  // param(t).data is the same address from construction to destruction, and the engine writes
+  // there only inside step() and load() (and set_param). A stage-3 group's gathered parameters
+  // live in a pool slot: valid while a lease on the group is held, possibly elsewhere next time.
+  // Gradient pointers (grad()) are valid from the call until the group's grads_ready().
   class GroupLease {
    public:
     GroupLease(GroupLease&&) noexcept;
     GroupLease& operator=(GroupLease&&) noexcept;
     ~GroupLease();
-    // Device pointer to the tensor's parameters (dtype()). The tensor must belong to the group.
-    void* param(std::size_t tensor) const;
-    // Device pointer where backward writes (overwrites) the tensor's gradient, until grads_ready.
-    void* grad(std::size_t tensor) const;
+    // The tensor's parameters (dtype()). The tensor must belong to the group; a moved-from lease
+    // throws Error.
+    TensorView param(std::size_t tensor) const;
+    // Engine::grad for a tensor of the leased group.
+    TensorView grad(std::size_t tensor) const;
 
    private:
     friend class Engine;
@@ -151,11 +198,16 @@ class Engine {
   };
   GroupLease acquire(int group);
 
+  // Where backward writes (overwrites) the tensor's gradient of this micro-batch, until its group's
+  // grads_ready(). Needs no lease: at stage 3 a trainer hands gradients over without gathering
+  // parameters. The group's tensors share one place (a bucket), taken at the group's first grad().
+  TensorView grad(std::size_t tensor);
+
   // The group's gradients for this micro-batch are written (cuda: the writes have completed): they
   // are reduced across ranks with their bucket (and added to the accumulated gradient) on the comm
-  // stream while the trainer goes on. A later lease.grad() of the group starts a new contribution
-  // (the next micro-batch), added to this one. Throws Error when no grad() of the group came since
-  // its last grads_ready.
+  // stream while the trainer goes on. A later grad() of the group starts a new contribution (the
+  // next micro-batch), added to this one. Throws Error when no grad() of the group came since its
+  // last grads_ready.
   void grads_ready(int group);
 
   // After the last micro-batch: reduces the last bucket, waits for the reductions, checks overflow

@@ -201,6 +201,7 @@ void save(const EngineParts& e, const std::string& dir) {
       m.clean_steps = e.scaler.clean_steps();
       m.hysteresis_left = e.scaler.hysteresis_left();
       m.config = fingerprint(e.config);
+      for (const auto& h : e.optimizer_groups) m.optimizer_groups.push_back({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay});
       for (const ParamSpec& p : e.specs) m.tensors.push_back({p.name, p.shape, p.group, p.numel()});
       for (int q = 0; q < e.comm.size(); ++q) {
         RankEntry entry;
@@ -286,7 +287,25 @@ LoadResult load(const EngineParts& e, const std::string& dir) {
   e.steps = m.steps;
   e.skipped = m.skipped;
   e.scaler.restore(m.loss_scale, m.clean_steps, m.hysteresis_left);
-  return {m.steps, config_changes(m.config, fingerprint(e.config))};
+  LoadResult result{m.steps, config_changes(m.config, fingerprint(e.config))};
+  // The optimizer groups' current values (a schedule's) resume; a checkpoint with another number of
+  // groups (or none: format 2) leaves this engine's, and says so.
+  if (m.optimizer_groups.size() == e.optimizer_groups.size()) {
+    for (std::size_t i = 0; i < m.optimizer_groups.size(); ++i) {
+      const auto& g = m.optimizer_groups[i];
+      auto& h = e.optimizer_groups[i];
+      h.lr = g.lr;
+      h.beta1 = g.beta1;
+      h.beta2 = g.beta2;
+      h.eps = g.eps;
+      h.weight_decay = g.weight_decay;
+    }
+  } else {
+    result.config_changes.push_back(std::string("optimizer groups: ").append(std::to_string(m.optimizer_groups.size()))
+                                        .append(" in the checkpoint, ").append(std::to_string(e.optimizer_groups.size()))
+                                        .append(" now (this engine's values are kept)"));
+  }
+  return result;
 }
 
 }  // namespace zest::checkpoint

@@ -12,6 +12,7 @@
 #include "engine/loss_scaler.hpp"
 #include "engine/optimizer_states.hpp"
 #include "engine/param_gather.hpp"
+#include "optim/adam_math.hpp"
 #include "zest/communicator.hpp"
 #include "zest/config.hpp"
 #include "zest/device.hpp"
@@ -31,6 +32,7 @@ struct EngineParts {
   std::int64_t& steps;
   std::int64_t& skipped;
   engine::LossScaler& scaler;
+  std::vector<optim::AdamHyperParams>& optimizer_groups;  // current values, saved and restored
 };
 
 void save(const EngineParts& engine, const std::string& dir);

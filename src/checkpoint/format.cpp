@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -63,6 +64,10 @@ std::string serialize(const Manifest& m) {
   out << "skipped " << m.skipped << '\n';
   out << "loss_scaler " << hex_double(m.loss_scale) << ' ' << m.clean_steps << ' ' << m.hysteresis_left << '\n';
   out << "config " << m.config << '\n';
+  out << "optimizer_groups " << m.optimizer_groups.size() << '\n';
+  for (const auto& g : m.optimizer_groups)
+    out << "optimizer_group " << hex_double(g.lr) << ' ' << hex_double(g.beta1) << ' ' << hex_double(g.beta2) << ' '
+        << hex_double(g.eps) << ' ' << hex_double(g.weight_decay) << '\n';
   out << "chunk_bytes " << m.chunk_bytes << '\n';
   out << "tensors " << m.tensors.size() << '\n';
   for (const TensorEntry& t : m.tensors) {
@@ -96,10 +101,11 @@ Manifest parse(const std::string& text, const std::string& path) {
       throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
                       .append(std::to_string(version)).append(", this build reads version ")
                       .append(std::to_string(kFormatVersion)).append("; load it with a newer zest"));
-    if (version < kFormatVersion)
+    if (version < kOldestReadableVersion)
       throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
-                      .append(std::to_string(version)).append(" was written by a pre-release zest; this build reads version ")
-                      .append(std::to_string(kFormatVersion)).append(": save the checkpoint again"));
+                      .append(std::to_string(version)).append(" was written by a pre-release zest; this build reads versions ")
+                      .append(std::to_string(kOldestReadableVersion)).append(" to ").append(std::to_string(kFormatVersion))
+                      .append(": save the checkpoint again"));
   }
   const std::size_t end = text.rfind("end ");
   if (end == std::string::npos || text.empty() || text.back() != '\n')
@@ -143,6 +149,26 @@ Manifest parse(const std::string& text, const std::string& path) {
     m.loss_scale = std::strtod(scale.c_str(), nullptr);
   }
   { auto f = next("config"); m.config = rest_of_line(f); }
+  if (m.version >= 3) {
+    std::size_t groups = 0;
+    { auto f = next("optimizer_groups"); f >> groups; check(f, "optimizer group count"); }
+    // Each group is one line of the text: a count beyond the lines left is damage, not a size.
+    if (groups > static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')))
+      bad_manifest(path, line_no, "more optimizer groups than lines");
+    for (std::size_t i = 0; i < groups; ++i) {
+      auto f = next("optimizer_group");
+      std::string v[5];
+      f >> v[0] >> v[1] >> v[2] >> v[3] >> v[4];
+      check(f, "optimizer group");
+      const Manifest::OptimizerGroup g{std::strtod(v[0].c_str(), nullptr), std::strtod(v[1].c_str(), nullptr),
+                                       std::strtod(v[2].c_str(), nullptr), std::strtod(v[3].c_str(), nullptr),
+                                       std::strtod(v[4].c_str(), nullptr)};
+      const bool usable = g.lr > 0 && g.lr < HUGE_VAL && g.beta1 >= 0 && g.beta1 < 1 && g.beta2 >= 0 && g.beta2 < 1 &&
+                          g.eps > 0 && g.eps < HUGE_VAL && g.weight_decay >= 0 && g.weight_decay < HUGE_VAL;
+      if (!usable) bad_manifest(path, line_no, "optimizer group values no step can use");
+      m.optimizer_groups.push_back(g);
+    }
+  }
   {
     auto f = next("chunk_bytes");
     f >> m.chunk_bytes;

@@ -20,7 +20,8 @@
 
 namespace zest::checkpoint {
 
-constexpr int kFormatVersion = 2;
+constexpr int kFormatVersion = 3;
+constexpr int kOldestReadableVersion = 2;  // 2 has no optimizer groups (the config's apply)
 constexpr const char* kManifestName = "manifest";
 constexpr std::uint64_t kChunkBytes = std::uint64_t{4} << 20;
 
@@ -63,6 +64,11 @@ struct Manifest {
   // The saving run's settings as space-separated key=value words (stage, dtype, optimizer
   // hyper-parameters); load reports those that differ from the loading engine's.
   std::string config;
+  // Each optimizer parameter group's values at the save (version 3; a schedule resumes from them).
+  struct OptimizerGroup {
+    double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  };
+  std::vector<OptimizerGroup> optimizer_groups;
   std::uint64_t chunk_bytes = kChunkBytes;
   std::vector<TensorEntry> tensors;
   std::vector<RankEntry> ranks;  // one per saving rank, index = rank

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -199,6 +200,7 @@ class ConfigReader {
   Reader size(std::size_t& out, SizeRule rule = SizeRule::any);
   Reader flag(bool& out);
   Reader text(std::string& out);
+  Reader param_groups(std::vector<OptimizerParamGroup>& out);
   template <typename Enum, std::size_t N>
   Reader choice(const std::array<EnumName<Enum>, N>& names, Enum& out);
 
@@ -495,6 +497,52 @@ bool positive(double x) { return x > 0; }
 bool non_negative(double x) { return x >= 0; }
 bool unit_interval(double x) { return x >= 0 && x < 1; }
 
+// optimizer.param_groups: a list of maps, each `match` (a pattern or a list of patterns) and any of
+// the optimizer's hyper-parameters; unset ones stay unset (the optimizer's apply).
+ConfigReader::Reader ConfigReader::param_groups(std::vector<OptimizerParamGroup>& out) {
+  return [this, &out](const YAML::Node* value, const std::string& path) {
+    if (value == nullptr) return;
+    constexpr std::string_view kExpected = "a list of parameter groups, each {match: [patterns], lr/betas/eps/weight_decay: ...}";
+    if (!value->IsSequence()) return expected_found(path, kExpected, *value);
+    out.assign(value->size(), {});
+    for (std::size_t i = 0; i < value->size(); ++i) {
+      const YAML::Node item = (*value)[i];
+      const std::string item_path = std::string(path).append("[").append(std::to_string(i)).append("]");
+      marks_[item_path] = item.Mark();
+      OptimizerParamGroup& group = out[i];
+      const double unset = std::numeric_limits<double>::quiet_NaN();
+      double lr = unset, beta1 = unset, beta2 = unset, eps = unset, weight_decay = unset;
+      const Reader patterns = [this, &group](const YAML::Node* node, const std::string& key) {
+        if (node == nullptr) return;
+        if (node->IsSequence()) {
+          for (std::size_t k = 0; k < node->size(); ++k) {
+            const std::string* text = scalar((*node)[k], key, "a tensor-name pattern (text)");
+            if (text != nullptr) group.match.push_back(*text);
+          }
+        } else if (const std::string* text = scalar(*node, key, "a tensor-name pattern or a list of them")) {
+          group.match.push_back(*text);
+        }
+      };
+      read_map(&item, item_path, {
+          {"match", patterns},
+          {"lr", number(lr, "a number > 0", positive)},
+          {"betas", number_pair(beta1, beta2, "in [0, 1)", unit_interval)},
+          {"eps", number(eps, "a number > 0", positive)},
+          {"weight_decay", number(weight_decay, "a number >= 0", non_negative)},
+      });
+      if (item.IsMap() && group.match.empty())
+        report(item_path, "a parameter group needs `match`: the tensor-name patterns it takes (e.g. ['*.bias', '*norm*'])");
+      auto take = [](double v) { return std::isnan(v) ? std::nullopt : std::optional<double>(v); };
+      group.lr = take(lr);
+      group.beta1 = take(beta1);
+      group.beta2 = take(beta2);
+      group.eps = take(eps);
+      group.weight_decay = take(weight_decay);
+    }
+  };
+}
+
+
 Config ConfigReader::read(const YAML::Node* root) {
   Config c;
   c.source = file_;
@@ -535,6 +583,7 @@ Config ConfigReader::read(const YAML::Node* root) {
                         {"weight_decay", number(c.optimizer.weight_decay, "a number >= 0",
                                                 non_negative)},
                         {"threads", integer(c.optimizer.threads, 0, INT_MAX)},
+                        {"param_groups", param_groups(c.optimizer.param_groups)},
                     })},
       {"precision",
        section({

@@ -28,7 +28,7 @@ void accumulate_now(void* dst, const void* src, std::size_t count, DType dtype, 
 // ever used by that stream's worker.
 class CpuDeviceMath final : public DeviceMath {
  public:
-  CpuDeviceMath(const optim::AdamHyperParams& hyper, int threads) : adam_(hyper, threads) {}
+  CpuDeviceMath(const optim::AdamHyperParams& hyper, int threads) : hyper_(hyper), adam_(hyper, threads) {}
 
   void accumulate(void* dst, const void* src, std::size_t count, DType dtype, bool first,
                   Stream& stream) override {
@@ -56,6 +56,7 @@ class CpuDeviceMath final : public DeviceMath {
                  const optim::AdamStepArgs& args, Stream& stream) override {
     stream.host_task([this, shards, grad_dtype, out_dtype, args] {
       for (const AdamShard& s : shards) {
+        adam_.set_hyper(s.hyper ? *s.hyper : hyper_);
         std::span<float> master(s.master, s.count), m(s.m, s.count), v(s.v, s.count);
         const optim::ConstTensorSpan grad{s.grad, grad_dtype, s.count};
         if (out_dtype == DType::f32) {
@@ -70,6 +71,7 @@ class CpuDeviceMath final : public DeviceMath {
   }
 
  private:
+  optim::AdamHyperParams hyper_;
   optim::CpuAdam adam_;
 };
 

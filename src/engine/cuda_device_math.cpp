@@ -58,15 +58,24 @@ class CudaDeviceMath final : public DeviceMath {
                  const optim::AdamStepArgs& args, Stream& stream) override {
     const cudaStream_t s = handle(stream);
     check_span_count(shards.size(), "adam_step");
-    const optim::AdamCoefficients c =
-        optim::make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
     const bool low_precision = out_dtype != DType::f32;
-    adam_table_.clear();
-    for (const AdamShard& a : shards)
-      adam_table_.push_back(kernels::CudaAdamTensor{a.master, a.m, a.v, a.grad, low_precision ? a.out : nullptr,
-                                                    static_cast<std::int64_t>(a.count)});
-    // The step was already skipped on the host when a gradient overflowed: no device flag.
-    kernels::launch_multi_tensor_adam(adam_table_, grad_dtype, low_precision, out_dtype, c, nullptr, s);
+    // One launch per run of shards sharing their optimizer parameter group's hyper-parameters.
+    for (std::size_t first = 0; first < shards.size();) {
+      const optim::AdamHyperParams* hyper = shards[first].hyper;
+      std::size_t last = first + 1;
+      while (last < shards.size() && shards[last].hyper == hyper) ++last;
+      const optim::AdamCoefficients c =
+          optim::make_adam_coefficients(hyper ? *hyper : hyper_, args.step, args.grad_scale, args.clip_coef);
+      adam_table_.clear();
+      for (std::size_t i = first; i < last; ++i) {
+        const AdamShard& a = shards[i];
+        adam_table_.push_back(kernels::CudaAdamTensor{a.master, a.m, a.v, a.grad, low_precision ? a.out : nullptr,
+                                                      static_cast<std::int64_t>(a.count)});
+      }
+      // The step was already skipped on the host when a gradient overflowed: no device flag.
+      kernels::launch_multi_tensor_adam(adam_table_, grad_dtype, low_precision, out_dtype, c, nullptr, s);
+      first = last;
+    }
     if (!low_precision) {
       // fp32 parameters are the master weights: copy them where the trainer reads them.
       for (const AdamShard& a : shards)

@@ -29,6 +29,8 @@ struct GradSpan {
 
 // One contiguous run of a rank's shard: fp32 master weights and moments, updated in place, the
 // gradient (in the call's grad dtype) and where the updated parameters go (in the call's out dtype).
+// `hyper`: the shard's optimizer parameter group (null: the math's own, from make_device_math); it
+// is read when the stream runs the step.
 struct AdamShard {
   float* master = nullptr;
   float* m = nullptr;
@@ -36,6 +38,7 @@ struct AdamShard {
   const void* grad = nullptr;
   void* out = nullptr;
   std::size_t count = 0;
+  const optim::AdamHyperParams* hyper = nullptr;
 };
 
 // The gradient statistics of one step, in device memory. `reduced` comes first so the ranks can

@@ -6,13 +6,14 @@
 namespace zest::engine {
 
 DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout,
-                                             const MemoryPlan& plan, DType dtype, HostStaging& staging)
-    : device_(device), stream_(stream), math_(math), layout_(layout), dtype_(dtype), staging_(staging) {
+                                             const MemoryPlan& plan, DType dtype, HostStaging& staging,
+                                             const HyperRuns& runs)
+    : device_(device), stream_(stream), math_(math), layout_(layout), dtype_(dtype), staging_(staging), runs_(runs) {
   master_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
   m_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
   v_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
   if (plan.offload_params) update_out_ = device.allocate(plan.update_out, MemoryCategory::buffers);
-  shards_.reserve(static_cast<std::size_t>(layout.group_count()));
+  shards_.reserve(static_cast<std::size_t>(layout.group_count()) + runs.size());
   // Padding and the moments are read before anything is written.
   for (const DeviceBuffer* b : {&master_, &m_, &v_})
     if (*b) device.memset_async(b->data(), 0, b->bytes(), stream_);
@@ -53,10 +54,14 @@ void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, 
   }
 }
 
-AdamShard DeviceOptimizerStates::shard(int g, const void* grad, void* out) const {
+void DeviceOptimizerStates::add_shard(int g, const void* grad, void* out) {
   const auto& place = layout_.group(g);
-  return {master_.as<float>() + place.shard_offset, m_.as<float>() + place.shard_offset,
-          v_.as<float>() + place.shard_offset, grad, out, place.shard};
+  for_each_run(runs_, place.shard_offset, place.shard_offset + place.shard,
+               [&](std::size_t lo, std::size_t hi, const optim::AdamHyperParams& hyper) {
+                 const std::size_t in = (lo - place.shard_offset) * dtype_size(dtype_);
+                 shards_.push_back({master_.as<float>() + lo, m_.as<float>() + lo, v_.as<float>() + lo,
+                                    static_cast<const char*>(grad) + in, static_cast<char*>(out) + in, hi - lo, &hyper});
+               });
 }
 
 void DeviceOptimizerStates::step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args,
@@ -64,7 +69,7 @@ void DeviceOptimizerStates::step(std::span<const StepGroup> groups, const optim:
   shards_.clear();
   for (int g = 0; g < layout_.group_count(); ++g) {
     const StepGroup& group = groups[static_cast<std::size_t>(g)];
-    if (group.device_out) shards_.push_back(shard(g, group.grad, group.device_out));
+    if (group.device_out) add_shard(g, group.grad, group.device_out);
   }
   math_.adam_step(shards_, dtype_, dtype_, args, stream_);
   if (!sink) return;
@@ -74,7 +79,8 @@ void DeviceOptimizerStates::step(std::span<const StepGroup> groups, const optim:
   for (int g = 0; g < layout_.group_count(); ++g) {
     const StepGroup& group = groups[static_cast<std::size_t>(g)];
     if (group.device_out) continue;
-    shards_.assign(1, shard(g, group.grad, update_out_.data()));
+    shards_.clear();
+    add_shard(g, group.grad, update_out_.data());
     math_.adam_step(shards_, dtype_, dtype_, args, stream_);
     device_.copy_async(sink->begin_update(g), update_out_.data(), dtype_size(dtype_) * layout_.group(g).shard, stream_);
     stream_.synchronize();

@@ -19,7 +19,7 @@ class DeviceOptimizerStates final : public OptimizerStates {
   // Allocates master, m and v (plan.optimizer_state each, zeroed) and, where stage 3's parameters
   // are offloaded, the buffer their updates pass through (plan.update_out).
   DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout, const MemoryPlan& plan,
-                        DType dtype, HostStaging& staging);
+                        DType dtype, HostStaging& staging, const HyperRuns& runs);
 
   void write_master(std::size_t offset, const float* values, std::size_t count) override;
   void read_master(std::size_t offset, float* values, std::size_t count) override;
@@ -29,7 +29,8 @@ class DeviceOptimizerStates final : public OptimizerStates {
   std::size_t pinned_bytes() const override { return 0; }
 
  private:
-  AdamShard shard(int g, const void* grad, void* out) const;
+  // Appends the group's shard to shards_, one piece per optimizer parameter group in it.
+  void add_shard(int g, const void* grad, void* out);
 
   Device& device_;
   Stream& stream_;
@@ -37,6 +38,7 @@ class DeviceOptimizerStates final : public OptimizerStates {
   const Layout& layout_;
   const DType dtype_;
   HostStaging& staging_;
+  const HyperRuns& runs_;
   DeviceBuffer master_, m_, v_;
   DeviceBuffer update_out_;  // offloaded parameters: one group's updated shard on its way to the host
   std::vector<AdamShard> shards_;  // the stream reads them until the step's math has run

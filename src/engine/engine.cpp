@@ -5,10 +5,14 @@
 // src/checkpoint/engine_io.cpp.
 #include "zest/engine.hpp"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -50,6 +54,72 @@ std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTa
   return shared;
 }
 
+// Each tensor's optimizer parameter group: the first optimizer.param_groups entry with a pattern
+// matching its name (group i + 1), else group 0.
+std::vector<int> optimizer_groups_of(const Config& config, const std::vector<ParamSpec>& specs) {
+  std::vector<int> of(specs.size(), 0);
+  const auto& groups = config.optimizer.param_groups;
+  for (std::size_t t = 0; t < specs.size(); ++t)
+    for (std::size_t i = 0; i < groups.size() && of[t] == 0; ++i)
+      for (const std::string& pattern : groups[i].match)
+        if (::fnmatch(pattern.c_str(), specs[t].name.c_str(), 0) == 0) {
+          of[t] = static_cast<int>(i) + 1;
+          break;
+        }
+  return of;
+}
+
+// Group 0 is the optimizer's own values; group i + 1 is param_groups[i] over them.
+std::vector<optim::AdamHyperParams> optimizer_group_values(const Config& config) {
+  std::vector<optim::AdamHyperParams> values{optim::hyper_params_from(config.optimizer)};
+  for (const OptimizerParamGroup& g : config.optimizer.param_groups) {
+    optim::AdamHyperParams h = values.front();
+    h.lr = g.lr.value_or(h.lr);
+    h.beta1 = g.beta1.value_or(h.beta1);
+    h.beta2 = g.beta2.value_or(h.beta2);
+    h.eps = g.eps.value_or(h.eps);
+    h.weight_decay = g.weight_decay.value_or(h.weight_decay);
+    values.push_back(h);
+  }
+  return values;
+}
+
+// The runs of this rank's shard buffer by optimizer group, padding joined to the run before it and
+// neighbours of one group merged (one group: one run over the whole shard).
+engine::HyperRuns hyper_runs(const engine::Layout& layout, int rank, const std::vector<int>& group_of,
+                             const std::vector<optim::AdamHyperParams>& values) {
+  engine::HyperRuns runs;
+  for (int g = 0; g < layout.group_count(); ++g) {
+    const auto& place = layout.group(g);
+    const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(rank) * place.shard;
+    for (std::size_t t = place.first_tensor; t < place.end_tensor; ++t) {
+      const auto& tensor = layout.tensor(t);
+      const std::size_t lo = std::max(tensor.offset, begin), hi = std::min(tensor.offset + tensor.numel, begin + place.shard);
+      if (lo >= hi) continue;
+      const auto* hyper = &values[static_cast<std::size_t>(group_of[t])];
+      const std::size_t at = place.shard_offset + (lo - begin), end = place.shard_offset + (hi - begin);
+      if (!runs.empty() && runs.back().hyper == hyper) runs.back().end = end;
+      else runs.push_back({at, end, hyper});
+    }
+  }
+  if (runs.empty()) runs.push_back({0, 0, &values.front()});
+  runs.front().begin = 0;
+  for (std::size_t i = 0; i + 1 < runs.size(); ++i) runs[i].end = runs[i + 1].begin;
+  runs.back().end = layout.shard_numel();
+  return runs;
+}
+
+void check_optimizer_group(const OptimizerGroupOptions& o) {
+  const auto bad = [](double x) { return !std::isfinite(x); };
+  if (bad(o.lr) || o.lr <= 0 || bad(o.beta1) || o.beta1 < 0 || o.beta1 >= 1 || bad(o.beta2) || o.beta2 < 0 ||
+      o.beta2 >= 1 || bad(o.eps) || o.eps <= 0 || bad(o.weight_decay) || o.weight_decay < 0)
+    throw Error(std::string("Engine::set_optimizer_group: lr ").append(std::to_string(o.lr))
+                    .append(", betas (").append(std::to_string(o.beta1)).append(", ").append(std::to_string(o.beta2))
+                    .append("), eps ").append(std::to_string(o.eps)).append(", weight_decay ")
+                    .append(std::to_string(o.weight_decay))
+                    .append(": needs lr > 0, betas in [0, 1), eps > 0, weight_decay >= 0, all finite"));
+}
+
 }  // namespace
 
 struct Engine::State {
@@ -60,9 +130,12 @@ struct Engine::State {
         specs(std::move(p)),
         layout(specs, c.stage == 0 ? 1 : k.size()),
         plan(engine::plan_memory(c, layout)),
+        optimizer_group_of(optimizer_groups_of(c, specs)),
+        hyper(optimizer_group_values(c)),
+        runs(hyper_runs(layout, k.rank(), optimizer_group_of, hyper)),
         scaler(c.precision.loss_scale),
-        math(engine::make_device_math(d, optim::hyper_params_from(c.optimizer), default_threads(c, k),
-                                      static_cast<std::size_t>(layout.group_count()))),
+        math(engine::make_device_math(d, hyper.front(), default_threads(c, k),
+                                      static_cast<std::size_t>(layout.group_count()) + runs.size())),
         comm_stream(d.create_stream()) {}
 
   // The parts' work runs on comm_stream and may still refer to their buffers (when construction or
@@ -81,6 +154,9 @@ struct Engine::State {
   const std::vector<ParamSpec> specs;
   const engine::Layout layout;
   const engine::MemoryPlan plan;  // every size allocated below
+  const std::vector<int> optimizer_group_of;           // per tensor
+  std::vector<optim::AdamHyperParams> hyper;           // per optimizer group; never resized (runs point in)
+  const engine::HyperRuns runs;
   engine::LossScaler scaler;
   std::unique_ptr<engine::DeviceMath> math;
   std::unique_ptr<Stream> comm_stream;
@@ -96,6 +172,23 @@ struct Engine::State {
   std::int64_t steps = 0, skipped = 0;
   double last_norm = 0;
 
+  // Throws Error naming `operation` for an index past the last tensor.
+  const ParamSpec& tensor(std::size_t t, const char* operation) const {
+    if (t >= specs.size())
+      throw Error(std::string(operation).append(": no tensor ").append(std::to_string(t)).append(" (there are ")
+                      .append(std::to_string(specs.size())).append(")"));
+    return specs[t];
+  }
+  // Throws Error unless `t` belongs to the leased `group`.
+  void require_in_group(int group, std::size_t t, const char* what) const {
+    const ParamSpec& spec = tensor(t, "Engine::GroupLease");
+    if (spec.group != group)
+      throw Error(std::string("Engine: ").append(what).append(" of '").append(spec.name).append("' belongs to group ")
+                      .append(std::to_string(spec.group)).append(", not to the leased group ").append(std::to_string(group)));
+  }
+  TensorView view(std::size_t t, void* data) const {
+    return {data, config.precision.dtype, specs[t].shape, layout.tensor(t).numel};
+  }
   std::size_t shard_begin(int g) const {
     return layout.partitions() == 1 ? 0 : static_cast<std::size_t>(comm.rank()) * layout.group(g).shard;
   }
@@ -107,7 +200,7 @@ struct Engine::State {
     comm_stream->synchronize();
   }
   checkpoint::EngineParts parts() {
-    return {config, device, comm, *comm_stream, specs, layout, *states, *params, steps, skipped, scaler};
+    return {config, device, comm, *comm_stream, specs, layout, *states, *params, steps, skipped, scaler, hyper};
   }
 };
 
@@ -129,10 +222,10 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   if (s.plan.offload_optimizer)
     s.states = std::make_unique<engine::OffloadedOptimizer>(config, device, s.layout, s.plan.optimizer_offload,
                                                             config.precision.dtype, default_threads(config, comm),
-                                                            std::move(optimizer_store));
+                                                            std::move(optimizer_store), s.runs);
   else
     s.states = std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,
-                                                               config.precision.dtype, *s.staging);
+                                                               config.precision.dtype, *s.staging, s.runs);
   s.scalars = device.allocate(s.plan.scalars, MemoryCategory::buffers);
   s.grad_spans.reserve(groups);
   s.step_groups.resize(groups);
@@ -141,15 +234,32 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
 
 Engine::~Engine() = default;
 
-std::size_t Engine::size() const { return state_->specs.size(); }
-const ParamSpec& Engine::spec(std::size_t tensor) const { return state_->specs.at(tensor); }
+std::size_t Engine::tensor_count() const { return state_->specs.size(); }
+const ParamSpec& Engine::spec(std::size_t tensor) const { return state_->tensor(tensor, "Engine::spec"); }
+
+std::size_t Engine::tensor_index(std::string_view name) const {
+  const auto& specs = state_->specs;
+  const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& p) { return p.name == name; });
+  if (it == specs.end()) throw Error(std::string("Engine::tensor_index: no tensor named '").append(name).append("'"));
+  return static_cast<std::size_t>(it - specs.begin());
+}
 std::size_t Engine::numel() const { return state_->layout.numel(); }
 int Engine::group_count() const { return state_->layout.group_count(); }
 DType Engine::dtype() const { return state_->config.precision.dtype; }
 double Engine::loss_scale() const { return state_->scaler.scale(); }
 
-void Engine::set_param(std::size_t tensor, const float* values) {
+// Throws Error unless `values` holds exactly the tensor's elements.
+static void require_numel(const ParamSpec& spec, std::size_t given, const char* operation) {
+  if (given != spec.numel())
+    throw Error(std::string(operation).append(": tensor '").append(spec.name).append("' has ")
+                    .append(std::to_string(spec.numel())).append(" elements, given ").append(std::to_string(given))
+                    .append(" values"));
+}
+
+void Engine::set_param(std::size_t tensor, std::span<const float> given) {
   State& s = *state_;
+  require_numel(s.tensor(tensor, "Engine::set_param"), given.size(), "Engine::set_param");
+  const float* const values = given.data();
   const auto& t = s.layout.tensor(tensor);
   const auto& g = s.layout.group(t.group);
   // The tensor's part of this rank's shard of the segment ([begin, end) in segment elements) goes to
@@ -160,8 +270,10 @@ void Engine::set_param(std::size_t tensor, const float* values) {
   s.params->set_tensor(tensor, values);
 }
 
-void Engine::get_param(std::size_t tensor, float* values) {
+void Engine::get_param(std::size_t tensor, std::span<float> given) {
   State& s = *state_;
+  require_numel(s.tensor(tensor, "Engine::get_param"), given.size(), "Engine::get_param");
+  float* const values = given.data();
   const auto& t = s.layout.tensor(tensor);
   const auto& g = s.layout.group(t.group);
   Stream& stream = *s.comm_stream;
@@ -195,6 +307,43 @@ void Engine::get_param(std::size_t tensor, float* values) {
   s.grads->give_back(assembly);
 }
 
+int Engine::optimizer_group_count() const { return static_cast<int>(state_->hyper.size()); }
+
+int Engine::optimizer_group_of(std::size_t tensor) const {
+  state_->tensor(tensor, "Engine::optimizer_group_of");
+  return state_->optimizer_group_of[tensor];
+}
+
+static std::size_t checked_optimizer_group(const std::vector<optim::AdamHyperParams>& hyper, int group,
+                                           const char* operation) {
+  if (group < 0 || static_cast<std::size_t>(group) >= hyper.size())
+    throw Error(std::string(operation).append(": no optimizer group ").append(std::to_string(group))
+                    .append(" (there are ").append(std::to_string(hyper.size()))
+                    .append(": 0 and one per optimizer.param_groups entry)"));
+  return static_cast<std::size_t>(group);
+}
+
+OptimizerGroupOptions Engine::optimizer_group(int group) const {
+  const auto& h = state_->hyper[checked_optimizer_group(state_->hyper, group, "Engine::optimizer_group")];
+  return {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
+}
+
+void Engine::set_optimizer_group(int group, const OptimizerGroupOptions& o) {
+  auto& h = state_->hyper[checked_optimizer_group(state_->hyper, group, "Engine::set_optimizer_group")];
+  check_optimizer_group(o);
+  h.lr = o.lr;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.weight_decay = o.weight_decay;
+}
+
+void Engine::set_lr(int group, double lr) {
+  OptimizerGroupOptions o = optimizer_group(group);
+  o.lr = lr;
+  set_optimizer_group(group, o);
+}
+
 Engine::GroupLease Engine::acquire(int group) {
   State& s = *state_;
   if (group < 0 || group >= s.layout.group_count())
@@ -220,22 +369,24 @@ Engine::GroupLease::~GroupLease() {
   if (engine_) engine_->state_->params->release(group_);
 }
 
-void* Engine::GroupLease::param(std::size_t tensor) const {
+TensorView Engine::GroupLease::param(std::size_t tensor) const {
+  if (!engine_) throw Error("Engine::GroupLease::param: this lease was moved from; use the lease it was moved to");
   State& s = *engine_->state_;
-  const auto& t = s.layout.tensor(tensor);
-  if (t.group != group_)
-    throw Error(std::string("Engine: parameter '").append(s.specs[tensor].name).append("' belongs to group ")
-                    .append(std::to_string(t.group)).append(", not to the leased group ").append(std::to_string(group_)));
-  return s.params->full(group_) + dtype_size(s.config.precision.dtype) * t.offset;
+  s.require_in_group(group_, tensor, "parameter");
+  return s.view(tensor, s.params->full(group_) + dtype_size(s.config.precision.dtype) * s.layout.tensor(tensor).offset);
 }
 
-void* Engine::GroupLease::grad(std::size_t tensor) const {
-  State& s = *engine_->state_;
-  const auto& t = s.layout.tensor(tensor);
-  if (t.group != group_)
-    throw Error(std::string("Engine: gradient of '").append(s.specs[tensor].name).append("' belongs to group ")
-                    .append(std::to_string(t.group)).append(", not to the leased group ").append(std::to_string(group_)));
-  return s.grads->grad(group_) + dtype_size(s.config.precision.dtype) * t.offset;
+TensorView Engine::GroupLease::grad(std::size_t tensor) const {
+  if (!engine_) throw Error("Engine::GroupLease::grad: this lease was moved from; use the lease it was moved to");
+  engine_->state_->require_in_group(group_, tensor, "gradient");
+  return engine_->grad(tensor);
+}
+
+TensorView Engine::grad(std::size_t tensor) {
+  State& s = *state_;
+  s.tensor(tensor, "Engine::grad");
+  const auto& place = s.layout.tensor(tensor);
+  return s.view(tensor, s.grads->grad(place.group) + dtype_size(s.config.precision.dtype) * place.offset);
 }
 
 void Engine::grads_ready(int group) {

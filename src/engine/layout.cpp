@@ -1,5 +1,7 @@
 #include "engine/layout.hpp"
 
+#include <limits>
+#include <set>
 #include <string>
 
 #include "zest/error.hpp"
@@ -7,8 +9,15 @@
 namespace zest {
 
 std::size_t ParamSpec::numel() const {
+  // Bounded so that every byte count the engine derives from it (fp32 states, padding) fits too.
+  constexpr std::size_t kLimit = std::numeric_limits<std::size_t>::max() / 64;
   std::size_t n = 1;
-  for (std::size_t d : shape) n *= d;
+  for (std::size_t d : shape) {
+    if (d != 0 && n > kLimit / d)
+      throw Error(std::string("ParamSpec: the shape of '").append(name).append("' holds more than ")
+                      .append(std::to_string(kLimit)).append(" elements (its product overflows); check its dimensions"));
+    n *= d;
+  }
   return n;
 }
 
@@ -24,8 +33,14 @@ Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partition
   if (partitions < 1) throw Error("Engine: partitions must be at least 1");
   tensors_.reserve(params.size());
   std::vector<bool> group_seen;
+  std::set<std::string_view> names;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& p = params[i];
+    if (p.name.empty())
+      throw Error(std::string("Engine: parameter ").append(std::to_string(i)).append(" has an empty name; "
+                  "name every tensor (checkpoints and optimizer parameter groups find tensors by name)"));
+    if (!names.insert(p.name).second)
+      throw Error(std::string("Engine: two parameters are named '").append(p.name).append("'; names must be unique"));
     if (p.numel() == 0)
       throw Error(std::string("Engine: parameter '").append(p.name).append("' has no elements; "
                   "leave it out of the list"));

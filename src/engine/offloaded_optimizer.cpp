@@ -25,9 +25,10 @@ struct OffloadedOptimizer::Impl {
   };
 
   Impl(const Config& config, Device& d, const Layout& l, const OptimizerOffloadPlan& plan, DType t, int threads,
-       std::shared_ptr<offload::Store> s)
+       std::shared_ptr<offload::Store> s, const HyperRuns& r)
       : device(d),
         layout(l),
+        runs(r),
         dtype(t),
         store(std::move(s)),
         slots(static_cast<std::size_t>(config.offload.optimizer.buffer_count)),
@@ -183,14 +184,21 @@ struct OffloadedOptimizer::Impl {
         if (sub.first_of_group) host_group = static_cast<char*>(sink->begin_update(sub.group));
         out = host_group + bytes(sub.in_group);
       }
-      const optim::ConstTensorSpan grad{grad_slot(slot), dtype, sub.count};
-      std::span<float> m(m_of(sub, slot), sub.count), v(v_of(sub, slot), sub.count);
-      if (dtype == DType::f32) {
-        adam.step({master, sub.count}, m, v, grad, args);
-        if (out) std::memcpy(out, master, sub.count * sizeof(float));
-      } else {
-        adam.step({master, sub.count}, m, v, grad, args, optim::TensorSpan{out, dtype, sub.count});
-      }
+      // One update per optimizer parameter group inside the sub-group.
+      float* const m = m_of(sub, slot);
+      float* const v = v_of(sub, slot);
+      for_each_run(runs, sub.offset, sub.offset + sub.count,
+                   [&](std::size_t lo, std::size_t hi, const optim::AdamHyperParams& hyper) {
+                     const std::size_t at = lo - sub.offset, n = hi - lo;
+                     adam.set_hyper(hyper);
+                     const optim::ConstTensorSpan grad{grad_slot(slot) + bytes(at), dtype, n};
+                     if (dtype == DType::f32)
+                       adam.step({master + at, n}, {m + at, n}, {v + at, n}, grad, args);
+                     else
+                       adam.step({master + at, n}, {m + at, n}, {v + at, n}, grad, args,
+                                 optim::TensorSpan{out + bytes(at), dtype, n});
+                   });
+      if (dtype == DType::f32 && out) std::memcpy(out, master, sub.count * sizeof(float));
       if (store) writes[slot] = store->write_async(sub.region, state_slot(slot));
       if (upload) {
         const char* source = out ? out : reinterpret_cast<const char*>(master);
@@ -225,6 +233,7 @@ struct OffloadedOptimizer::Impl {
 
   Device& device;
   const Layout& layout;
+  const HyperRuns& runs;
   const DType dtype;
   std::shared_ptr<offload::Store> store;
   const std::size_t slots;
@@ -245,8 +254,8 @@ struct OffloadedOptimizer::Impl {
 
 OffloadedOptimizer::OffloadedOptimizer(const Config& config, Device& device, const Layout& layout,
                                        const OptimizerOffloadPlan& plan, DType dtype, int threads,
-                                       std::shared_ptr<offload::Store> store)
-    : impl_(std::make_unique<Impl>(config, device, layout, plan, dtype, threads, std::move(store))) {}
+                                       std::shared_ptr<offload::Store> store, const HyperRuns& runs)
+    : impl_(std::make_unique<Impl>(config, device, layout, plan, dtype, threads, std::move(store), runs)) {}
 
 OffloadedOptimizer::~OffloadedOptimizer() {
   if (impl_) impl_->drain();

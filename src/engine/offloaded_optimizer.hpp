@@ -43,8 +43,9 @@ class OffloadedOptimizer final : public OptimizerStates {
   // `plan`: its sub-groups and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be
   // shared with the parameters' offload), null for cpu. Throws OutOfDeviceMemory/SystemError from
   // the pinned allocations, IoError from the store.
+  // `runs`: the optimizer parameter groups over the shard (kept by the caller).
   OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, const OptimizerOffloadPlan& plan,
-                     DType dtype, int threads, std::shared_ptr<offload::Store> store);
+                     DType dtype, int threads, std::shared_ptr<offload::Store> store, const HyperRuns& runs);
   ~OffloadedOptimizer() override;
   OffloadedOptimizer(const OffloadedOptimizer&) = delete;
   OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;

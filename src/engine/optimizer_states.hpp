@@ -8,10 +8,12 @@
 // Threading: the engine's host thread.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "optim/cpu_adam.hpp"
 
@@ -34,6 +36,24 @@ struct StepGroup {
   const void* grad = nullptr;
   void* device_out = nullptr;
 };
+
+// The optimizer parameter groups over the shard buffer: consecutive runs covering it, each with
+// its group's hyper-parameters (read at each step, so a change between steps takes effect at the
+// next one). Padding belongs to the run before it.
+struct HyperRun {
+  std::size_t begin = 0, end = 0;  // elements of the shard buffer
+  const optim::AdamHyperParams* hyper = nullptr;
+};
+using HyperRuns = std::vector<HyperRun>;
+
+// Calls f(lo', hi', hyper) for each part of [lo, hi) inside one run, in order.
+template <class F>
+void for_each_run(const HyperRuns& runs, std::size_t lo, std::size_t hi, F f) {
+  for (const HyperRun& r : runs) {
+    const std::size_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
+    if (a < b) f(a, b, *r.hyper);
+  }
+}
 
 class OptimizerStates {
  public:

@@ -632,3 +632,42 @@ TEST(ApplicationSections, AreLeftToTheProgramAndStayErrorsOtherwise) {
 
 }  // namespace
 }  // namespace zest
+
+namespace zest {
+namespace {
+
+TEST(ConfigParamGroups, GroupsTakeTheirPatternsAndOnlyTheValuesSet) {
+  const Config c = parse_config(
+      "optimizer:\n"
+      "  lr: 0.001\n"
+      "  param_groups:\n"
+      "    - {match: ['*.bias', '*norm*'], weight_decay: 0}\n"
+      "    - {match: embed, lr: 0.01, betas: [0.8, 0.9]}\n");
+  ASSERT_EQ(c.optimizer.param_groups.size(), 2u);
+  const auto& a = c.optimizer.param_groups[0];
+  EXPECT_EQ(a.match, (std::vector<std::string>{"*.bias", "*norm*"}));
+  EXPECT_EQ(a.weight_decay, 0.0);
+  EXPECT_FALSE(a.lr.has_value());
+  const auto& b = c.optimizer.param_groups[1];
+  EXPECT_EQ(b.match, std::vector<std::string>{"embed"});
+  EXPECT_EQ(b.lr, 0.01);
+  EXPECT_EQ(b.beta1, 0.8);
+  EXPECT_EQ(b.beta2, 0.9);
+  EXPECT_FALSE(b.weight_decay.has_value());
+}
+
+TEST(ConfigParamGroups, AGroupWithoutPatternsOrWithABadValueIsAnError) {
+  try {
+    parse_config("optimizer:\n  param_groups:\n    - {lr: 0.1}\n    - {match: x, weight_decay: -1, lrr: 2}\n");
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("optimizer.param_groups[0]"), std::string::npos) << text;
+    EXPECT_NE(text.find("needs `match`"), std::string::npos) << text;
+    EXPECT_NE(text.find("optimizer.param_groups[1].weight_decay"), std::string::npos) << text;
+    EXPECT_NE(text.find("lrr"), std::string::npos) << text;
+  }
+}
+
+}  // namespace
+}  // namespace zest

@@ -47,8 +47,8 @@ void train_steps(Engine& engine, const Options& o, int first, int last, Communic
         auto lease = engine.acquire(g);
         for (std::size_t t = 0; t < specs.size(); ++t) {
           if (specs[t].group != g) continue;
-          const void* p = lease.param(t);
-          void* grad = lease.grad(t);
+          const void* p = lease.param(t).data;
+          void* grad = lease.grad(t).data;
           for (std::size_t j = 0; j < specs[t].numel(); ++j) {
             double value = partial_grad(load_as_float(p, o.dtype, j), step, lo, hi, t, j) * engine.loss_scale();
             if (step == o.overflow_at_step && me == ranks - 1 && t == 0 && j == 0)
@@ -64,18 +64,18 @@ void train_steps(Engine& engine, const Options& o, int first, int last, Communic
 }
 
 void set_initial(Engine& engine) {
-  for (std::size_t t = 0; t < engine.size(); ++t) {
+  for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
     std::vector<float> values(engine.spec(t).numel());
     for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<float>(initial(t, j));
-    engine.set_param(t, values.data());
+    engine.set_param(t, values);
   }
 }
 
 std::vector<std::vector<float>> params_of(Engine& engine) {
   std::vector<std::vector<float>> result;
-  for (std::size_t t = 0; t < engine.size(); ++t) {
+  for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
     result.emplace_back(engine.spec(t).numel());
-    engine.get_param(t, result.back().data());
+    engine.get_param(t, result.back());
   }
   return result;
 }
@@ -313,8 +313,8 @@ TEST_F(Damaged, EditedManifest) {
 }
 
 TEST_F(Damaged, FutureFormatVersion) {
-  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 3"); }); },
-                 "format version 3");
+  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 4"); }); },
+                 "format version 4");
 }
 
 TEST_F(Damaged, AnotherModel) {

@@ -171,18 +171,18 @@ class FromEngine : public testing::Test {
     Options o;
     o.stage = 3;
     Engine engine(make_config(o), *device, *comm, model());
-    for (std::size_t t = 0; t < engine.size(); ++t) {
+    for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
       std::vector<float> values(engine.spec(t).numel());
       for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<float>(initial(t, j));
-      engine.set_param(t, values.data());
+      engine.set_param(t, values);
     }
     for (int step = 1; step <= 2; ++step) train_one_step(engine, step, *comm);
-    engine.set_param(0, awkward_values(engine.spec(0).numel()).data());
+    engine.set_param(0, awkward_values(engine.spec(0).numel()));
     engine.save(checkpoint());
     params_ = new std::vector<std::vector<float>>;
-    for (std::size_t t = 0; t < engine.size(); ++t) {
+    for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
       params_->emplace_back(engine.spec(t).numel());
-      engine.get_param(t, params_->back().data());
+      engine.get_param(t, params_->back());
     }
   }
   static void TearDownTestSuite() {
@@ -199,8 +199,8 @@ class FromEngine : public testing::Test {
       auto lease = engine.acquire(g);
       for (std::size_t t = 0; t < specs.size(); ++t) {
         if (specs[t].group != g) continue;
-        const float* p = static_cast<const float*>(lease.param(t));
-        float* grad = static_cast<float*>(lease.grad(t));
+        const float* p = static_cast<const float*>(lease.param(t).data);
+        float* grad = static_cast<float*>(lease.grad(t).data);
         for (std::size_t j = 0; j < specs[t].numel(); ++j)
           grad[j] = static_cast<float>(partial_grad(p[j], step, first, last, t, j));
       }
@@ -259,7 +259,7 @@ TEST_F(FromEngine, F16IsTheWeightsRoundedToNearestEven) {
 TEST_F(FromEngine, InfoDescribesTheSavingRun) {
   if (rank() != 0) return;
   const CheckpointInfo info = read_checkpoint_info(checkpoint());
-  EXPECT_EQ(info.format_version, 2);
+  EXPECT_EQ(info.format_version, 3);
   EXPECT_EQ(info.world_size, world());
   EXPECT_EQ(info.stage, 3);
   EXPECT_EQ(info.steps, 2);

@@ -78,7 +78,7 @@ std::vector<ParamSpec> specs_of(const Case& k) { return k.large_tensor ? large_t
 void train(Engine& engine, const std::vector<ParamSpec>& specs) {
   for (std::size_t t = 0; t < specs.size(); ++t) {
     std::vector<float> values(specs[t].numel(), 0.25f);
-    engine.set_param(t, values.data());
+    engine.set_param(t, values);
   }
   for (int step = 0; step < 2; ++step) {
     for (int g = 0; g < engine.group_count(); ++g) auto forward = engine.acquire(g);
@@ -86,7 +86,7 @@ void train(Engine& engine, const std::vector<ParamSpec>& specs) {
       auto lease = engine.acquire(g);
       for (std::size_t t = 0; t < specs.size(); ++t) {
         if (specs[t].group != g) continue;
-        auto* grad = static_cast<unsigned char*>(lease.grad(t));
+        auto* grad = static_cast<unsigned char*>(lease.grad(t).data);
         const std::size_t bytes = specs[t].numel() * dtype_size(engine.dtype());
         for (std::size_t b = 0; b < bytes; ++b) grad[b] = 0;  // zero is a valid gradient in every dtype
       }

@@ -125,7 +125,7 @@ std::vector<double> train(Engine& engine, int steps, int ranks) {
       values[j] = initial(t, j);
       targets[t][j] = target(t, j);
     }
-    engine.set_param(t, values.data());
+    engine.set_param(t, values);
   }
   auto forward_loss = [&] {
     double loss = 0;
@@ -133,7 +133,7 @@ std::vector<double> train(Engine& engine, int steps, int ranks) {
       auto lease = engine.acquire(g);
       for (std::size_t t = 0; t < specs.size(); ++t) {
         if (specs[t].group != g) continue;
-        const auto* p = static_cast<const std::uint16_t*>(lease.param(t));
+        const auto* p = static_cast<const std::uint16_t*>(lease.param(t).data);
         for (std::size_t j = 0; j < specs[t].numel(); ++j) {
           const double d = bf16_to_float(p[j]) - targets[t][j];
           loss += 0.5 * d * d;
@@ -149,8 +149,8 @@ std::vector<double> train(Engine& engine, int steps, int ranks) {
       auto lease = engine.acquire(g);
       for (std::size_t t = 0; t < specs.size(); ++t) {
         if (specs[t].group != g) continue;
-        const auto* p = static_cast<const std::uint16_t*>(lease.param(t));
-        auto* grad = static_cast<std::uint16_t*>(lease.grad(t));
+        const auto* p = static_cast<const std::uint16_t*>(lease.param(t).data);
+        auto* grad = static_cast<std::uint16_t*>(lease.grad(t).data);
         for (std::size_t j = 0; j < specs[t].numel(); ++j)
           grad[j] = float_to_bf16((bf16_to_float(p[j]) - targets[t][j]) / static_cast<float>(ranks));
       }

@@ -230,8 +230,8 @@ TEST(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   auto backward = [&] {
     for (int g = engine.group_count() - 1; g >= 0; --g) {
       auto lease = engine.acquire(g);
-      for (std::size_t t = 0; t < engine.size(); ++t)
-        if (engine.spec(t).group == g) static_cast<float*>(lease.grad(t))[0] = 1.0f;
+      for (std::size_t t = 0; t < engine.tensor_count(); ++t)
+        if (engine.spec(t).group == g) static_cast<float*>(lease.grad(t).data)[0] = 1.0f;
       engine.grads_ready(g);
     }
   };

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,21 @@ TEST_P(EveryStage, Fp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
   EXPECT_EQ(stats.loss_scale, 128.0);  // 2^8 halved once (hysteresis 1)
   // fp16 parameters and gradients: the reference in double agrees to fp16's precision.
   EXPECT_LT(max_relative_error(got, train_reference(o, kSteps)), 2e-3);
+}
+
+// Biases and the tiny group without weight decay and at another lr, in their own optimizer
+// group; a warm-up then cosine decay set between steps through set_lr.
+TEST_P(EveryStage, OptimizerParamGroupsAndAnLrScheduleMatchTheReference) {
+  Options o;
+  o.stage = GetParam();
+  o.param_groups = {{{"b*", "bias"}, 0.02, std::nullopt, std::nullopt, std::nullopt, 0.0}};
+  o.lr_factor = [](int step) { return step <= 2 ? step / 2.0 : 0.5 * (1 + std::cos(3.14159265358979 * (step - 2) / 10.0)); };
+  const auto got = train_with_engine(o, 10);
+  EXPECT_LT(max_relative_error(got, train_reference(o, 10)), 1e-6);
+  // Without the groups the result differs: the test sees them.
+  Options plain = o;
+  plain.param_groups.clear();
+  EXPECT_GT(max_relative_error(got, train_reference(plain, 10)), 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, EveryStage, testing::Values(0, 1, 2, 3),

@@ -3,6 +3,8 @@
 // the same training in one process in double precision with Adam written out plainly.
 #pragma once
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -57,6 +59,8 @@ struct Options {
   std::vector<ParamSpec> specs;       // empty: model()
   std::size_t reduce_bucket = 0;      // buckets.reduce; 0: the default
   std::size_t allgather_bucket = 0;   // buckets.allgather; 0: the default
+  std::vector<OptimizerParamGroup> param_groups;  // optimizer.param_groups
+  std::function<double(int step)> lr_factor;      // a schedule: every group's lr times this at `step`
 };
 
 inline std::vector<ParamSpec> specs_of(const Options& o) { return o.specs.empty() ? model() : o.specs; }
@@ -86,6 +90,7 @@ inline Config make_config(const Options& o) {
   if (o.sub_group_bytes > 0) c.offload.sub_group_bytes = o.sub_group_bytes;
   if (o.reduce_bucket > 0) c.buckets.reduce_bytes = o.reduce_bucket;
   if (o.allgather_bucket > 0) c.buckets.allgather_bytes = o.allgather_bucket;
+  c.optimizer.param_groups = o.param_groups;
   return c;
 }
 
@@ -103,8 +108,10 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
   for (std::size_t t = 0; t < specs.size(); ++t) {
     std::vector<float> values(specs[t].numel());
     for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<float>(initial(t, j));
-    engine.set_param(t, values.data());
+    engine.set_param(t, values);
   }
+  std::vector<double> base_lr;  // each optimizer group's, for the schedule
+  for (int i = 0; i < engine.optimizer_group_count(); ++i) base_lr.push_back(engine.optimizer_group(i).lr);
   const bool direct = device.host_accessible();
   const std::unique_ptr<Stream> stream = direct ? nullptr : device.create_stream();
   std::vector<unsigned char> host_param, host_grad;  // the copies where the device is not the host's
@@ -121,8 +128,8 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
         for (std::size_t t = 0; t < specs.size(); ++t) {
           if (specs[t].group != g) continue;
           const std::size_t bytes = specs[t].numel() * dtype_size(o.dtype);
-          const void* p = lease.param(t);
-          void* grad = lease.grad(t);
+          const void* p = lease.param(t).data;
+          void* grad = lease.grad(t).data;
           if (!direct) {
             host_param.resize(bytes);
             host_grad.resize(bytes);
@@ -145,6 +152,8 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
         engine.grads_ready(g);
       }
     }
+    if (o.lr_factor)
+      for (int i = 0; i < engine.optimizer_group_count(); ++i) engine.set_lr(i, base_lr[static_cast<std::size_t>(i)] * o.lr_factor(step));
     if (before_step) before_step();
     engine.step();
     if (after_step) after_step();
@@ -152,10 +161,30 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
   std::vector<std::vector<float>> result;
   for (std::size_t t = 0; t < specs.size(); ++t) {
     result.emplace_back(specs[t].numel());
-    engine.get_param(t, result.back().data());
+    engine.get_param(t, result.back());
   }
   if (stats_out) *stats_out = engine.stats();
   return result;
+}
+
+// A tensor's hyper-parameters: the first optimizer.param_groups entry whose pattern matches its
+// name, over the optimizer's; the learning rate times the schedule's factor.
+struct Hyper {
+  double lr, beta1, beta2, eps, weight_decay;
+};
+inline Hyper hyper_of(const Config& c, const std::string& name, double lr_factor) {
+  const auto& o = c.optimizer;
+  Hyper h{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+  for (const OptimizerParamGroup& g : o.param_groups) {
+    if (std::none_of(g.match.begin(), g.match.end(),
+                     [&](const std::string& pattern) { return fnmatch(pattern.c_str(), name.c_str(), 0) == 0; }))
+      continue;
+    h = {g.lr.value_or(h.lr), g.beta1.value_or(h.beta1), g.beta2.value_or(h.beta2), g.eps.value_or(h.eps),
+         g.weight_decay.value_or(h.weight_decay)};
+    break;
+  }
+  h.lr *= lr_factor;
+  return h;
 }
 
 // The same training in one process, in double precision, Adam written out plainly.
@@ -184,8 +213,8 @@ inline std::vector<std::vector<double>> train_reference(const Options& o, int st
     }
     const double norm = std::sqrt(norm_sq);
     const double clip = c.gradient_clipping > 0 && norm > c.gradient_clipping ? c.gradient_clipping / (norm + 1e-6) : 1.0;
-    const auto& h = c.optimizer;
     for (std::size_t t = 0; t < specs.size(); ++t) {
+      const Hyper h = hyper_of(c, specs[t].name, o.lr_factor ? o.lr_factor(step) : 1.0);
       for (std::size_t j = 0; j < p[t].size(); ++j) {
         const double g = grad[t][j] * clip;
         p[t][j] *= 1 - h.lr * h.weight_decay;
