@@ -47,7 +47,7 @@ struct OptimizerConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
-  int threads = 0;  // CPU Adam threads; 0 = every core near the device
+  int threads = 0;  // CPU Adam threads; 0 = one per cpu of this rank (Runtime::cpus)
 };
 
 struct LossScaleConfig {

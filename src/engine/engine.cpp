@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,12 +37,6 @@ using engine::kScalarsBytes;
 
 char* at(const DeviceBuffer& buffer, std::size_t elements, DType dtype) {
   return static_cast<char*>(buffer.data()) + elements * dtype_size(dtype);
-}
-
-int default_threads(const Config& config, const Communicator& comm) {
-  if (config.optimizer.threads > 0) return config.optimizer.threads;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / comm.size());
 }
 
 // Both gradient buckets are taken only while the trainer holds gradients it has not handed over.
@@ -99,7 +92,7 @@ struct Engine::State {
         layout(specs, c.stage == 0 ? 1 : k.size()),
         plan(engine::plan_memory(c, layout)),
         scaler(c.precision.loss_scale),
-        math(engine::make_device_math(d, optim::hyper_params_from(c.optimizer), default_threads(c, k),
+        math(engine::make_device_math(d, optim::hyper_params_from(c.optimizer), c.optimizer.threads,
                                       static_cast<std::size_t>(layout.group_count()))),
         comm_stream(d.create_stream()) {}
 
@@ -480,7 +473,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   if (plan.offload_optimizer) {
     s.optimizer_store = nvme_store(config, config.offload.optimizer, s.rank, shared_store, store_path);
     s.offloaded = std::make_unique<engine::OffloadedOptimizer>(config, device, layout, plan.optimizer_offload, s.dtype,
-                                                               default_threads(config, comm), s.optimizer_store);
+                                                               config.optimizer.threads, s.optimizer_store);
     s.offload_groups.resize(groups);
   }
   if (plan.offload_params) {

@@ -57,7 +57,8 @@ struct OffloadGroup {
 class OffloadedOptimizer {
  public:
   // `plan`: its sub-groups and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be
-  // shared with the parameters' offload), null for cpu. Throws OutOfDeviceMemory/SystemError from
+  // shared with the parameters' offload), null for cpu. `threads`: the CPU Adam's (0 = one per cpu of
+  // this rank, detail::rank_cpus). Throws OutOfDeviceMemory/SystemError from
   // the pinned allocations, IoError from the store.
   OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, const OptimizerOffloadPlan& plan,
                      DType dtype, int threads, std::shared_ptr<offload::Store> store);
