@@ -120,9 +120,14 @@ bool try_bind_current_thread(int cpu) noexcept {
 
 bool try_bind_current_thread_to_rank_cpus() noexcept {
   try {
-    return try_bind_current_thread(rank_cpus());
-  } catch (...) {  // the topology did not load, or out of memory
-    if (errno == 0) errno = ENOSYS;
+    std::vector<int> cpus;
+    {
+      const std::lock_guard lock(rank_cpus_mutex);
+      cpus = established_rank_cpus;
+    }
+    return cpus.empty() || try_bind_current_thread(cpus);
+  } catch (...) {  // out of memory copying the list
+    errno = ENOMEM;
     return false;
   }
 }

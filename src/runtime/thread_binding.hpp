@@ -41,8 +41,9 @@ std::vector<int> allowed_cpus();
 // the offload stores' workers, the cpu device's streams) and how many Adam threads
 // `optimizer.threads: 0` means. Runtime establishes them (Topology::cpus_for_rank) when it is
 // built and clears them when it goes; until then, and in programs without a Runtime, they are
-// allowed_cpus(). Process-wide because a process is one rank; thread-safe. Throws SystemError
-// when the topology cannot load.
+// allowed_cpus() (the threads that would only inherit a binding, the stores' workers and the
+// streams, then keep it: try_bind_current_thread_to_rank_cpus). Process-wide because a process is
+// one rank; thread-safe. Throws SystemError when the topology cannot load.
 std::vector<int> rank_cpus();
 // `cpus` empty: back to allowed_cpus().
 void set_rank_cpus(std::vector<int> cpus);
@@ -54,7 +55,10 @@ void set_rank_cpus(std::vector<int> cpus);
 bool try_bind_current_thread(const std::vector<int>& cpus) noexcept;
 bool try_bind_current_thread(int cpu) noexcept;
 
-// Binds the calling thread to rank_cpus() (best effort: false, with errno set, when refused).
+// Binds the calling thread to the cpus a Runtime established (best effort: false, with errno set,
+// when refused). Without them it leaves the thread as it is: a thread inherits its creator's
+// binding, so a program without a Runtime keeps its launcher's placement (which allowed_cpus(), a
+// cgroup's view, would widen).
 bool try_bind_current_thread_to_rank_cpus() noexcept;
 
 // Gives the calling thread back every allowed cpu (best effort), e.g. a pool worker leaving work
