@@ -16,10 +16,12 @@
 #include <exception>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.hpp"
 #include "runtime/half.hpp"
+#include "runtime/thread_binding.hpp"
 #include "store_bandwidth.hpp"
 #include "zest/zest.hpp"
 
@@ -30,7 +32,8 @@ constexpr const char* kUsage =
     "usage: zest bench step --path DIR [--params N] [--steps N] [--dtype bf16|fp16|fp32]\n"
     "                       [--sub-group SIZE] [--buffers N] [--groups N] [--device-memory SIZE]\n"
     "                       [--io-size GiB] [--reps N] [--bucket SIZE] [--allgather SIZE]\n"
-    "                       [--optimizer-on-device] [--no-set-param] [--json]\n"
+    "                       [--optimizer-on-device | --optimizer-on-host] [--placement rank|shared]\n"
+    "                       [--no-set-param] [--json]\n"
     "  A world of one (or every rank under mpirun) builds an Engine on the cpu device (stage 2) with\n"
     "  offload.optimizer.device nvme in DIR, --params parameters (default 2e8) in --groups equal\n"
     "  groups (default 64), and times --steps (default 3) optimizer steps; the NvmeStore's sequential\n"
@@ -43,7 +46,10 @@ constexpr const char* kUsage =
     "  and their reductions) is timed per step next to step(). --allgather sets buckets.allgather (default\n"
     "  25MiB; 1 all-gathers one group per collective after the step). --optimizer-on-device keeps the\n"
     "  optimizer states on the device (no --path, no disk figures): step() is then the Adam math and the\n"
-    "  parameter all-gather.\n";
+    "  parameter all-gather. --optimizer-on-host keeps them in pinned host memory (offload.optimizer.device\n"
+    "  cpu, no --path): step() is then the CPU Adam on the host states. --placement shared runs the\n"
+    "  rank's host threads as zest did before each rank had its own cpus (every rank's CPU Adam on the\n"
+    "  machine's first cpu, cores / ranks threads each), to compare with the default, rank.\n";
 
 struct Options {
   std::string path;
@@ -57,6 +63,8 @@ struct Options {
   std::size_t bucket = 0;         // buckets.reduce; 0: the config default
   std::size_t allgather = 0;      // buckets.allgather; 0: the config default
   bool on_device = false;         // optimizer states on the device: no NVMe
+  bool on_host = false;           // optimizer states in pinned host memory: no NVMe
+  bool shared_placement = false;  // the placement before each rank had its own cpus
   double io_gib = 4.0;
   int reps = 3;
   bool set_param = true;
@@ -120,6 +128,10 @@ int parse(int argc, char** argv, Options& o) {
         o.json = true;
       } else if (arg == "--optimizer-on-device") {
         o.on_device = true;
+      } else if (arg == "--optimizer-on-host") {
+        o.on_host = true;
+      } else if (arg == "--placement" && has_value && (std::string(argv[i + 1]) == "rank" || std::string(argv[i + 1]) == "shared")) {
+        o.shared_placement = std::string(argv[++i]) == "shared";
       } else if (arg == "--no-set-param") {
         o.set_param = false;
       } else if (arg == "--path" && has_value) {
@@ -167,7 +179,11 @@ int parse(int argc, char** argv, Options& o) {
       return bad(arg == "--params" ? "a count >= 1 (e.g. 2e8)" : arg == "--io-size" ? "GiB > 0" : "a count");
     }
   }
-  if (o.path.empty() && !o.on_device) {
+  if (o.on_device && o.on_host) {
+    std::fprintf(stderr, "zest bench step: --optimizer-on-device and --optimizer-on-host exclude each other\n%s", kUsage);
+    return 2;
+  }
+  if (o.path.empty() && !o.on_device && !o.on_host) {
     std::fprintf(stderr, "zest bench step: --path DIR is required\n%s", kUsage);
     return 2;
   }
@@ -185,7 +201,9 @@ int bench_step(int argc, char** argv) {
     config.stage = 2;
     config.device.type = DeviceType::cpu;
     config.precision.dtype = o.dtype;
-    if (!o.on_device) {
+    if (o.on_host) {
+      config.offload.optimizer.device = OffloadDevice::cpu;
+    } else if (!o.on_device) {
       config.offload.optimizer.device = OffloadDevice::nvme;
       config.offload.optimizer.path = o.path;
     }
@@ -201,6 +219,12 @@ int bench_step(int argc, char** argv) {
     config = parse_config(to_yaml(config));  // validated like a user's file
 
     Runtime runtime(config);
+    if (o.shared_placement) {
+      // What zest did before placement: no rank's cpus (so every CPU Adam pins its calling thread
+      // to the first allowed cpu) and hardware threads / world size Adam threads per rank.
+      detail::set_rank_cpus(detail::allowed_cpus());
+      config.optimizer.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / runtime.world_size());
+    }
     Communicator& comm = runtime.comm();
     const bool lead = runtime.rank() == 0;
     const std::string load_before = load_average();
@@ -212,7 +236,7 @@ int bench_step(int argc, char** argv) {
     // Every rank at once, as in the step (they share the disk). The engine's store does not register
     // its staging buffers with the ring: measure that path.
     const bench::StoreBandwidth bw =
-        o.on_device ? bench::StoreBandwidth{}
+        o.on_device || o.on_host ? bench::StoreBandwidth{}
                     : bench::measure_store_bandwidth(o.path, runtime.rank(), runtime.cpus(), io_bytes, config.io, o.reps,
                                                      false);
 
@@ -271,11 +295,12 @@ int bench_step(int argc, char** argv) {
     const double backward_median = median(backward_seconds), total_median = median(total_seconds);
     // Each step reads every sub-group's region once and writes it back once.
     const auto bytes_read = static_cast<double>(stats.nvme_bytes), bytes_written = static_cast<double>(stats.nvme_bytes);
-    const double limit = o.on_device ? 0.0 : bytes_read / bw.read_bytes_per_s + bytes_written / bw.write_bytes_per_s;
+    const double limit = o.on_device || o.on_host ? 0.0 : bytes_read / bw.read_bytes_per_s + bytes_written / bw.write_bytes_per_s;
     const double ratio = limit / step_median;
     const std::size_t rss = proc_status_bytes("VmRSS"), hwm = proc_status_bytes("VmHWM");
     const HostMemoryStats pinned = runtime.device().pinned_stats();
     const std::string load_after = load_average();
+    const char* placement = o.shared_placement ? "shared" : "rank";
     if (!lead) return 0;
 
     if (o.json) {
@@ -289,7 +314,8 @@ int bench_step(int argc, char** argv) {
       std::printf(
           "{\"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"ranks\": %d, \"steps\": %d, \"path\": \"%s\",\n"
           " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s, \"reduce_bucket_bytes\": %zu,\n"
-          " \"allgather_bucket_bytes\": %zu, \"optimizer_on_device\": %s,\n"
+          " \"allgather_bucket_bytes\": %zu, \"optimizer_on_device\": %s, \"optimizer_on_host\": %s,\n"
+          " \"placement\": \"%s\", \"adam_threads\": %d,\n"
           " \"backward_seconds\": %.5f, \"backward_plus_step_seconds\": %.5f,\n"
           " \"step_seconds\": %.4f, \"step_samples\": %s, \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f,\n"
           " \"grad_write_seconds\": %.3f, \"grad_norm\": %.6g,\n"
@@ -301,16 +327,18 @@ int bench_step(int argc, char** argv) {
           engine.numel(), engine.group_count(), std::string(dtype_name(o.dtype)).c_str(), comm.size(), o.steps,
           o.path.c_str(), config.offload.sub_group_bytes, config.offload.optimizer.buffer_count,
           bw.direct ? "true" : "false", config.buckets.reduce_bytes, config.buckets.allgather_bytes,
-          o.on_device ? "true" : "false", backward_median, total_median, step_median,
+          o.on_device ? "true" : "false", o.on_host ? "true" : "false", placement, config.optimizer.threads,
+          backward_median, total_median, step_median,
           samples.c_str(), setup_seconds, set_param_seconds, grad_seconds,
           last.grad_norm, stats.nvme_bytes, stats.nvme_bytes, stats.nvme_bytes, bw.write_bytes_per_s,
           bw.read_bytes_per_s, bw.bytes, limit, ratio, rss, hwm, stats.offload_pinned_bytes, pinned.peak,
           config.device.memory, load_before.c_str(), load_after.c_str());
     } else {
       const auto gb = [](double bytes) { return bytes / 1e9; };
-      if (o.on_device) {
-        std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), states on the device\n",
-                    engine.numel(), std::string(dtype_name(o.dtype)).c_str(), engine.group_count(), comm.size());
+      if (o.on_device || o.on_host) {
+        std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), states %s, placement %s\n",
+                    engine.numel(), std::string(dtype_name(o.dtype)).c_str(), engine.group_count(), comm.size(),
+                    o.on_host ? "in pinned host memory" : "on the device", placement);
         std::printf("  engine built in %.1f s, weights set in %.1f s%s\n", setup_seconds, set_param_seconds,
                     o.set_param ? "" : " (left zero: --no-set-param)");
         std::printf("  step() median of %d: %.4f s\n", o.steps, step_median);

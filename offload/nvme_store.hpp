@@ -40,7 +40,7 @@ struct NvmeStoreOptions {
   std::string directory;  // existing, writable (OffloadTarget::path); the file is zest-rank<rank>.swap
   int rank = 0;
   IoConfig io;            // block_size, queue_depth, direct, checksum (threads: one ring, one thread)
-  std::vector<int> cpus;  // pin the I/O thread here; empty = leave it unpinned
+  std::vector<int> cpus;  // pin the I/O thread here; empty = the rank's cpus (start_worker_thread)
   bool keep_file = false; // leave the file behind at destruction (default: remove it)
   // Receives the one-line warnings (O_DIRECT refused, no fallocate). Default: stderr.
   std::function<void(const std::string&)> warn;

@@ -57,7 +57,7 @@ struct OptimizerConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
-  int threads = 0;  // CPU Adam threads; 0 = every core near the device
+  int threads = 0;  // CPU Adam threads; 0 = one per cpu of this rank (Runtime::cpus)
   std::vector<OptimizerParamGroup> param_groups;  // groups 1, 2, ... in this order
 };
 

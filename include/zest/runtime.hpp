@@ -36,7 +36,8 @@ class Runtime {
   Device& device() { return *device_; }
   Communicator& comm() { return *comm_; }
   const Topology& topology() const { return topology_; }
-  // The cpus this rank's host threads (Adam, offload) should run on.
+  // The cpus this rank's host threads (Adam, offload workers, the cpu device's streams) run on,
+  // from Topology::cpus_for_rank; `optimizer.threads: 0` means one Adam thread per cpu here.
   const std::vector<int>& cpus() const { return cpus_; }
 
  private:

@@ -22,8 +22,10 @@ class Topology {
   int pu_count() const;         // hardware threads
   int numa_node_count() const;
 
-  // OS indices of the processing units this rank should use. cpu device: the local ranks split the
-  // cores (and NUMA nodes) evenly, so ranks on one host do not fight over cores. cuda device: the
+  // OS indices of the processing units this rank should use. When the calling thread is bound to
+  // fewer cpus than the process may use (a launcher's binding: mpirun --bind-to core), those cpus.
+  // Otherwise, cpu device: the local ranks split the cores (and NUMA nodes) evenly, so ranks on one
+  // host do not fight over cores (more ranks than PUs share them round-robin). cuda device: the
   // cores hwloc reports near GPU `device_ordinal`, split among the local ranks that share it.
   std::vector<int> cpus_for_rank(DeviceType device, int device_ordinal, int local_rank,
                                  int local_size) const;

@@ -68,9 +68,10 @@ class DeviceMath {
                          const optim::AdamStepArgs& args, Stream& stream) = 0;
 };
 
-// The math for `device`'s backend. `threads`: the CPU Adam's threads (cpu only). `max_spans`: the
-// most spans one call passes, so the calls themselves allocate nothing. Throws SystemError for a
-// cuda device when zest was built without CUDA.
+// The math for `device`'s backend. `threads`: the CPU Adam's threads (cpu only; 0 = one per cpu of
+// this rank, detail::rank_cpus). `max_spans`: the most spans one call passes, so the calls
+// themselves allocate nothing. Throws SystemError for a cuda device when zest was built without
+// CUDA.
 std::unique_ptr<DeviceMath> make_device_math(Device& device, const optim::AdamHyperParams& hyper,
                                              int threads, std::size_t max_spans);
 

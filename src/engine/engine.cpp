@@ -13,7 +13,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -32,12 +31,6 @@
 
 namespace zest {
 namespace {
-
-int default_threads(const Config& config, const Communicator& comm) {
-  if (config.optimizer.threads > 0) return config.optimizer.threads;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / comm.size());
-}
 
 // The rank's swap file for `target` (nvme), shared by the optimizer and the parameters when both
 // name the same directory: one store per directory keeps one file per rank there.
@@ -134,7 +127,7 @@ struct Engine::State {
         hyper(optimizer_group_values(c)),
         runs(hyper_runs(layout, k.rank(), optimizer_group_of, hyper)),
         scaler(c.precision.loss_scale),
-        math(engine::make_device_math(d, hyper.front(), default_threads(c, k),
+        math(engine::make_device_math(d, hyper.front(), c.optimizer.threads,
                                       static_cast<std::size_t>(layout.group_count()) + runs.size())),
         comm_stream(d.create_stream()) {}
 
@@ -221,7 +214,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   s.grads = std::make_unique<engine::GradBuckets>(config, device, comm, stream, *s.math, s.layout, s.plan);
   if (s.plan.offload_optimizer)
     s.states = std::make_unique<engine::OffloadedOptimizer>(config, device, s.layout, s.plan.optimizer_offload,
-                                                            config.precision.dtype, default_threads(config, comm),
+                                                            config.precision.dtype, config.optimizer.threads,
                                                             std::move(optimizer_store), s.runs);
   else
     s.states = std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,

@@ -9,12 +9,15 @@
 namespace zest::optim {
 namespace {
 
-int resolve_threads(int threads, const std::vector<int>& cpus) {
+// `cpus` empty: the rank's (detail::rank_cpus), and with threads 0 one thread per cpu there.
+// Resolved once, here, so the thread count and the arena's cpus cannot disagree.
+PinnedArena make_arena(int threads, std::vector<int> cpus) {
   if (threads < 0)
     throw Error(std::string("CPU Adam thread count must be >= 0 (0 = one per CPU), got ")
                     .append(std::to_string(threads)));
-  if (threads > 0) return threads;
-  return static_cast<int>(cpus.empty() ? detail::allowed_cpus().size() : cpus.size());
+  if (cpus.empty()) cpus = detail::rank_cpus();
+  if (threads == 0) threads = static_cast<int>(cpus.size());
+  return PinnedArena(threads, std::move(cpus));
 }
 
 AdamRange offset(const AdamRange& r, std::size_t begin, std::size_t end) {
@@ -42,7 +45,7 @@ CpuAdam::CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpu
 CpuAdam::CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpus, Isa isa)
     : hyper_(hyper),
       kernels_(&adam_kernels(isa)),
-      arena_(resolve_threads(threads, cpus), std::move(cpus)) {}
+      arena_(make_arena(threads, std::move(cpus))) {}
 
 AdamRange CpuAdam::checked_range(std::span<float> master, std::span<float> m, std::span<float> v,
                                  ConstTensorSpan grad, TensorSpan out) const {

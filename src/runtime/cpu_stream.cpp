@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "runtime/thread_binding.hpp"
 #include "zest/error.hpp"
 
 namespace zest {
@@ -77,6 +78,9 @@ class CpuStreamWorker {
 
  private:
   void run() {
+    // A stream's work (copies to and from the host, the MPI collectives) is this rank's host work:
+    // it keeps to the rank's cores. A refused binding only costs speed.
+    static_cast<void>(try_bind_current_thread_to_rank_cpus());
     std::unique_lock lock(mutex_);
     for (;;) {
       work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

@@ -3,6 +3,7 @@
 #include "runtime/mpi_communicator.hpp"
 #include "runtime/mpi_session.hpp"
 #include "runtime/nccl_communicator.hpp"
+#include "runtime/thread_binding.hpp"
 
 namespace zest {
 namespace {
@@ -23,12 +24,16 @@ Runtime::Runtime(const Config& config)
                                                        : make_mpi_communicator(*mpi_, *device_);
   cpus_ = topology_.cpus_for_rank(config.device.type, ordinal, mpi_->local_rank(),
                                   mpi_->local_size());
+  // From here on every host thread zest starts for this rank (Adam, offload workers, streams)
+  // runs on these cpus, without the engine's interfaces carrying them.
+  detail::set_rank_cpus(cpus_);
 }
 
 // The communicator and the device go before MPI is finalized.
 Runtime::~Runtime() {
   comm_.reset();
   device_.reset();
+  detail::set_rank_cpus({});
 }
 
 int Runtime::rank() const { return mpi_->rank(); }

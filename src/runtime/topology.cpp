@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -79,6 +80,24 @@ std::vector<int> split_cpus(const std::vector<std::vector<int>>& cores, int inde
   return cpus;
 }
 
+std::vector<int> launcher_binding(const std::vector<std::vector<int>>& cores, const std::vector<int>& bound) {
+  std::vector<int> pus;
+  for (const auto& core : cores) pus.insert(pus.end(), core.begin(), core.end());
+  std::sort(pus.begin(), pus.end());
+  std::vector<int> sorted_bound = bound;
+  std::sort(sorted_bound.begin(), sorted_bound.end());
+  std::vector<int> inside;
+  std::set_intersection(pus.begin(), pus.end(), sorted_bound.begin(), sorted_bound.end(), std::back_inserter(inside));
+  if (inside.size() == pus.size()) inside.clear();
+  return inside;
+}
+
+std::vector<int> place_rank(const std::vector<std::vector<int>>& cores, const std::vector<int>& bound, int index,
+                            int count) {
+  std::vector<int> cpus = launcher_binding(cores, bound);
+  return cpus.empty() ? split_cpus(cores, index, count) : cpus;
+}
+
 }  // namespace detail
 
 struct Topology::Impl {
@@ -105,6 +124,14 @@ struct Topology::Impl {
   }
 
   hwloc_const_cpuset_t allowed() const { return hwloc_topology_get_allowed_cpuset(topology.get()); }
+
+  // The calling thread's binding: under mpirun it carries the launcher's placement of the process
+  // (the thread that builds the Runtime is the one mpirun started). Empty when it cannot be read.
+  std::vector<int> current_binding() const {
+    const Bitmap bound = new_bitmap();
+    if (hwloc_get_cpubind(topology.get(), bound.get(), HWLOC_CPUBIND_THREAD) != 0) return {};
+    return bitmap_indices(bound.get());
+  }
 
 #if ZEST_HAVE_CUDA
   // The allowed cpus hwloc reports near visible GPU `gpu`; empty when it knows nothing.
@@ -177,21 +204,24 @@ std::vector<int> Topology::cpus_for_rank(DeviceType device, int device_ordinal, 
                           .append(std::to_string(local_size))
                           .append(" is not a rank of this host; pass 0 <= local_rank < local_size"));
   }
+  const auto cores = impl_->cores_within(impl_->allowed());
+  const std::vector<int> bound = impl_->current_binding();
 #if ZEST_HAVE_CUDA
-  if (device == DeviceType::cuda && device_ordinal >= 0) {
+  // A launcher's binding wins over hwloc's idea of nearness: the launcher placed the rank.
+  if (device == DeviceType::cuda && device_ordinal >= 0 && detail::launcher_binding(cores, bound).empty()) {
     int share = 0;
     int shares = 1;
     const Bitmap near =
         impl_->near_rank_gpu(device_ordinal, local_rank, local_size, share, shares);
-    const auto cores = impl_->cores_within(near.get());
-    if (!cores.empty()) return detail::split_cpus(cores, share, shares);
+    const auto near_cores = impl_->cores_within(near.get());
+    if (!near_cores.empty()) return detail::split_cpus(near_cores, share, shares);
   }
 #else
   static_cast<void>(device);
   static_cast<void>(device_ordinal);
 #endif
   // cpu devices, and GPUs hwloc knows nothing about: the local ranks divide the whole machine.
-  return detail::split_cpus(impl_->cores_within(impl_->allowed()), local_rank, local_size);
+  return detail::place_rank(cores, bound, local_rank, local_size);
 }
 
 void Topology::bind_current_thread(const std::vector<int>& cpus) {

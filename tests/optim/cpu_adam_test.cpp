@@ -2,6 +2,7 @@
 // against the others (bit for bit), the threaded front end against the single-threaded kernel,
 // low-precision outputs against runtime/half.hpp, and the argument checks.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,14 +10,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "optim/adam_reference.hpp"
 #include "optim/cpu_adam.hpp"
 #include "runtime/half.hpp"
+#include "runtime/thread_binding.hpp"
 
 namespace zest::optim {
 namespace {
@@ -286,6 +291,43 @@ TEST(CpuAdam, ThreadsAndTilesGiveTheKernelsResult) {
     EXPECT_EQ(0, std::memcmp(s.v.data(), expect.v.data(), n * 4));
     EXPECT_EQ(out, expect_out);
   }
+}
+
+// Establishes this rank's cpus for a scope, as Runtime does for its lifetime.
+class ScopedRankCpus {
+ public:
+  explicit ScopedRankCpus(std::vector<int> cpus) { detail::set_rank_cpus(std::move(cpus)); }
+  ~ScopedRankCpus() { detail::set_rank_cpus({}); }
+  ScopedRankCpus(const ScopedRankCpus&) = delete;
+  ScopedRankCpus& operator=(const ScopedRankCpus&) = delete;
+};
+
+// The engine builds its CpuAdam without cpus and with optimizer.threads (0 by default): it must run
+// on the rank's cpus, one thread per cpu there, and not on the first cpu of the machine (where
+// every rank of a node used to meet).
+TEST(CpuAdam, WithoutCpusRunsOnTheRanksCpusOneThreadEach) {
+  const int last = detail::allowed_cpus().back();
+  const ScopedRankCpus rank({last});
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  EXPECT_EQ(CpuAdam(hp, 0).threads(), 1);
+  EXPECT_EQ(CpuAdam(hp, 3).threads(), 3);
+
+  PinnedArena arena(2, {});
+  EXPECT_EQ(arena.cpus(), std::vector<int>{last});
+  std::mutex mutex;
+  std::set<int> ran_on;
+  arena.for_each_tile(64, 1, [&](std::size_t, std::size_t) {
+    const int cpu = sched_getcpu();  // pinned threads run only on their cpu
+    const std::lock_guard lock(mutex);
+    ran_on.insert(cpu);
+  });
+  EXPECT_EQ(ran_on, std::set<int>{last});
+}
+
+// threads 0 counts the cpus given, whatever order the constructor's arguments are evaluated in.
+TEST(CpuAdam, ZeroThreadsCountTheGivenCpus) {
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  EXPECT_EQ(CpuAdam(hp, 0, {detail::allowed_cpus().front()}).threads(), 1);
 }
 
 TEST(CpuAdam, GradStatsSumOfSquaresAndNonfinite) {

@@ -2,6 +2,7 @@
 #include "runtime/cpu_stream.hpp"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
 #include <latch>
@@ -9,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/thread_binding.hpp"
 #include "tests/runtime/watchdog.hpp"
 #include "zest/error.hpp"
 
@@ -293,6 +295,42 @@ TEST(CpuStream, AsCpuStreamRecognizesOnlyCpuStreams) {
   CpuStream stream;
   Stream& base = stream;
   EXPECT_EQ(as_cpu_stream(base), &stream);
+}
+
+std::vector<int> affinity_of_this_thread() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  return cpus;
+}
+
+std::vector<int> stream_worker_affinity() {
+  CpuStream stream;
+  std::vector<int> cpus;
+  stream.host_task([&] { cpus = affinity_of_this_thread(); });
+  stream.synchronize();
+  return cpus;
+}
+
+// A stream's worker runs on the rank's cpus once a Runtime established them (so the ranks of a
+// node keep their copies and collectives apart), and otherwise keeps the binding of the thread
+// that created it (a launcher's, e.g. mpirun --bind-to core), never widened to the machine.
+TEST(CpuStream, WorkerRunsOnTheRanksCpusElseInheritsItsCreatorsBinding) {
+  const std::vector<int> allowed = detail::allowed_cpus();
+  std::vector<int> inherited, established;
+  std::thread creator([&] {
+    ASSERT_TRUE(detail::try_bind_current_thread(allowed.back()));
+    inherited = stream_worker_affinity();
+    detail::set_rank_cpus({allowed.front()});
+    established = stream_worker_affinity();
+    detail::set_rank_cpus({});
+  });
+  creator.join();
+  EXPECT_EQ(inherited, std::vector<int>{allowed.back()});
+  EXPECT_EQ(established, std::vector<int>{allowed.front()});
 }
 
 }  // namespace

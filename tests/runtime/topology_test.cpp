@@ -231,5 +231,50 @@ TEST(CpuSplit, EveryCountCoversTheMachineDisjointlyWhilePusLast) {
   }
 }
 
+// This two-core machine's layout, with more ranks than cores: they share the cores round-robin.
+TEST(CpuSplit, FourRanksOnTwoCoresShareThemRoundRobin) {
+  const std::vector<std::vector<int>> cores = {{0}, {1}};
+  const std::vector<int> unbound = {0, 1};  // mpirun --bind-to none: the whole machine
+  EXPECT_EQ(detail::place_rank(cores, unbound, 0, 2), std::vector<int>{0});
+  EXPECT_EQ(detail::place_rank(cores, unbound, 1, 2), std::vector<int>{1});
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_EQ(detail::place_rank(cores, unbound, rank, 4), std::vector<int>{rank % 2}) << rank;
+  EXPECT_EQ(detail::place_rank(cores, unbound, 0, 1), (std::vector<int>{0, 1})) << "a world of one";
+}
+
+// A launcher that bound the process to part of the machine (mpirun --bind-to core or socket)
+// already placed the rank: its cpus are the binding, whatever the local rank and count.
+TEST(CpuSplit, ALaunchersBindingIsTheRanksPlacement) {
+  const auto cores = two_socket_layout();
+  EXPECT_EQ(detail::place_rank(cores, {10, 2}, 0, 2), (std::vector<int>{2, 10}));
+  EXPECT_EQ(detail::place_rank(cores, {10, 2}, 1, 2), (std::vector<int>{2, 10}));
+  EXPECT_EQ(detail::place_rank(cores, {5}, 3, 4), std::vector<int>{5});
+  // A socket binding shared by two ranks is not split again (the launcher chose to share it).
+  EXPECT_EQ(detail::place_rank(cores, {0, 1, 2, 3, 8, 9, 10, 11}, 1, 4), (std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11}));
+  // cpus the machine lacks (or the process may not use) do not count.
+  EXPECT_EQ(detail::place_rank(cores, {3, 99}, 0, 2), std::vector<int>{3});
+  // No binding, one covering the machine, or one outside it: the local ranks split the machine.
+  std::vector<int> everything;
+  for (const auto& core : cores) everything.insert(everything.end(), core.begin(), core.end());
+  for (const auto& bound : {std::vector<int>{}, everything, std::vector<int>{99}}) {
+    EXPECT_EQ(detail::place_rank(cores, bound, 1, 2), detail::split_cpus(cores, 1, 2));
+    EXPECT_TRUE(detail::launcher_binding(cores, bound).empty());
+  }
+}
+
+// The binding cpus_for_rank honours is the calling thread's real one (as mpirun leaves it).
+TEST(Topology, ABoundThreadIsPlacedOnItsBinding) {
+  const Topology topology = Topology::detect();
+  const auto all = all_cpus(topology);
+  if (all.size() < 2) GTEST_SKIP() << "needs two cpus to bind to fewer than the machine";
+  std::vector<int> placed;
+  std::thread thread([&] {
+    Topology::bind_current_thread({all.back()});
+    placed = topology.cpus_for_rank(DeviceType::cpu, 0, 0, 2);
+  });
+  thread.join();
+  EXPECT_EQ(placed, std::vector<int>{all.back()}) << "rank 0 of 2 unbound would get " << all.front();
+}
+
 }  // namespace
 }  // namespace zest
