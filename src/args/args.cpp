@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "config/config_checks.hpp"
 #include "config/size_parse.hpp"
 #include "zest/config.hpp"
 
@@ -22,12 +23,6 @@ namespace {
   message.append(": expected ").append(what).append(", found '").append(text).append("'");
   if (!why.empty()) message.append(": ").append(why);
   throw UsageError(message);
-}
-
-std::string number_text(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
 }
 
 // "from 1 to 1000000" / ">= 1" when hi is "no limit" for the type.
@@ -82,7 +77,7 @@ long long parse_integer(std::string_view flag, std::string_view text, long long 
 }
 
 double parse_number(std::string_view flag, std::string_view text, double lo, double hi) {
-  const std::string what = "a number from " + number_text(lo) + " to " + number_text(hi);
+  const std::string what = "a number from " + detail::number_text(lo) + " to " + detail::number_text(hi);
   double value = 0;
   if (!finite_decimal(text, value) || value < lo || value > hi) refuse(flag, what, text);
   return value;
