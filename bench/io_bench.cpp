@@ -214,6 +214,9 @@ int bench_io(int argc, char** argv) {
       std::printf("  %-28s %12.2f %12.2f\n", "ratio", w / sw, r / sr);
     }
     return 0;
+  } catch (const ConfigError& error) {  // the input, not the run: exit 2 as for a bad flag
+    std::fprintf(stderr, "%s\n", error.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zest bench io: %s\n", e.what());
     return 1;

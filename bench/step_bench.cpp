@@ -312,6 +312,9 @@ int bench_step(int argc, char** argv) {
       std::printf("  load average before %s, after %s\n", load_before.c_str(), load_after.c_str());
     }
     return 0;
+  } catch (const ConfigError& error) {  // the input, not the run: exit 2 as for a bad flag
+    std::fprintf(stderr, "%s\n", error.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zest bench step: %s\n", e.what());
     return 1;

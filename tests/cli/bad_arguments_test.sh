@@ -45,6 +45,9 @@ refused "$zest" "--size: expected a number from 0.001 to 16384, found '-1'" benc
 refused "$zest" "--reps: expected a whole number from 1 to 1000, found '0'" bench io --path "$work" --reps 0
 refused "$zest" "--block-size: expected a size from 4KiB to 1GiB" bench io --path "$work" --block-size 3KiB
 refused "$zest" "--path: directory '$work/none' does not exist" bench io --path "$work/none"
+printf 'io:\n  queue_depth: 0\n' >"$work/bad.yaml"
+refused "$zest" "$work/bad.yaml:2:16: io.queue_depth: expected an integer from 1 to 4096, found '0'" \
+  bench io --path "$work" --config "$work/bad.yaml"
 
 refused "$zest" "--threads: expected a whole number from 1 to 1024, found '10000000'" bench adam --threads 10000000
 refused "$zest" "--params: expected a whole count from 1 to 100000000000" bench adam --params 1e19
@@ -54,6 +57,8 @@ refused "$zest" "--steps: expected a whole number from 1 to 1000000, found '-1'"
 refused "$zest" "--io-size: expected a number from 0.001 to 16384, found 'nan'" bench step --path "$work" --io-size nan
 refused "$zest" "--buffers: expected a whole number from 2 to 64, found '1000'" bench step --path "$work" --buffers 1000
 refused "$zest" "--path: directory '$work/none' does not exist" bench step --path "$work/none"
+refused "$zest" "device.memory: 16MiB cannot hold the buckets" \
+  bench step --path "$work" --device-memory 16MiB --bucket 64MiB
 
 refused "$zest" "--params: expected a whole count" estimate --params -5
 refused "$zest" "consolidate: OUT: the directory '/nonexistent' does not exist" \
