@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "kernels/adam_bench.hpp"
 #include "optim/cpu_adam.hpp"
@@ -70,14 +71,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-bool parse_count(const char* text, long long& out) {
-  char* end = nullptr;
-  const double value = std::strtod(text, &end);  // accepts 1e8
-  if (end == text || *end != '\0' || value < 1 || value > 1e12) return false;
-  out = static_cast<long long>(value);
-  return true;
-}
-
 }  // namespace
 }  // namespace zest::cli
 
@@ -93,28 +86,25 @@ CudaAdamBenchResult bench_cuda_adam(std::size_t, DType, bool, DType, int) {
 namespace zest::cli {
 
 int bench_adam(int argc, char** argv) {
-  long long threads = 1, params = 100000000, reps = 7;
+  long long threads = 1, reps = 7;
+  std::size_t params = 100000000;
   std::string mode_name = "fp32", device = "cpu";
   bool json = false;
-  for (int i = 0; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--threads" && has_value && parse_count(argv[i + 1], threads)) {
-      ++i;
-    } else if (arg == "--params" && has_value && parse_count(argv[i + 1], params)) {
-      ++i;
-    } else if (arg == "--reps" && has_value && parse_count(argv[i + 1], reps)) {
-      ++i;
-    } else if (arg == "--mode" && has_value) {
-      mode_name = argv[++i];
-    } else if (arg == "--device" && has_value) {
-      device = argv[++i];
-    } else {
-      std::fprintf(stderr, "zest bench adam: invalid argument '%s'\n%s", arg.c_str(), kBenchUsage);
-      return 2;
+  try {
+    for (int i = 0; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == "--json") json = true;
+      else if (arg == "--threads") threads = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1024);
+      // 10^11 values: 1.6 TB of fp32 arrays, past any machine this runs on.
+      else if (arg == "--params") params = args::parse_count(arg, args::value_of(argc, argv, i), 1, 100'000'000'000);
+      else if (arg == "--reps") reps = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1000);
+      else if (arg == "--mode") mode_name = args::value_of(argc, argv, i);
+      else if (arg == "--device") device = args::value_of(argc, argv, i);
+      else throw args::UsageError(std::string("invalid argument '").append(arg).append("'"));
     }
+  } catch (const args::UsageError& error) {
+    std::fprintf(stderr, "zest bench adam: %s\n%s", error.what(), kBenchUsage);
+    return 2;
   }
   const Mode* mode = nullptr;
   for (const Mode& m : kModes)

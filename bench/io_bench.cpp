@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "offload/nvme_store.hpp"
 #include "store_bandwidth.hpp"
@@ -103,56 +104,38 @@ int bench_io(int argc, char** argv) {
   std::string path;
   std::string config_path;
   double size_gib = 4.0;
-  long reps = 3;
+  long long reps = 3;
   bool json = false;
   bool register_buffers = true;
-  std::string block_text;
-  long queue_depth = 0;
-  for (int i = 0; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    char* end = nullptr;
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--no-fixed-buffers") {
-      register_buffers = false;  // to see what registering the buffers with the ring is worth
-    } else if (arg == "--path" && has_value) {
-      path = argv[++i];
-    } else if (arg == "--config" && has_value) {
-      config_path = argv[++i];
-    } else if (arg == "--size" && has_value) {
-      size_gib = std::strtod(argv[++i], &end);
-      if (*end != '\0' || !(size_gib > 0)) return std::fprintf(stderr, "zest bench io: --size wants GiB > 0, e.g. 4 or 0.5\n%s", kIoUsage), 2;
-    } else if (arg == "--reps" && has_value) {
-      reps = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || reps < 1) return std::fprintf(stderr, "zest bench io: --reps wants a count >= 1\n%s", kIoUsage), 2;
-    } else if (arg == "--block-size" && has_value) {
-      block_text = argv[++i];
-    } else if (arg == "--queue-depth" && has_value) {
-      queue_depth = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || queue_depth < 1 || queue_depth > 4096)
-        return std::fprintf(stderr, "zest bench io: --queue-depth wants 1..4096\n%s", kIoUsage), 2;
-    } else {
-      std::fprintf(stderr, "zest bench io: unexpected argument '%s'\n%s", arg.c_str(), kIoUsage);
-      return 2;
+  std::size_t block_size = 0;  // 0: the config's
+  long long queue_depth = 0;   // 0: the config's
+  try {
+    for (int i = 0; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == "--json") json = true;
+      else if (arg == "--no-fixed-buffers") register_buffers = false;  // what registering the buffers is worth
+      else if (arg == "--path") path = args::value_of(argc, argv, i);
+      else if (arg == "--config") config_path = args::value_of(argc, argv, i);
+      // From 1MiB (about one region) to 16TiB, past any disk this measures.
+      else if (arg == "--size") size_gib = args::parse_number(arg, args::value_of(argc, argv, i), 0.001, 16384);
+      else if (arg == "--reps") reps = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1000);
+      // io.block_size's and io.queue_depth's ranges (configs/reference.yaml).
+      else if (arg == "--block-size")
+        block_size = args::parse_size(arg, args::value_of(argc, argv, i), std::size_t{4} << 10, std::size_t{1} << 30);
+      else if (arg == "--queue-depth") queue_depth = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 4096);
+      else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
-  }
-  if (path.empty()) {
-    std::fprintf(stderr, "zest bench io: --path DIR is required\n%s", kIoUsage);
+    if (path.empty()) throw args::UsageError("--path DIR is required");
+    args::check_output_directory("--path", path);
+  } catch (const args::UsageError& error) {
+    std::fprintf(stderr, "zest bench io: %s\n%s", error.what(), kIoUsage);
     return 2;
   }
 
   try {
     IoConfig io;
     if (!config_path.empty()) io = load_config(config_path).io;
-    if (!block_text.empty()) {
-      try {
-        io.block_size = parse_size(block_text);
-      } catch (const std::invalid_argument& e) {
-        std::fprintf(stderr, "zest bench io: --block-size: %s\n", e.what());
-        return 2;
-      }
-    }
+    if (block_size > 0) io.block_size = block_size;
     if (queue_depth > 0) io.queue_depth = static_cast<int>(queue_depth);
     io.checksum = false;  // bandwidth of the I/O path; the checksum costs CPU, measured elsewhere
 
@@ -190,7 +173,7 @@ int bench_io(int argc, char** argv) {
 
     Figures f;
     const auto rate = [&](double seconds) { return static_cast<double>(total) / seconds; };
-    for (long rep = 0; rep < reps; ++rep) {
+    for (long long rep = 0; rep < reps; ++rep) {
       f.ours_write.push_back(rate(store_pass(store, true, regions, buffers)));
       store.flush();  // durable before reading back; not timed (fio's default does not sync either)
       f.sync_write.push_back(rate(sync.pass(true, static_cast<char*>(buffers[0].data()), region_bytes)));
@@ -211,7 +194,7 @@ int bench_io(int argc, char** argv) {
       };
       std::printf(
           "{\"path\": \"%s\", \"direct\": %s, \"fixed_buffers\": %s, \"size_bytes\": %zu, \"block_size\": %zu, "
-          "\"queue_depth\": %d, \"reps\": %ld,\n"
+          "\"queue_depth\": %d, \"reps\": %lld,\n"
           " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g,\n"
           " \"sync_write_bytes_per_s\": %.4g, \"sync_read_bytes_per_s\": %.4g,\n"
           " \"write_ratio_vs_sync\": %.3f, \"read_ratio_vs_sync\": %.3f,\n"
@@ -221,7 +204,7 @@ int bench_io(int argc, char** argv) {
           io.queue_depth, reps, w, r, sw, sr, w / sw, r / sr, list(f.ours_write).c_str(), list(f.ours_read).c_str(),
           list(f.sync_write).c_str(), list(f.sync_read).c_str());
     } else {
-      std::printf("zest bench io: %s, %.2f GiB, %s blocks, queue depth %d, %s%s, median of %ld\n",
+      std::printf("zest bench io: %s, %.2f GiB, %s blocks, queue depth %d, %s%s, median of %lld\n",
                   store.path().c_str(), static_cast<double>(total) / static_cast<double>(std::size_t{1} << 30),
                   format_size(io.block_size).c_str(), io.queue_depth, store.direct() ? "O_DIRECT" : "buffered (O_DIRECT refused)",
                   fixed ? ", registered buffers" : "", reps);
@@ -231,6 +214,9 @@ int bench_io(int argc, char** argv) {
       std::printf("  %-28s %12.2f %12.2f\n", "ratio", w / sw, r / sr);
     }
     return 0;
+  } catch (const ConfigError& error) {  // the input, not the run: exit 2 as for a bad flag
+    std::fprintf(stderr, "%s\n", error.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zest bench io: %s\n", e.what());
     return 1;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "args/args.hpp"
 #include "charlm/text_corpus.hpp"
 #include "cli/commands.hpp"
 #include "memory_report.hpp"
@@ -253,6 +254,12 @@ FitRecord largest_fit(const Configuration& conf, Config config, charlm::CharMlpS
   config.offload.param.device = conf.param;
   // Bisect the hidden width: the largest that fits, within 2%.
   std::size_t lo = 1, hi = 2;
+  // With a budget that holds no model at all the search would report 0 parameters as a result.
+  shape.hidden = lo;
+  if (!fits(config, shape, budget, runtime.comm(), runtime, stream))
+    throw Error("--device-memory " + format_size(budget) + " holds no model under " + conf.name +
+                ", not even one of hidden width 1 (buckets and working space come first); raise "
+                "--device-memory");
   shape.hidden = hi;
   while (fits(config, shape, budget, runtime.comm(), runtime, stream)) shape.hidden = hi *= 2;
   while (hi - lo > std::max<std::size_t>(1, lo / 50)) {
@@ -285,30 +292,30 @@ Config default_config() {
 
 int bench_memory(int argc, char** argv) {
   Options o;
-  for (int i = 0; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    try {
-      if (arg == "--config" && has_value) o.config_path = argv[++i];
-      else if (arg == "--params" && has_value) o.params = static_cast<std::size_t>(std::stod(argv[++i]));
-      else if (arg == "--steps" && has_value) o.steps = std::stoi(argv[++i]);
-      else if (arg == "--device-memory" && has_value) o.fit_budget = parse_size(argv[++i]);
-      else if (arg == "--json" && has_value) o.json = argv[++i];
-      else if (arg == "--csv" && has_value) o.csv = argv[++i];
-      else if (arg == "--chart" && has_value) o.chart = argv[++i];
-      else if (arg == "--nvme-path" && has_value) o.nvme_path = argv[++i];
+  try {
+    for (int i = 0; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == "--config") o.config_path = args::value_of(argc, argv, i);
+      // Above 10^9 parameters the char MLP's shape search and a CPU run take hours, not a benchmark.
+      else if (arg == "--params") o.params = args::parse_count(arg, args::value_of(argc, argv, i), 1000, 1'000'000'000);
+      else if (arg == "--steps") o.steps = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 2, 1'000'000));
+      // The built-in config's buckets and working space alone take 3MiB.
+      else if (arg == "--device-memory")
+        o.fit_budget = args::parse_size(arg, args::value_of(argc, argv, i), std::size_t{16} << 20, std::size_t{1} << 40);
+      else if (arg == "--json") o.json = args::value_of(argc, argv, i);
+      else if (arg == "--csv") o.csv = args::value_of(argc, argv, i);
+      else if (arg == "--chart") o.chart = args::value_of(argc, argv, i);
+      else if (arg == "--nvme-path") o.nvme_path = args::value_of(argc, argv, i);
       else if (arg == "--no-fit") o.fit = false;
-      else {
-        std::fprintf(stderr, "zest bench memory: invalid argument '%s'\n%s", arg.c_str(), kUsage);
-        return 2;
-      }
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "zest bench memory: %s: %s\n%s", arg.c_str(), error.what(), kUsage);
-      return 2;
+      else throw args::UsageError(std::string("invalid argument '").append(arg).append("'"));
     }
-  }
-  if (o.steps < 2 || o.params < 1000) {
-    std::fprintf(stderr, "zest bench memory: --steps must be at least 2 and --params at least 1000\n%s", kUsage);
+    // Every output is checked before the benchmark runs, not after.
+    args::check_output_file("--json", o.json);
+    args::check_output_file("--csv", o.csv);
+    args::check_output_file("--chart", o.chart);
+    if (!o.nvme_path.empty()) args::check_output_directory("--nvme-path", o.nvme_path);
+  } catch (const args::UsageError& error) {
+    std::fprintf(stderr, "zest bench memory: %s\n%s", error.what(), kUsage);
     return 2;
   }
   try {

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "runtime/half.hpp"
 #include "runtime/thread_binding.hpp"
@@ -116,75 +117,50 @@ void fill_grad(void* grad, std::size_t count, DType dtype, float value) {
 }
 
 int parse(int argc, char** argv, Options& o) {
-  for (int i = 0; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    const auto bad = [&](const char* what) {
-      std::fprintf(stderr, "zest bench step: %s wants %s, got '%s'\n%s", arg.c_str(), what, argv[i], kUsage);
-      return 2;
-    };
-    try {
-      if (arg == "--json") {
-        o.json = true;
-      } else if (arg == "--optimizer-on-device") {
-        o.on_device = true;
-      } else if (arg == "--optimizer-on-host") {
-        o.on_host = true;
-      } else if (arg == "--placement" && has_value && (std::string(argv[i + 1]) == "rank" || std::string(argv[i + 1]) == "shared")) {
-        o.shared_placement = std::string(argv[++i]) == "shared";
-      } else if (arg == "--no-set-param") {
-        o.set_param = false;
-      } else if (arg == "--path" && has_value) {
-        o.path = argv[++i];
-      } else if (arg == "--params" && has_value) {
-        const double v = std::stod(argv[++i]);
-        if (!(v >= 1) || v > 1e12) return bad("a count >= 1 (e.g. 2e8)");
-        o.params = static_cast<std::size_t>(v);
-      } else if (arg == "--steps" && has_value) {
-        o.steps = std::stoi(argv[++i]);
-        if (o.steps < 1) return bad("a count >= 1");
-      } else if (arg == "--groups" && has_value) {
-        o.groups = std::stoi(argv[++i]);
-        if (o.groups < 1) return bad("a count >= 1");
-      } else if (arg == "--buffers" && has_value) {
-        o.buffers = std::stoi(argv[++i]);
-        if (o.buffers < 2) return bad("a count >= 2");
-      } else if (arg == "--reps" && has_value) {
-        o.reps = std::stoi(argv[++i]);
-        if (o.reps < 1) return bad("a count >= 1");
-      } else if (arg == "--io-size" && has_value) {
-        o.io_gib = std::stod(argv[++i]);
-        if (!(o.io_gib > 0)) return bad("GiB > 0");
-      } else if (arg == "--sub-group" && has_value) {
-        o.sub_group = parse_size(argv[++i]);
-      } else if (arg == "--device-memory" && has_value) {
-        o.device_memory = parse_size(argv[++i]);
-      } else if (arg == "--bucket" && has_value) {
-        o.bucket = parse_size(argv[++i]);
-      } else if (arg == "--allgather" && has_value) {
-        o.allgather = parse_size(argv[++i]);
-      } else if (arg == "--dtype" && has_value) {
-        const std::string d = argv[++i];
+  constexpr std::size_t kGiB = std::size_t{1} << 30;
+  try {
+    for (int i = 0; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      const auto value = [&] { return args::value_of(argc, argv, i); };
+      const auto count = [&](long long lo, long long hi) {
+        return static_cast<int>(args::parse_integer(arg, value(), lo, hi));
+      };
+      if (arg == "--json") o.json = true;
+      else if (arg == "--optimizer-on-device") o.on_device = true;
+      else if (arg == "--optimizer-on-host") o.on_host = true;
+      else if (arg == "--placement") {
+        const std::string_view p = value();
+        if (p != "rank" && p != "shared")
+          throw args::UsageError(std::string("--placement: expected rank or shared, found '").append(p).append("'"));
+        o.shared_placement = p == "shared";
+      }
+      else if (arg == "--no-set-param") o.set_param = false;
+      else if (arg == "--path") o.path = value();
+      else if (arg == "--params") o.params = args::parse_count(arg, value(), 1, 1'000'000'000'000);
+      else if (arg == "--steps") o.steps = count(1, 1'000'000);
+      else if (arg == "--groups") o.groups = count(1, 1'000'000);
+      else if (arg == "--buffers") o.buffers = count(2, 64);  // offload.optimizer.buffer_count's range
+      else if (arg == "--reps") o.reps = count(1, 1000);
+      else if (arg == "--io-size") o.io_gib = args::parse_number(arg, value(), 0.001, 16384);
+      else if (arg == "--sub-group") o.sub_group = args::parse_size(arg, value(), 1, 64 * kGiB);
+      else if (arg == "--device-memory") o.device_memory = args::parse_size(arg, value(), 16 << 20, 16384 * kGiB);
+      else if (arg == "--bucket") o.bucket = args::parse_size(arg, value(), 1, 64 * kGiB);
+      else if (arg == "--allgather") o.allgather = args::parse_size(arg, value(), 1, 64 * kGiB);
+      else if (arg == "--dtype") {
+        const std::string_view d = value();
         if (d == "bf16") o.dtype = DType::bf16;
         else if (d == "fp16") o.dtype = DType::f16;
         else if (d == "fp32") o.dtype = DType::f32;
-        else return bad("bf16, fp16 or fp32");
+        else throw args::UsageError(std::string("--dtype: expected bf16, fp16 or fp32, found '").append(d).append("'"));
       } else {
-        std::fprintf(stderr, "zest bench step: unexpected argument '%s'\n%s", arg.c_str(), kUsage);
-        return 2;
+        throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
       }
-    } catch (const std::exception& e) {  // stod/stoi/parse_size on text that is no number or size
-      if (arg == "--sub-group" || arg == "--device-memory" || arg == "--bucket" || arg == "--allgather")
-        return bad(e.what());  // says what a size is
-      return bad(arg == "--params" ? "a count >= 1 (e.g. 2e8)" : arg == "--io-size" ? "GiB > 0" : "a count");
     }
-  }
-  if (o.on_device && o.on_host) {
-    std::fprintf(stderr, "zest bench step: --optimizer-on-device and --optimizer-on-host exclude each other\n%s", kUsage);
-    return 2;
-  }
-  if (o.path.empty() && !o.on_device && !o.on_host) {
-    std::fprintf(stderr, "zest bench step: --path DIR is required\n%s", kUsage);
+    if (o.on_device && o.on_host) throw args::UsageError("--optimizer-on-device and --optimizer-on-host exclude each other");
+    if (o.path.empty() && !o.on_device && !o.on_host) throw args::UsageError("--path DIR is required");
+    if (!o.on_device && !o.on_host) args::check_output_directory("--path", o.path);
+  } catch (const args::UsageError& error) {
+    std::fprintf(stderr, "zest bench step: %s\n%s", error.what(), kUsage);
     return 2;
   }
   if (static_cast<std::size_t>(o.groups) > o.params) o.groups = static_cast<int>(o.params);
@@ -364,6 +340,9 @@ int bench_step(int argc, char** argv) {
       std::printf("  load average before %s, after %s\n", load_before.c_str(), load_after.c_str());
     }
     return 0;
+  } catch (const ConfigError& error) {  // the input, not the run: exit 2 as for a bad flag
+    std::fprintf(stderr, "%s\n", error.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zest bench step: %s\n", e.what());
     return 1;

@@ -13,11 +13,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "args/args.hpp"
 #include "trainer.hpp"
 #include "zest/zest.hpp"
 
@@ -25,23 +25,29 @@ namespace {
 
 using namespace zest;
 
-int usage() {
-  std::fprintf(stderr, "usage: zest-train --config FILE [--steps N] [--load DIR] [--save DIR]\n");
-  return 2;
-}
+constexpr const char* kUsage = "usage: zest-train --config FILE [--steps N] [--load DIR] [--save DIR]\n";
 
 int run(int argc, char** argv) {
   std::string config_path;
   std::optional<int> steps_flag;
   std::string load_dir, save_dir;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--config") == 0 && i + 1 < argc) config_path = argv[++i];
-    else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps_flag = std::atoi(argv[++i]);
-    else if (std::strcmp(argv[i], "--save") == 0 && i + 1 < argc) save_dir = argv[++i];
-    else if (std::strcmp(argv[i], "--load") == 0 && i + 1 < argc) load_dir = argv[++i];
-    else return usage();
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == "--config") config_path = args::value_of(argc, argv, i);
+      // train.steps' range in the config (examples/train_config.cpp).
+      else if (arg == "--steps") steps_flag = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
+      else if (arg == "--save") save_dir = args::value_of(argc, argv, i);
+      else if (arg == "--load") load_dir = args::value_of(argc, argv, i);
+      else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
+    }
+    if (config_path.empty()) throw args::UsageError("--config FILE is required");
+    // Checked before training, not when the checkpoint is written at the end.
+    if (!save_dir.empty()) args::check_output_directory_or_parent("--save", save_dir);
+  } catch (const args::UsageError& error) {
+    std::fprintf(stderr, "zest-train: %s\n%s", error.what(), kUsage);
+    return 2;
   }
-  if (config_path.empty()) return usage();
 
   const Config config = load_config(config_path, {"model", "train"});
   train::TrainConfig train = train::load_train_config(config_path);

@@ -1,7 +1,8 @@
-// The validated configuration of a zest run, parsed from YAML. A Config that exists is complete and
-// consistent: parsing collects every problem and throws one ConfigError listing them all (each
-// with file:line:col, the key path, what was expected and what was found).
-// configs/reference.yaml documents every key with its default.
+// The configuration of a zest run, parsed from YAML or built in code. A Config that parse_config
+// returns is complete and consistent: parsing collects every problem and throws one ConfigError
+// listing them all (each with file:line:col, the key path, what was expected and what was found).
+// A Config built in code gets the same checks from validate(). Every default is the struct's, from
+// YAML and from code alike; configs/reference.yaml documents every key with its default.
 #pragma once
 
 #include <cstddef>
@@ -62,7 +63,9 @@ struct OptimizerConfig {
 };
 
 struct LossScaleConfig {
-  bool dynamic = false;            // when unset in YAML: true for fp16; fp32/bf16 need no scaling
+  // fp16 only (fp32 and bf16 need no scaling). Off by default, from YAML and from code alike:
+  // an fp16 run that wants dynamic scaling says so.
+  bool dynamic = false;
   double static_scale = 1.0;       // used when !dynamic
   int initial_scale_power = 16;    // dynamic: start at 2^power
   int window = 1000;               // dynamic: steps without overflow before the scale doubles
@@ -111,13 +114,29 @@ struct Config {
   IoConfig io;
 };
 
+// The largest config file load_config reads (1MiB; a config is a few KiB).
+inline constexpr std::size_t kMaxConfigFileBytes = std::size_t{1} << 20;
+
 // Parses and validates. Throws ConfigError listing every problem. `source_name` is used in
-// messages; `load_config` reads the file (a missing or unreadable file is a ConfigError too).
-// `application_sections` names top-level sections that belong to the program (a trainer's
-// "model:", "train:"): zest skips them, and the program validates them itself.
+// messages. `application_sections` names top-level sections that belong to the program (a
+// trainer's "model:", "train:"): zest skips them, and the program validates them itself.
 Config parse_config(const std::string& yaml_text, const std::string& source_name = "<string>",
                     const std::vector<std::string>& application_sections = {});
+// Reads `path` and parses it. The file must be a regular file of at most kMaxConfigFileBytes: a
+// FIFO, a device or a directory is refused without blocking or reading it. Any problem with the
+// file is a ConfigError too.
 Config load_config(const std::string& path, const std::vector<std::string>& application_sections = {});
+// As load_config, for a checker that does not know the program's sections (`zest config check`):
+// every top-level key that is not one of zest's, nor a near miss ("stgae") or a misplacement
+// ("lr") of one of zest's keys, is taken as the program's; its name is appended to
+// `program_sections`, unchecked.
+Config load_config_with_program_sections(const std::string& path,
+                                         std::vector<std::string>& program_sections);
+
+// Checks a Config built in code as parse_config checks a file: every value in the range the engine
+// runs, the settings consistent. Throws ConfigError listing every problem, with the same messages
+// as the YAML path but no line and column (the file is config.source, empty for code).
+void validate(const Config& config);
 
 // The resolved config (every default filled in) as YAML that parse_config accepts again.
 std::string to_yaml(const Config& config);

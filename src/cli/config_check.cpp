@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cli/commands.hpp"
 #include "zest/config.hpp"
@@ -15,7 +16,11 @@ constexpr const char* kConfigCheckUsage =
     "\n"
     "Validates FILE. Valid: prints \"FILE: valid\" and the resolved config (every default filled\n"
     "in) and exits 0. Invalid: prints every problem as file:line:col: key: message to stderr and\n"
-    "exits 2. configs/reference.yaml documents every key.\n";
+    "exits 2. configs/reference.yaml documents every key.\n"
+    "\n"
+    "A top-level section that is not zest's (a trainer's model:, train:) belongs to the program:\n"
+    "it is listed on stderr as not checked. A near miss of a zest key (stgae:) or a zest key out of\n"
+    "place (lr: at the top level) is still a problem.\n";
 
 }  // namespace
 
@@ -32,8 +37,13 @@ int config_check(int argc, char** argv) {
   }
   const std::string path = argv[0];
   try {
-    const Config config = load_config(path);
+    std::vector<std::string> program_sections;
+    const Config config = load_config_with_program_sections(path, program_sections);
     std::printf("%s: valid\n%s", path.c_str(), to_yaml(config).c_str());
+    std::string names;
+    for (const std::string& name : program_sections) names.append(names.empty() ? "" : ", ").append(name);
+    if (!names.empty())
+      std::fprintf(stderr, "%s: not checked (the program's own sections): %s\n", path.c_str(), names.c_str());
     return 0;
   } catch (const ConfigError& error) {
     for (const ConfigProblem& problem : error.problems())

@@ -1,13 +1,11 @@
 // zest estimate: the memory every stage and offload mode needs for a model of N parameters, per
 // device, per host and on NVMe, from the engine's own sizing (zest/estimate.hpp), before any run.
-#include <cerrno>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "zest/config.hpp"
 #include "zest/error.hpp"
@@ -40,39 +38,10 @@ struct Options {
   std::string config_path;
 };
 
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using args::UsageError;
 
-// "7B", "350M", "1.5e9", "7000000000" -> a count of parameters.
-std::size_t parse_count(const std::string& text) {
-  const char* begin = text.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const double number = std::strtod(begin, &end);
-  const std::string suffix(end);
-  double scale = 1;
-  if (suffix == "K" || suffix == "k") scale = 1e3;
-  else if (suffix == "M" || suffix == "m") scale = 1e6;
-  else if (suffix == "B" || suffix == "b" || suffix == "G" || suffix == "g") scale = 1e9;
-  else if (suffix == "T" || suffix == "t") scale = 1e12;
-  else if (!suffix.empty()) end = const_cast<char*>(begin);  // not a count
-  const double value = number * scale;
-  if (end == begin || errno != 0 || !(value >= 1) || value > 1e15 || value != std::floor(value))
-    throw UsageError(std::string("--params: expected a whole number of parameters such as 7000000000, 7B, 350M or "
-                                 "1.5e9, found '").append(text).append("'"));
-  return static_cast<std::size_t>(value);
-}
-
-int parse_positive(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || value < 1 || value > 1'000'000)
-    throw UsageError(std::string(flag).append(": expected a whole number from 1 to 1000000, found '").append(text).append("'"));
-  return static_cast<int>(value);
-}
+// 10^15 parameters: far past any model, still exact in a double.
+constexpr std::size_t kMaxParams = 1'000'000'000'000'000;
 
 DType parse_dtype(const std::string& text) {
   if (text == "bf16") return DType::bf16;
@@ -85,23 +54,19 @@ Options parse(int argc, char** argv) {
   Options o;
   bool params_given = false;
   for (int i = 0; i < argc; ++i) {
-    const std::string flag = argv[i];
+    const std::string_view flag = argv[i];
     const bool known = flag == "--params" || flag == "--layers" || flag == "--ranks-per-node" || flag == "--nodes" ||
                        flag == "--dtype" || flag == "--config";
     if (!known) throw UsageError(std::string("unknown option '").append(flag).append("'"));
-    if (i + 1 >= argc) throw UsageError(std::string(flag).append(" needs a value"));
-    const std::string value = argv[++i];
+    const std::string_view value = args::value_of(argc, argv, i);
     if (flag == "--params") {
-      o.params = parse_count(value);
+      o.params = args::parse_count(flag, value, 1, kMaxParams);
       params_given = true;
-    } else if (flag == "--layers") {
-      o.layers = parse_positive(flag, value);
-    } else if (flag == "--ranks-per-node") {
-      o.ranks_per_node = parse_positive(flag, value);
-    } else if (flag == "--nodes") {
-      o.nodes = parse_positive(flag, value);
+    } else if (flag == "--layers" || flag == "--ranks-per-node" || flag == "--nodes") {
+      const int n = static_cast<int>(args::parse_integer(flag, value, 1, 1'000'000));
+      (flag == "--layers" ? o.layers : flag == "--ranks-per-node" ? o.ranks_per_node : o.nodes) = n;
     } else if (flag == "--dtype") {
-      o.dtype = parse_dtype(value);
+      o.dtype = parse_dtype(std::string(value));
       o.dtype_given = true;
     } else {
       o.config_path = value;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <string>
 #include <string_view>
 
 #include "zest/config.hpp"
@@ -31,6 +32,14 @@ constexpr std::string_view enum_name(const std::array<EnumName<Enum>, N>& names,
   for (const EnumName<Enum>& entry : names)
     if (entry.value == value) return entry.name;
   return "?";
+}
+
+// "one of cpu, cuda": what a key with these names accepts.
+template <typename Enum, std::size_t N>
+std::string expected_choice(const std::array<EnumName<Enum>, N>& names) {
+  std::string expected = "one of ";
+  for (std::size_t i = 0; i < N; ++i) expected.append(i == 0 ? "" : ", ").append(names[i].name);
+  return expected;
 }
 
 }  // namespace zest::detail

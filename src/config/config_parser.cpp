@@ -1,6 +1,6 @@
 // YAML text -> validated Config. The schema is written once, below in ConfigReader::read, as a
-// tree of fields; walking it type-checks every value, then check_combinations looks at the
-// settings together. Every problem is collected, and one ConfigError carries them all, so a user
+// tree of fields; walking it type-checks every value, then detail::check_config (shared with
+// zest::validate) checks ranges and the settings together. Every problem is collected, and one ConfigError carries them all, so a user
 // fixes a file in one pass.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -24,6 +24,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "config/config_checks.hpp"
 #include "config/config_names.hpp"
 #include "config/size_parse.hpp"
 #include "zest/config.hpp"
@@ -33,11 +34,9 @@ namespace zest {
 namespace {
 
 using detail::EnumName;
-
-constexpr std::size_t kKiB = std::size_t{1} << 10;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
-// Working space the device needs beyond the two buckets (scalars, norms, flags).
-constexpr std::size_t kDeviceHeadroom = kMiB;
+using detail::IntRange;
+using detail::NumberRule;
+using detail::SizeRule;
 
 std::string quoted(std::string_view text) {
   std::string out = "'";
@@ -67,12 +66,6 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
     out.append(item);
   }
   return out;
-}
-
-std::string number_text(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
-  return std::string(buffer, result.ptr);
 }
 
 // Optimal string alignment distance: edits plus adjacent transpositions ("stgae" -> "stage" is 1).
@@ -109,10 +102,15 @@ std::string parent_of(const std::string& path) {
   return dot == std::string::npos ? std::string() : path.substr(0, dot);
 }
 
-class ConfigReader {
+class ConfigReader final : public detail::ProblemSink {
  public:
-  ConfigReader(std::string file, std::vector<std::string> application_sections)
-      : file_(std::move(file)), application_sections_(std::move(application_sections)) {}
+  // `program_sections` non-null: every top-level key that is not zest's, nor a near miss or a
+  // misplacement of one of zest's keys, is the program's; its name is appended there.
+  ConfigReader(std::string file, std::vector<std::string> application_sections,
+               std::vector<std::string>* program_sections = nullptr)
+      : file_(std::move(file)),
+        application_sections_(std::move(application_sections)),
+        program_sections_(program_sections) {}
 
   // Walks `root` (nullptr for an empty file) against the schema and checks the combinations.
   Config read(const YAML::Node* root);
@@ -158,13 +156,15 @@ class ConfigReader {
 
   void read_map(const YAML::Node* node, const std::string& path, const std::vector<Field>& fields);
   void report_unknown_keys();
-  void check_combinations(const Config& config);
-  void check_offload_target(const std::string& prefix, const OffloadTarget& target);
-  void check_directory(const std::string& key, const std::string& directory);
+  // The closest key of `valid_here` within typo distance of `key`, or empty.
+  static std::string_view near_miss(const std::string& key, const std::vector<std::string>& valid_here);
+  // Every place in the schema other than `parent` where a key named `key` belongs.
+  std::vector<std::string> homes_of(const std::string& key, const std::string& parent) const;
 
+ public:
   // Reports at the first of `anchors` the file sets, else at `key` or its nearest given ancestor.
   void report(const std::string& key, std::string message,
-              std::initializer_list<std::string_view> anchors = {}) {
+              std::initializer_list<std::string_view> anchors = {}) override {
     for (std::string_view anchor : anchors) {
       const auto found = marks_.find(std::string(anchor));
       if (found != marks_.end()) return report_at(found->second, key, std::move(message));
@@ -177,26 +177,24 @@ class ConfigReader {
     report_at(YAML::Mark::null_mark(), key, std::move(message));
   }
 
-  bool given(const std::string& path) const { return marks_.count(path) != 0; }
-  // A value, and every section above it, passed its own checks; combinations of settings are
-  // checked only between valid values, so one mistake is not reported twice.
-  bool valid(const std::string& path) const {
+  bool valid(const std::string& path) const override {
     for (std::string p = path; !p.empty(); p = parent_of(p))
       if (invalid_.count(p) != 0) return false;
     return true;
   }
 
+ private:
   // Field readers: each returns the Reader for one kind of value.
   Reader section(std::vector<Field> fields) {
     return [this, fields = std::move(fields)](const YAML::Node* value, const std::string& path) {
       read_map(value, path, fields);
     };
   }
-  Reader integer(int& out, int lo, int hi);
-  Reader number(double& out, std::string_view expected, bool (*in_range)(double));
-  Reader number_pair(double& first, double& second, std::string_view expected,
-                     bool (*in_range)(double));
-  enum class SizeRule { any, positive, io_block };
+  // The readers check that a value has the right type; detail::check_config checks its range,
+  // for YAML and code alike. The rule is passed only to say what is expected.
+  Reader integer(int& out, IntRange range);
+  Reader number(double& out, const NumberRule& rule);
+  Reader number_pair(double& first, double& second, const NumberRule& rule);
   Reader size(std::size_t& out, SizeRule rule = SizeRule::any);
   Reader flag(bool& out);
   Reader text(std::string& out);
@@ -234,6 +232,7 @@ class ConfigReader {
   std::vector<UnknownKey> unknown_keys_;
   // Top-level sections that belong to the program (zest-train's "model", "train"): not zest's.
   std::vector<std::string> application_sections_;
+  std::vector<std::string>* program_sections_;
 };
 
 void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
@@ -297,31 +296,47 @@ void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
   }
 }
 
+std::string_view ConfigReader::near_miss(const std::string& key,
+                                         const std::vector<std::string>& valid_here) {
+  std::string_view best;
+  std::size_t best_distance = typo_tolerance(key) + 1;
+  for (const std::string& candidate : valid_here) {
+    const std::size_t distance = edit_distance(key, candidate);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = candidate;
+    }
+  }
+  return best;
+}
+
+std::vector<std::string> ConfigReader::homes_of(const std::string& key,
+                                                const std::string& parent) const {
+  std::vector<std::string> homes;
+  for (const std::string& path : schema_paths_) {
+    const std::size_t dot = path.rfind('.');
+    const std::string_view last =
+        dot == std::string::npos ? std::string_view(path) : std::string_view(path).substr(dot + 1);
+    if (last == key && parent_of(path) != parent &&
+        std::find(homes.begin(), homes.end(), path) == homes.end())
+      homes.push_back(path);
+  }
+  return homes;
+}
+
 void ConfigReader::report_unknown_keys() {
   for (const UnknownKey& unknown : unknown_keys_) {
+    const std::string_view best = near_miss(unknown.key, unknown.valid_here);
+    // A key valid elsewhere in the schema ("lr" at the top level) is misplaced, not misspelled.
+    const std::vector<std::string> homes = homes_of(unknown.key, unknown.parent);
+    // A top-level key that is neither is the program's own section; a near miss stays an error,
+    // so "stgae:" is never silently taken for a program's setting.
+    if (program_sections_ != nullptr && unknown.parent.empty() && best.empty() && homes.empty()) {
+      program_sections_->push_back(unknown.key);
+      continue;
+    }
     std::string message = "unknown key ";
     message.append(quoted(unknown.key));
-
-    std::string_view best;
-    std::size_t best_distance = typo_tolerance(unknown.key) + 1;
-    for (const std::string& candidate : unknown.valid_here) {
-      const std::size_t distance = edit_distance(unknown.key, candidate);
-      if (distance < best_distance) {
-        best_distance = distance;
-        best = candidate;
-      }
-    }
-    // A key valid elsewhere in the schema ("lr" at the top level) is misplaced, not misspelled.
-    std::vector<std::string> homes;
-    for (const std::string& path : schema_paths_) {
-      const std::size_t dot = path.rfind('.');
-      const std::string_view last =
-          dot == std::string::npos ? std::string_view(path) : std::string_view(path).substr(dot + 1);
-      if (last == unknown.key && parent_of(path) != unknown.parent &&
-          std::find(homes.begin(), homes.end(), path) == homes.end())
-        homes.push_back(path);
-    }
-
     if (!best.empty()) {
       message.append("; did you mean ").append(quoted(best)).append("?");
     } else if (!homes.empty()) {
@@ -355,49 +370,39 @@ std::optional<double> ConfigReader::parse_number(const YAML::Node& node, const s
   return value;
 }
 
-ConfigReader::Reader ConfigReader::integer(int& out, int lo, int hi) {
-  return [this, &out, lo, hi](const YAML::Node* value, const std::string& path) {
+ConfigReader::Reader ConfigReader::integer(int& out, IntRange range) {
+  return [this, &out, range](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
-    std::string expected = "an integer ";
-    if (hi == INT_MAX)
-      expected.append(">= ").append(std::to_string(lo));
-    else
-      expected.append("from ").append(std::to_string(lo)).append(" to ").append(std::to_string(hi));
+    const std::string expected = detail::expected_integer(range);
     const std::string* text = scalar(*value, path, expected);
     if (text == nullptr) return;
     if (is_quoted_string(*value)) return expected_found(path, expected, *value, "remove the quotes");
     std::string_view digits = *text;
     if (!digits.empty() && digits.front() == '+') digits.remove_prefix(1);
-    long long parsed = 0;
+    int parsed = 0;
     const auto result = std::from_chars(digits.data(), digits.data() + digits.size(), parsed);
     if (result.ec == std::errc::result_out_of_range)
       return expected_found(path, expected, *value, "out of range");
     if (result.ec != std::errc() || result.ptr != digits.data() + digits.size())
       return expected_found(path, expected, *value);
-    if (parsed < lo || parsed > hi) return expected_found(path, expected, *value);
-    out = static_cast<int>(parsed);
+    out = parsed;
   };
 }
 
-ConfigReader::Reader ConfigReader::number(double& out, std::string_view expected,
-                                          bool (*in_range)(double)) {
-  return [this, &out, expected, in_range](const YAML::Node* value, const std::string& path) {
+ConfigReader::Reader ConfigReader::number(double& out, const NumberRule& rule) {
+  return [this, &out, &rule](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
-    const std::optional<double> parsed = parse_number(*value, path, expected);
-    if (!parsed) return;
-    if (!in_range(*parsed)) return expected_found(path, expected, *value);
-    out = *parsed;
+    const std::optional<double> parsed = parse_number(*value, path, rule.expected);
+    if (parsed) out = *parsed;
   };
 }
 
 ConfigReader::Reader ConfigReader::number_pair(double& first, double& second,
-                                               std::string_view expected,
-                                               bool (*in_range)(double)) {
-  return [this, &first, &second, expected, in_range](const YAML::Node* value,
-                                                     const std::string& path) {
+                                               const NumberRule& rule) {
+  return [this, &first, &second, &rule](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
     std::string expected_list = "a list of two numbers, each ";
-    expected_list.append(expected);
+    expected_list.append(rule.expected);
     if (!value->IsSequence()) return expected_found(path, expected_list, *value);
     if (value->size() != 2) {
       std::string found = "a list of ";
@@ -411,13 +416,8 @@ ConfigReader::Reader ConfigReader::number_pair(double& first, double& second,
       std::string item_path = path;
       item_path.append("[").append(std::to_string(i)).append("]");
       marks_[item_path] = item.Mark();
-      const std::optional<double> parsed = parse_number(item, item_path, expected);
-      if (!parsed) continue;
-      if (!in_range(*parsed)) {
-        expected_found(item_path, expected, item);
-        continue;
-      }
-      *outs[i] = *parsed;
+      const std::optional<double> parsed = parse_number(item, item_path, rule.expected);
+      if (parsed) *outs[i] = *parsed;
     }
   };
 }
@@ -425,22 +425,12 @@ ConfigReader::Reader ConfigReader::number_pair(double& first, double& second,
 ConfigReader::Reader ConfigReader::size(std::size_t& out, SizeRule rule) {
   return [this, &out, rule](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
-    std::string expected = "a size (e.g. 4096, 512KiB, 25MiB, 1.5GiB)";
-    if (rule == SizeRule::positive) expected = "a size of at least 1 byte (e.g. 512KiB, 25MiB)";
-    if (rule == SizeRule::io_block)
-      expected = "a power of two of at least 4KiB (O_DIRECT moves whole aligned blocks)";
+    const std::string expected = detail::expected_size(rule);
     const std::string* text = scalar(*value, path, expected);
     if (text == nullptr) return;
     std::size_t bytes = 0;
     std::string why;
     if (!detail::parse_size_into(*text, bytes, why)) return expected_found(path, expected, *value, {}, why);
-    const bool ok = rule == SizeRule::any ||
-                    (rule == SizeRule::positive && bytes > 0) ||
-                    (rule == SizeRule::io_block && bytes >= 4 * kKiB && (bytes & (bytes - 1)) == 0);
-    if (!ok) {
-      std::string note = std::to_string(bytes);
-      return expected_found(path, expected, *value, note.append(" bytes"));
-    }
     out = bytes;
   };
 }
@@ -478,9 +468,7 @@ template <typename Enum, std::size_t N>
 ConfigReader::Reader ConfigReader::choice(const std::array<EnumName<Enum>, N>& names, Enum& out) {
   return [this, &names, &out](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
-    std::vector<std::string> spelled;
-    for (const EnumName<Enum>& entry : names) spelled.emplace_back(entry.name);
-    const std::string expected = "one of " + join(spelled, ", ");
+    const std::string expected = detail::expected_choice(names);
     const std::string* text = scalar(*value, path, expected);
     if (text == nullptr) return;
     for (const EnumName<Enum>& entry : names) {
@@ -492,10 +480,6 @@ ConfigReader::Reader ConfigReader::choice(const std::array<EnumName<Enum>, N>& n
     expected_found(path, expected, *value);
   };
 }
-
-bool positive(double x) { return x > 0; }
-bool non_negative(double x) { return x >= 0; }
-bool unit_interval(double x) { return x >= 0 && x < 1; }
 
 // optimizer.param_groups: a list of maps, each `match` (a pattern or a list of patterns) and any of
 // the optimizer's hyper-parameters; unset ones stay unset (the optimizer's apply).
@@ -510,8 +494,22 @@ ConfigReader::Reader ConfigReader::param_groups(std::vector<OptimizerParamGroup>
       const std::string item_path = std::string(path).append("[").append(std::to_string(i)).append("]");
       marks_[item_path] = item.Mark();
       OptimizerParamGroup& group = out[i];
-      const double unset = std::numeric_limits<double>::quiet_NaN();
-      double lr = unset, beta1 = unset, beta2 = unset, eps = unset, weight_decay = unset;
+      // A key present sets its value, whatever it holds: check_config then names a bad one.
+      const auto optional = [this](std::optional<double>& target, const NumberRule& rule) -> Reader {
+        return [this, &target, &rule](const YAML::Node* node, const std::string& key) {
+          if (node == nullptr) return;
+          double v = std::numeric_limits<double>::quiet_NaN();
+          number(v, rule)(node, key);
+          target = v;
+        };
+      };
+      const Reader betas = [this, &group](const YAML::Node* node, const std::string& key) {
+        if (node == nullptr) return;
+        double b1 = std::numeric_limits<double>::quiet_NaN(), b2 = b1;
+        number_pair(b1, b2, detail::kUnitInterval)(node, key);
+        group.beta1 = b1;
+        group.beta2 = b2;
+      };
       const Reader patterns = [this, &group](const YAML::Node* node, const std::string& key) {
         if (node == nullptr) return;
         if (node->IsSequence()) {
@@ -525,23 +523,14 @@ ConfigReader::Reader ConfigReader::param_groups(std::vector<OptimizerParamGroup>
       };
       read_map(&item, item_path, {
           {"match", patterns},
-          {"lr", number(lr, "a number > 0", positive)},
-          {"betas", number_pair(beta1, beta2, "in [0, 1)", unit_interval)},
-          {"eps", number(eps, "a number > 0", positive)},
-          {"weight_decay", number(weight_decay, "a number >= 0", non_negative)},
+          {"lr", optional(group.lr, detail::kPositive)},
+          {"betas", betas},
+          {"eps", optional(group.eps, detail::kPositive)},
+          {"weight_decay", optional(group.weight_decay, detail::kNonNegative)},
       });
-      if (item.IsMap() && group.match.empty())
-        report(item_path, "a parameter group needs `match`: the tensor-name patterns it takes (e.g. ['*.bias', '*norm*'])");
-      auto take = [](double v) { return std::isnan(v) ? std::nullopt : std::optional<double>(v); };
-      group.lr = take(lr);
-      group.beta1 = take(beta1);
-      group.beta2 = take(beta2);
-      group.eps = take(eps);
-      group.weight_decay = take(weight_decay);
     }
   };
 }
-
 
 Config ConfigReader::read(const YAML::Node* root) {
   Config c;
@@ -551,12 +540,12 @@ Config ConfigReader::read(const YAML::Node* root) {
         {"device", choice(detail::kOffloadDeviceNames, target.device)},
         {"path", text(target.path)},
         {"pinned", flag(target.pinned)},
-        {"buffer_count", integer(target.buffer_count, 2, INT_MAX)},
+        {"buffer_count", integer(target.buffer_count, detail::kBufferCountRange)},
     });
   };
   LossScaleConfig& scale = c.precision.loss_scale;
   const std::vector<Field> schema = {
-      {"stage", integer(c.stage, 0, 3)},
+      {"stage", integer(c.stage, detail::kStageRange)},
       {"device", section({
                      {"type", choice(detail::kDeviceTypeNames, c.device.type)},
                      {"memory", size(c.device.memory)},
@@ -576,13 +565,13 @@ Config ConfigReader::read(const YAML::Node* root) {
                  })},
       {"optimizer", section({
                         {"type", choice(detail::kOptimizerTypeNames, c.optimizer.type)},
-                        {"lr", number(c.optimizer.lr, "a number > 0", positive)},
+                        {"lr", number(c.optimizer.lr, detail::kPositive)},
                         {"betas", number_pair(c.optimizer.beta1, c.optimizer.beta2,
-                                              "a number >= 0 and < 1", unit_interval)},
-                        {"eps", number(c.optimizer.eps, "a number > 0", positive)},
-                        {"weight_decay", number(c.optimizer.weight_decay, "a number >= 0",
-                                                non_negative)},
-                        {"threads", integer(c.optimizer.threads, 0, INT_MAX)},
+                                              detail::kUnitInterval)},
+                        {"eps", number(c.optimizer.eps, detail::kPositive)},
+                        {"weight_decay", number(c.optimizer.weight_decay,
+                                                detail::kNonNegative)},
+                        {"threads", integer(c.optimizer.threads, detail::kOptimizerThreadsRange)},
                         {"param_groups", param_groups(c.optimizer.param_groups)},
                     })},
       {"precision",
@@ -590,17 +579,16 @@ Config ConfigReader::read(const YAML::Node* root) {
            {"dtype", choice(detail::kDTypeNames, c.precision.dtype)},
            {"loss_scale", section({
                               {"dynamic", flag(scale.dynamic)},
-                              {"static_scale", number(scale.static_scale, "a number > 0", positive)},
-                              // 2^127 is the largest power of two a float holds.
-                              {"initial_scale_power", integer(scale.initial_scale_power, 0, 127)},
-                              {"window", integer(scale.window, 1, INT_MAX)},
-                              {"hysteresis", integer(scale.hysteresis, 1, INT_MAX)},
-                              {"min_scale", number(scale.min_scale, "a number > 0", positive)},
+                              {"static_scale", number(scale.static_scale, detail::kPositive)},
+                              {"initial_scale_power",
+                               integer(scale.initial_scale_power, detail::kInitialScalePowerRange)},
+                              {"window", integer(scale.window, detail::kAtLeastOne)},
+                              {"hysteresis", integer(scale.hysteresis, detail::kAtLeastOne)},
+                              {"min_scale", number(scale.min_scale, detail::kPositive)},
                           })},
        })},
-      {"gradient_clipping", number(c.gradient_clipping, "a number >= 0 (0 turns clipping off)",
-                                   non_negative)},
-      {"gradient_accumulation_steps", integer(c.gradient_accumulation_steps, 1, INT_MAX)},
+      {"gradient_clipping", number(c.gradient_clipping, detail::kClipping)},
+      {"gradient_accumulation_steps", integer(c.gradient_accumulation_steps, detail::kAtLeastOne)},
       {"offload", section({
                       {"optimizer", offload_target(c.offload.optimizer)},
                       {"param", offload_target(c.offload.param)},
@@ -608,8 +596,8 @@ Config ConfigReader::read(const YAML::Node* root) {
                   })},
       {"io", section({
                  {"block_size", size(c.io.block_size, SizeRule::io_block)},
-                 {"queue_depth", integer(c.io.queue_depth, 1, 4096)},
-                 {"threads", integer(c.io.threads, 1, INT_MAX)},
+                 {"queue_depth", integer(c.io.queue_depth, detail::kQueueDepthRange)},
+                 {"threads", integer(c.io.threads, detail::kIoThreadsRange)},
                  {"direct", flag(c.io.direct)},
                  {"checksum", flag(c.io.checksum)},
              })},
@@ -617,156 +605,16 @@ Config ConfigReader::read(const YAML::Node* root) {
   read_map(root, "", schema);
   report_unknown_keys();
 
-  // Unset, loss scaling follows the dtype: dynamic for fp16, whose gradients underflow without
-  // it; a static scale of 1 for fp32 and bf16, which have fp32's exponent range.
-  if (!given("precision.loss_scale.dynamic")) scale.dynamic = c.precision.dtype == DType::f16;
-  check_combinations(c);
+  // An unset key keeps the struct's default, so a Config from YAML and one built in code agree.
+  detail::check_config(c, *this);
   return c;
 }
 
-void ConfigReader::check_combinations(const Config& c) {
-  const std::string stage_text = std::to_string(c.stage);
-  if (valid("stage") && valid("offload.param.device") &&
-      c.offload.param.device != OffloadDevice::none && c.stage != 3) {
-    std::string message = "offloading parameters needs stage 3, but stage is ";
-    message.append(stage_text).append(
-        ": below stage 3 every rank keeps the full parameters on its device. Set stage: 3, or "
-        "offload.param.device: none");
-    report("offload.param.device", std::move(message));
-  }
-  if (valid("stage") && valid("offload.optimizer.device") &&
-      c.offload.optimizer.device != OffloadDevice::none && c.stage == 0) {
-    report("offload.optimizer.device",
-           "offloading the optimizer needs stage 1 or higher: stage 0 keeps full optimizer states "
-           "on every rank, with no partition to offload. Use stage 1+, or "
-           "offload.optimizer.device: none");
-  }
-  check_offload_target("offload.optimizer", c.offload.optimizer);
-  check_offload_target("offload.param", c.offload.param);
-
-  if (valid("comm.backend") && valid("device.type")) {
-    if (c.comm.backend == CommBackend::nccl && c.device.type == DeviceType::cpu)
-      report("comm.backend",
-             "nccl runs collectives on GPUs only, but device.type is cpu. Use backend: mpi (or "
-             "auto, which picks mpi for cpu), or device.type: cuda");
-    if (c.comm.backend == CommBackend::mpi && c.device.type == DeviceType::cuda)
-      report("comm.backend",
-             "with device.type cuda, collectives on device buffers run on nccl; mpi only serves "
-             "cpu devices. Use backend: nccl (or auto, which picks nccl for cuda), or "
-             "device.type: cpu");
-  }
-
-  // A cuda budget of 0 means "what the GPU has", so only a stated budget can be too small.
-  if (valid("device.type") && valid("device.memory") && valid("buckets.reduce") &&
-      valid("buckets.allgather") &&
-      (c.device.type == DeviceType::cpu || c.device.memory != 0)) {
-    std::size_t needed = 0;
-    const bool overflow =
-        __builtin_add_overflow(c.buckets.reduce_bytes, c.buckets.allgather_bytes, &needed) ||
-        __builtin_add_overflow(needed, kDeviceHeadroom, &needed);
-    if (overflow || c.device.memory < needed) {
-      std::string message = format_size(c.device.memory);
-      message.append(" cannot hold the buckets: it needs at least ");
-      message.append(overflow ? std::string("more than 2^64 bytes") : format_size(needed));
-      message.append(" (buckets.reduce ").append(format_size(c.buckets.reduce_bytes));
-      message.append(" + buckets.allgather ").append(format_size(c.buckets.allgather_bytes));
-      message.append(" + 1MiB of working space)");
-      if (c.device.memory == 0) message.append("; 0 means \"all the GPU has\" only for cuda");
-      message.append(". Raise device.memory or shrink the buckets");
-      report("device.memory", std::move(message),
-             {"device.memory", "buckets.reduce", "buckets.allgather", "device"});
-    }
-  }
-
-  const LossScaleConfig& scale = c.precision.loss_scale;
-  if (valid("precision.dtype") && c.precision.dtype != DType::f16) {
-    const std::string dtype(detail::enum_name(detail::kDTypeNames, c.precision.dtype));
-    if (given("precision.loss_scale.dynamic") && valid("precision.loss_scale.dynamic") &&
-        scale.dynamic) {
-      std::string message = "dynamic loss scaling is for fp16 only, but dtype is ";
-      message.append(dtype).append(
-          ": fp32 and bf16 have fp32's exponent range, so small gradients do not underflow and "
-          "need no loss scaling. Remove the key or set it to false, or use dtype: fp16");
-      report("precision.loss_scale.dynamic", std::move(message));
-    }
-    if (given("precision.loss_scale.static_scale") && valid("precision.loss_scale.static_scale") &&
-        scale.static_scale != 1.0) {
-      std::string message = number_text(scale.static_scale);
-      message.append(" would be ignored: dtype ");
-      message.append(dtype).append(
-          " always uses a loss scale of 1 (only fp16 needs scaling). Remove the key or set it to "
-          "1, or use dtype: fp16");
-      report("precision.loss_scale.static_scale", std::move(message));
-    }
-  }
-  if (valid("precision.dtype") && c.precision.dtype == DType::f16 && scale.dynamic &&
-      valid("precision.loss_scale.initial_scale_power") &&
-      valid("precision.loss_scale.min_scale")) {
-    const double initial = std::ldexp(1.0, scale.initial_scale_power);
-    if (scale.min_scale > initial) {
-      std::string message = number_text(scale.min_scale);
-      message.append(" is above the initial scale 2^");
-      message.append(std::to_string(scale.initial_scale_power)).append(" = ");
-      message.append(number_text(initial)).append(
-          "; the scale would start below its own floor. Lower min_scale or raise "
-          "initial_scale_power");
-      report("precision.loss_scale.min_scale", std::move(message),
-             {"precision.loss_scale.min_scale", "precision.loss_scale.initial_scale_power"});
-    }
-  }
-}
-
-void ConfigReader::check_offload_target(const std::string& prefix, const OffloadTarget& target) {
-  const std::string device_key = prefix + ".device";
-  const std::string path_key = prefix + ".path";
-  if (!valid(device_key) || !valid(path_key)) return;
-  if (target.device == OffloadDevice::nvme) {
-    if (target.path.empty()) {
-      report(path_key,
-             "device nvme needs a path: an existing, writable directory for this rank's swap "
-             "files",
-             {path_key, device_key});
-    } else {
-      check_directory(path_key, target.path);
-    }
-  } else if (!target.path.empty()) {
-    std::string message = "path ";
-    message.append(quoted(target.path)).append(" is set but ").append(device_key).append(" is ");
-    message.append(quoted(detail::enum_name(detail::kOffloadDeviceNames, target.device)));
-    message.append("; only nvme uses a path, so it would be silently ignored. Remove path, or set "
-                   "device: nvme");
-    report(path_key, std::move(message));
-  }
-}
-
-void ConfigReader::check_directory(const std::string& key, const std::string& directory) {
-  std::string message = "nvme path ";
-  message.append(quoted(directory));
-  struct stat info {};
-  if (::stat(directory.c_str(), &info) != 0) {
-    const int error = errno;
-    if (error == ENOENT)
-      message.append(" does not exist; create the directory, or point path at an existing one");
-    else
-      message.append(" cannot be inspected: ").append(std::strerror(error));
-    return report(key, std::move(message));
-  }
-  if (!S_ISDIR(info.st_mode))
-    return report(key, message.append(" is not a directory; point path at a directory"));
-  if (::access(directory.c_str(), W_OK | X_OK) != 0) {
-    const int error = errno;
-    message.append(" is not writable (").append(std::strerror(error));
-    message.append("); zest creates its swap files there, so choose a directory this user can "
-                   "write");
-    return report(key, std::move(message));
-  }
-}
-
-}  // namespace
-
-Config parse_config(const std::string& yaml_text, const std::string& source_name,
-                    const std::vector<std::string>& application_sections) {
-  ConfigReader reader(source_name, application_sections);
+// Shared by parse_config and the loaders; `program_sections` as in ConfigReader.
+Config parse(const std::string& yaml_text, const std::string& source_name,
+             const std::vector<std::string>& application_sections,
+             std::vector<std::string>* program_sections) {
+  ConfigReader reader(source_name, application_sections, program_sections);
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(yaml_text);
@@ -787,32 +635,122 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   return config;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& application_sections) {
-  const auto unreadable = [&path](int error) {
-    ConfigProblem problem;
-    problem.file = path;
-    problem.message = "cannot read the config file: ";
-    problem.message.append(std::strerror(error)).append(" (errno ").append(std::to_string(error));
-    problem.message.append(")");
-    return ConfigError({std::move(problem)});
-  };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw unreadable(errno);
+ConfigError file_problem(const std::string& path, std::string message) {
+  ConfigProblem problem;
+  problem.file = path;
+  problem.message = std::move(message);
+  return ConfigError({std::move(problem)});
+}
+
+ConfigError unreadable(const std::string& path, int error) {
+  std::string message = "cannot read the config file: ";
+  message.append(std::strerror(error)).append(" (errno ").append(std::to_string(error)).append(")");
+  return file_problem(path, std::move(message));
+}
+
+std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+std::string too_large(const std::string& size) {
+  std::string message = "the file is ";
+  message.append(size).append(", above the ").append(format_size(kMaxConfigFileBytes));
+  return message.append(" limit for a config file (a config is a few KiB); check the path");
+}
+
+// Reads a config file without blocking or growing without bound: a FIFO would block a plain
+// open() until a writer comes and /dev/zero never ends, so the file is opened non-blocking,
+// must be a regular file, and is read up to the size limit.
+std::string read_config_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) throw unreadable(path, errno);
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw unreadable(path, error);
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    std::string message = "cannot read the config file: it is ";
+    message.append(file_kind(info.st_mode)).append(", not a regular file; point at a YAML file");
+    throw file_problem(path, std::move(message));
+  }
+  if (static_cast<std::size_t>(info.st_size) > kMaxConfigFileBytes) {
+    ::close(fd);
+    throw file_problem(path, too_large(std::to_string(info.st_size) + " bytes"));
+  }
   std::string text;
   char buffer[16 * 1024];
   for (;;) {
     const ssize_t got = ::read(fd, buffer, sizeof buffer);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
-      const int error = errno;  // EISDIR for a directory
+      const int error = errno;
       ::close(fd);
-      throw unreadable(error);
+      throw unreadable(path, error);
     }
     if (got == 0) break;
     text.append(buffer, static_cast<std::size_t>(got));
+    // The file may grow while it is read.
+    if (text.size() > kMaxConfigFileBytes) {
+      ::close(fd);
+      throw file_problem(path, too_large("more than " + format_size(kMaxConfigFileBytes)));
+    }
   }
   ::close(fd);
-  return parse_config(text, path, application_sections);
+  return text;
+}
+
+// Collects validate's findings: no file position, since a Config built in code has no file.
+class ProblemList final : public detail::ProblemSink {
+ public:
+  explicit ProblemList(std::string source) : source_(std::move(source)) {}
+  void report(const std::string& key, std::string message,
+              std::initializer_list<std::string_view>) override {
+    ConfigProblem problem;
+    problem.file = source_;
+    problem.key = key;
+    problem.message = std::move(message);
+    problems_.push_back(std::move(problem));
+  }
+  bool valid(const std::string& key) const override {
+    return std::none_of(problems_.begin(), problems_.end(),
+                        [&](const ConfigProblem& problem) { return problem.key == key; });
+  }
+  std::vector<ConfigProblem> take() { return std::move(problems_); }
+
+ private:
+  std::string source_;
+  std::vector<ConfigProblem> problems_;
+};
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& application_sections) {
+  return parse(yaml_text, source_name, application_sections, nullptr);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& application_sections) {
+  return parse(read_config_file(path), path, application_sections, nullptr);
+}
+
+Config load_config_with_program_sections(const std::string& path,
+                                         std::vector<std::string>& program_sections) {
+  return parse(read_config_file(path), path, {}, &program_sections);
+}
+
+void validate(const Config& config) {
+  ProblemList problems(config.source);
+  detail::check_config(config, problems);
+  std::vector<ConfigProblem> found = problems.take();
+  if (!found.empty()) throw ConfigError(std::move(found));
 }
 
 }  // namespace zest

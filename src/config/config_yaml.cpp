@@ -106,10 +106,7 @@ std::string to_yaml(const Config& c) {
   out.section("precision");
   out.plain("dtype", detail::enum_name(detail::kDTypeNames, c.precision.dtype));
   out.section("loss_scale");
-  // fp32 and bf16 always run with a static scale of 1 (see LossScaleConfig), so the value in
-  // effect is what gets written; a Config built in code with the struct's default dynamic=true
-  // and fp32 still prints as a config parse_config accepts.
-  out.flag("dynamic", scale.dynamic && c.precision.dtype == DType::f16);
+  out.flag("dynamic", scale.dynamic);
   out.number("static_scale", scale.static_scale);
   out.integer("initial_scale_power", scale.initial_scale_power);
   out.integer("window", scale.window);

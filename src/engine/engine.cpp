@@ -117,7 +117,7 @@ void check_optimizer_group(const OptimizerGroupOptions& o) {
 
 struct Engine::State {
   State(const Config& c, Device& d, Communicator& k, std::vector<ParamSpec> p)
-      : config(c),
+      : config((validate(c), c)),
         device(d),
         comm(k),
         specs(std::move(p)),

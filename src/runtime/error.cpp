@@ -27,7 +27,8 @@ std::string ConfigProblem::to_string() const {
     text.append(":").append(std::to_string(line));
     text.append(":").append(std::to_string(column));
   }
-  text.append(": ");
+  // A Config built in code has no file: its problems start at the key.
+  if (!text.empty()) text.append(": ");
   if (!key.empty()) text.append(key).append(": ");
   return text.append(message);
 }

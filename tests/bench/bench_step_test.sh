@@ -63,4 +63,4 @@ set +e
 rc=$?
 set -e
 [ "$rc" -eq 2 ] || { echo "FAIL: --params many exited $rc, expected 2"; cat "$work/bad.txt"; exit 1; }
-grep -q -- "--params wants a count" "$work/bad.txt" || { echo "FAIL: no usage message"; cat "$work/bad.txt"; exit 1; }
+grep -q -- "--params: expected a whole count from 1 to 1000000000000" "$work/bad.txt" || { echo "FAIL: no usage message"; cat "$work/bad.txt"; exit 1; }

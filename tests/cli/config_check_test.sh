@@ -58,6 +58,29 @@ run config check "$work/does-not-exist.yaml"
 expect_rc 2 "missing file"
 expect_text "$work/err" "$work/does-not-exist.yaml: cannot read the config file: No such file or directory" "missing file"
 
+# --- files that would block or never end are refused at once (timeout: a hang fails, not stalls)
+mkfifo "$work/fifo.yaml"
+rc=0
+timeout 10 "$zest" config check "$work/fifo.yaml" >"$work/out" 2>"$work/err" || rc=$?
+expect_rc 2 "FIFO"
+expect_text "$work/err" "$work/fifo.yaml: cannot read the config file: it is a FIFO, not a regular file" "FIFO"
+rc=0
+(ulimit -v 1000000 2>/dev/null; timeout 10 "$zest" config check /dev/zero) >"$work/out" 2>"$work/err" || rc=$?
+expect_rc 2 "/dev/zero"
+expect_text "$work/err" "/dev/zero: cannot read the config file: it is a character device" "/dev/zero"
+
+# --- values the engine cannot run are refused, whatever their type allows
+printf 'optimizer:\n  threads: 10000000\n' >"$work/threads.yaml"
+run config check "$work/threads.yaml"
+expect_rc 2 "10^7 threads"
+expect_line "$work/err" "$work/threads.yaml:2:12: optimizer.threads: expected an integer from 0 to 1024, found '10000000'" "10^7 threads"
+
+# --- a trainer's own sections: valid, listed as not checked (the README's trainer config)
+train_config="$data/../configs/train-tiny.yaml"
+run config check "$train_config"
+expect_rc 0 "trainer config"
+expect_line "$work/err" "$train_config: not checked (the program's own sections): model, train" "trainer config"
+
 # --- usage
 run config check
 expect_rc 2 "no FILE"

@@ -102,10 +102,12 @@ bad() {
 }
 bad "--params N is required"
 bad "--params N is required" --layers 4
-bad "--params: expected a whole number of parameters" --params abc
-bad "--params: expected a whole number of parameters" --params 1.5
-bad "--params: expected a whole number of parameters" --params 7X
-bad "--params: expected a whole number of parameters" --params -5
+bad "--params: expected a whole count from 1 to 1000000000000000 (e.g. 4000000, 350M, 7B, 1.5e9), found 'abc'" --params abc
+bad "--params: expected a whole count from 1 to 1000000000000000 (e.g. 4000000, 350M, 7B, 1.5e9), found '1.5': not a whole number" --params 1.5
+bad "--params: expected a whole count" --params 7X
+bad "--params: expected a whole count" --params -5
+bad "--params: expected a whole count" --params nan
+bad "--params: expected a whole count" --params 1e19
 bad "--layers: expected a whole number from 1 to 1000000, found '0'" --params 100 --layers 0
 bad "--ranks-per-node: expected a whole number" --params 100 --ranks-per-node two
 bad "--nodes: expected a whole number" --params 100 --nodes 0

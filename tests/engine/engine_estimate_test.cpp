@@ -66,7 +66,8 @@ Config make_config(const Case& k, const std::string& nvme_dir) {
   c.stage3.max_live_bytes = k.max_live;
   c.offload.optimizer.device = k.optimizer;
   c.offload.param.device = k.param;
-  c.offload.optimizer.path = c.offload.param.path = nvme_dir;
+  if (k.optimizer == OffloadDevice::nvme) c.offload.optimizer.path = nvme_dir;
+  if (k.param == OffloadDevice::nvme) c.offload.param.path = nvme_dir;
   c.offload.sub_group_bytes = 12 * 256;  // several sub-groups per group
   c.offload.optimizer.buffer_count = 3;
   return c;

@@ -158,7 +158,7 @@ TEST(Placement, EachRanksAdamRunsOnItsOwnShareOfTheNode) {
   Engine engine(config, runtime.device(), runtime.comm(), specs);
   for (std::size_t t = 0; t < specs.size(); ++t) {
     const std::vector<float> values(specs[t].numel(), 0.5f);
-    engine.set_param(t, values.data());
+    engine.set_param(t, values);
   }
 
   // Steps until every rank has seen its Adam running pinned (a poll may miss a short one); the ranks
@@ -170,7 +170,7 @@ TEST(Placement, EachRanksAdamRunsOnItsOwnShareOfTheNode) {
     for (int g = 0; g < engine.group_count(); ++g) auto forward = engine.acquire(g);
     for (int g = engine.group_count() - 1; g >= 0; --g) {
       auto lease = engine.acquire(g);
-      auto* grad = static_cast<float*>(lease.grad(static_cast<std::size_t>(g)));
+      auto* grad = lease.grad(static_cast<std::size_t>(g)).as<float>();
       std::fill(grad, grad + specs[static_cast<std::size_t>(g)].numel(), 0.01f);
       engine.grads_ready(g);
     }

@@ -1,0 +1,51 @@
+// Command-line values for every zest program (zest, its benchmarks, zest-train), parsed in one
+// place so each flag refuses the same things the same way: negative, NaN, infinite, out-of-range
+// values and trailing garbage, with a message that names the flag, the accepted range and what was
+// given. Output paths are checked before any work starts, so a bad --json fails in a second, not
+// after the benchmark.
+//
+// These are plain functions of (flag, text, range): the fuzz targets call them directly.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "zest/error.hpp"
+
+namespace zest::args {
+
+// A bad command line. Programs print what() and their usage, and exit 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A whole number from lo to hi, decimal digits with an optional sign: "4", "-1" (when lo < 0).
+long long parse_integer(std::string_view flag, std::string_view text, long long lo, long long hi);
+
+// A finite number from lo to hi: "0.5", "1e-3".
+double parse_number(std::string_view flag, std::string_view text, double lo, double hi);
+
+// A whole count from lo to hi, with an optional K, M, B (or G), T suffix (powers of 1000) or an
+// exponent: "4000000", "350M", "7B", "1.5e9".
+std::size_t parse_count(std::string_view flag, std::string_view text, std::size_t lo, std::size_t hi);
+
+// A size in bytes (zest::parse_size's syntax: "4096", "512KiB", "1.5GiB", "1GB") from lo to hi.
+std::size_t parse_size(std::string_view flag, std::string_view text, std::size_t lo, std::size_t hi);
+
+// A file the program will write: not a directory or a special file, writable if it exists, in an
+// existing, writable directory. Throws UsageError saying which and what to do.
+void check_output_file(std::string_view flag, const std::string& path);
+
+// A directory the program will write into (swap files, checkpoints): it exists and is writable.
+void check_output_directory(std::string_view flag, const std::string& path);
+
+// A directory the program creates or replaces (a checkpoint): if it exists it is a writable
+// directory; if not, its parent is.
+void check_output_directory_or_parent(std::string_view flag, const std::string& path);
+
+// `argv[i]`'s value: the next argument, or UsageError "FLAG needs a value". Advances `i`.
+std::string_view value_of(int argc, char** argv, int& i);
+
+}  // namespace zest::args

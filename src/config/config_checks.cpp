@@ -1,0 +1,296 @@
+// Ranges first, then combinations: a value out of range is reported once, and is left out of the
+// combinations it would otherwise spoil.
+#include "config/config_checks.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config_names.hpp"
+
+namespace zest::detail {
+namespace {
+
+constexpr std::size_t kKiB = std::size_t{1} << 10;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kGiB = std::size_t{1} << 30;
+// Working space the device needs beyond the two buckets (scalars, norms, flags).
+constexpr std::size_t kDeviceHeadroom = kMiB;
+// One io_uring read or write moves at most 2GiB - 4KiB (Linux's MAX_RW_COUNT); the largest power
+// of two below that is 1GiB.
+constexpr std::size_t kMaxIoBlock = kGiB;
+
+std::string quoted(std::string_view text) {
+  std::string out = "'";
+  return out.append(text).append("'");
+}
+
+std::string found(std::string_view expected, std::string_view value) {
+  std::string message = "expected ";
+  return message.append(expected).append(", found ").append(quoted(value));
+}
+
+void check_int(ProblemSink& sink, const std::string& key, int value, IntRange range) {
+  if (!sink.valid(key) || (value >= range.lo && value <= range.hi)) return;
+  sink.report(key, found(expected_integer(range), std::to_string(value)));
+}
+
+void check_number(ProblemSink& sink, const std::string& key, double value, const NumberRule& rule) {
+  if (!sink.valid(key) || (std::isfinite(value) && rule.accepts(value))) return;
+  sink.report(key, found(rule.expected, number_text(value)));
+}
+
+void check_size(ProblemSink& sink, const std::string& key, std::size_t bytes, SizeRule rule) {
+  const bool ok = rule == SizeRule::any || (rule == SizeRule::positive && bytes > 0) ||
+                  (rule == SizeRule::io_block && bytes >= 4 * kKiB && bytes <= kMaxIoBlock &&
+                   (bytes & (bytes - 1)) == 0);
+  if (!sink.valid(key) || ok) return;
+  std::string message = found(expected_size(rule), format_size(bytes));
+  sink.report(key, message.append(" (").append(std::to_string(bytes)).append(" bytes)"));
+}
+
+// A Config built in code can hold any value of an enum's underlying type.
+template <typename Enum, std::size_t N>
+void check_choice(ProblemSink& sink, const std::string& key,
+                  const std::array<EnumName<Enum>, N>& names, Enum value) {
+  for (const EnumName<Enum>& entry : names)
+    if (entry.value == value) return;
+  if (!sink.valid(key)) return;
+  sink.report(key, found(expected_choice(names), std::to_string(static_cast<int>(value))));
+}
+
+void check_ranges(const Config& c, ProblemSink& sink) {
+  check_int(sink, "stage", c.stage, kStageRange);
+  check_choice(sink, "device.type", kDeviceTypeNames, c.device.type);
+  check_choice(sink, "comm.backend", kCommBackendNames, c.comm.backend);
+  check_size(sink, "buckets.reduce", c.buckets.reduce_bytes, SizeRule::positive);
+  check_size(sink, "buckets.allgather", c.buckets.allgather_bytes, SizeRule::positive);
+  check_size(sink, "stage3.max_live", c.stage3.max_live_bytes, SizeRule::positive);
+  check_choice(sink, "optimizer.type", kOptimizerTypeNames, c.optimizer.type);
+  check_number(sink, "optimizer.lr", c.optimizer.lr, kPositive);
+  check_number(sink, "optimizer.betas[0]", c.optimizer.beta1, kUnitInterval);
+  check_number(sink, "optimizer.betas[1]", c.optimizer.beta2, kUnitInterval);
+  check_number(sink, "optimizer.eps", c.optimizer.eps, kPositive);
+  check_number(sink, "optimizer.weight_decay", c.optimizer.weight_decay, kNonNegative);
+  check_int(sink, "optimizer.threads", c.optimizer.threads, kOptimizerThreadsRange);
+  for (std::size_t i = 0; i < c.optimizer.param_groups.size(); ++i) {
+    const OptimizerParamGroup& g = c.optimizer.param_groups[i];
+    const std::string key = std::string("optimizer.param_groups[").append(std::to_string(i)).append("]");
+    if (g.match.empty() && sink.valid(key))
+      sink.report(key, "a parameter group needs `match`: the tensor-name patterns it takes (e.g. ['*.bias', '*norm*'])");
+    const auto check = [&](const char* name, const std::optional<double>& v, const NumberRule& rule) {
+      if (v) check_number(sink, std::string(key).append(".").append(name), *v, rule);
+    };
+    check("lr", g.lr, kPositive);
+    check("betas[0]", g.beta1, kUnitInterval);
+    check("betas[1]", g.beta2, kUnitInterval);
+    check("eps", g.eps, kPositive);
+    check("weight_decay", g.weight_decay, kNonNegative);
+  }
+  check_choice(sink, "precision.dtype", kDTypeNames, c.precision.dtype);
+  const LossScaleConfig& scale = c.precision.loss_scale;
+  check_number(sink, "precision.loss_scale.static_scale", scale.static_scale, kPositive);
+  check_int(sink, "precision.loss_scale.initial_scale_power", scale.initial_scale_power,
+            kInitialScalePowerRange);
+  check_int(sink, "precision.loss_scale.window", scale.window, kAtLeastOne);
+  check_int(sink, "precision.loss_scale.hysteresis", scale.hysteresis, kAtLeastOne);
+  check_number(sink, "precision.loss_scale.min_scale", scale.min_scale, kPositive);
+  check_number(sink, "gradient_clipping", c.gradient_clipping, kClipping);
+  check_int(sink, "gradient_accumulation_steps", c.gradient_accumulation_steps, kAtLeastOne);
+  for (const auto& [prefix, target] :
+       {std::pair<std::string, const OffloadTarget*>{"offload.optimizer", &c.offload.optimizer},
+        {"offload.param", &c.offload.param}}) {
+    check_choice(sink, prefix + ".device", kOffloadDeviceNames, target->device);
+    check_int(sink, prefix + ".buffer_count", target->buffer_count, kBufferCountRange);
+  }
+  check_size(sink, "offload.sub_group", c.offload.sub_group_bytes, SizeRule::positive);
+  check_size(sink, "io.block_size", c.io.block_size, SizeRule::io_block);
+  check_int(sink, "io.queue_depth", c.io.queue_depth, kQueueDepthRange);
+  check_int(sink, "io.threads", c.io.threads, kIoThreadsRange);
+}
+
+void check_directory(const std::string& key, const std::string& directory, ProblemSink& sink) {
+  std::string message = "nvme path ";
+  message.append(quoted(directory));
+  struct stat info {};
+  if (::stat(directory.c_str(), &info) != 0) {
+    const int error = errno;
+    if (error == ENOENT)
+      message.append(" does not exist; create the directory, or point path at an existing one");
+    else
+      message.append(" cannot be inspected: ").append(std::strerror(error));
+    return sink.report(key, std::move(message));
+  }
+  if (!S_ISDIR(info.st_mode))
+    return sink.report(key, message.append(" is not a directory; point path at a directory"));
+  if (::access(directory.c_str(), W_OK | X_OK) != 0) {
+    const int error = errno;
+    message.append(" is not writable (").append(std::strerror(error));
+    message.append("); zest creates its swap files there, so choose a directory this user can "
+                   "write");
+    return sink.report(key, std::move(message));
+  }
+}
+
+void check_offload_target(const std::string& prefix, const OffloadTarget& target,
+                          ProblemSink& sink) {
+  const std::string device_key = prefix + ".device";
+  const std::string path_key = prefix + ".path";
+  if (!sink.valid(device_key) || !sink.valid(path_key)) return;
+  if (target.device == OffloadDevice::nvme) {
+    if (target.path.empty()) {
+      sink.report(path_key,
+             "device nvme needs a path: an existing, writable directory for this rank's swap "
+             "files",
+             {path_key, device_key});
+    } else {
+      check_directory(path_key, target.path, sink);
+    }
+  } else if (!target.path.empty()) {
+    std::string message = "path ";
+    message.append(quoted(target.path)).append(" is set but ").append(device_key).append(" is ");
+    message.append(quoted(detail::enum_name(detail::kOffloadDeviceNames, target.device)));
+    message.append("; only nvme uses a path, so it would be silently ignored. Remove path, or set "
+                   "device: nvme");
+    sink.report(path_key, std::move(message));
+  }
+}
+
+void check_combinations(const Config& c, ProblemSink& sink) {
+  const std::string stage_text = std::to_string(c.stage);
+  if (sink.valid("stage") && sink.valid("offload.param.device") &&
+      c.offload.param.device != OffloadDevice::none && c.stage != 3) {
+    std::string message = "offloading parameters needs stage 3, but stage is ";
+    message.append(stage_text).append(
+        ": below stage 3 every rank keeps the full parameters on its device. Set stage: 3, or "
+        "offload.param.device: none");
+    sink.report("offload.param.device", std::move(message));
+  }
+  if (sink.valid("stage") && sink.valid("offload.optimizer.device") &&
+      c.offload.optimizer.device != OffloadDevice::none && c.stage == 0) {
+    sink.report("offload.optimizer.device",
+           "offloading the optimizer needs stage 1 or higher: stage 0 keeps full optimizer states "
+           "on every rank, with no partition to offload. Use stage 1+, or "
+           "offload.optimizer.device: none");
+  }
+  check_offload_target("offload.optimizer", c.offload.optimizer, sink);
+  check_offload_target("offload.param", c.offload.param, sink);
+
+  if (sink.valid("comm.backend") && sink.valid("device.type")) {
+    if (c.comm.backend == CommBackend::nccl && c.device.type == DeviceType::cpu)
+      sink.report("comm.backend",
+             "nccl runs collectives on GPUs only, but device.type is cpu. Use backend: mpi (or "
+             "auto, which picks mpi for cpu), or device.type: cuda");
+    if (c.comm.backend == CommBackend::mpi && c.device.type == DeviceType::cuda)
+      sink.report("comm.backend",
+             "with device.type cuda, collectives on device buffers run on nccl; mpi only serves "
+             "cpu devices. Use backend: nccl (or auto, which picks nccl for cuda), or "
+             "device.type: cpu");
+  }
+
+  // A cuda budget of 0 means "what the GPU has", so only a stated budget can be too small.
+  if (sink.valid("device.type") && sink.valid("device.memory") && sink.valid("buckets.reduce") &&
+      sink.valid("buckets.allgather") &&
+      (c.device.type == DeviceType::cpu || c.device.memory != 0)) {
+    std::size_t needed = 0;
+    const bool overflow =
+        __builtin_add_overflow(c.buckets.reduce_bytes, c.buckets.allgather_bytes, &needed) ||
+        __builtin_add_overflow(needed, kDeviceHeadroom, &needed);
+    if (overflow || c.device.memory < needed) {
+      std::string message = format_size(c.device.memory);
+      message.append(" cannot hold the buckets: it needs at least ");
+      message.append(overflow ? std::string("more than 2^64 bytes") : format_size(needed));
+      message.append(" (buckets.reduce ").append(format_size(c.buckets.reduce_bytes));
+      message.append(" + buckets.allgather ").append(format_size(c.buckets.allgather_bytes));
+      message.append(" + 1MiB of working space)");
+      if (c.device.memory == 0) message.append("; 0 means \"all the GPU has\" only for cuda");
+      message.append(". Raise device.memory or shrink the buckets");
+      sink.report("device.memory", std::move(message),
+             {"device.memory", "buckets.reduce", "buckets.allgather", "device"});
+    }
+  }
+
+  const LossScaleConfig& scale = c.precision.loss_scale;
+  if (sink.valid("precision.dtype") && c.precision.dtype != DType::f16) {
+    const std::string dtype(detail::enum_name(detail::kDTypeNames, c.precision.dtype));
+    if (sink.valid("precision.loss_scale.dynamic") && scale.dynamic) {
+      std::string message = "dynamic loss scaling is for fp16 only, but dtype is ";
+      message.append(dtype).append(
+          ": fp32 and bf16 have fp32's exponent range, so small gradients do not underflow and "
+          "need no loss scaling. Remove the key or set it to false, or use dtype: fp16");
+      sink.report("precision.loss_scale.dynamic", std::move(message));
+    }
+    if (sink.valid("precision.loss_scale.static_scale") && scale.static_scale != 1.0) {
+      std::string message = number_text(scale.static_scale);
+      message.append(" would be ignored: dtype ");
+      message.append(dtype).append(
+          " always uses a loss scale of 1 (only fp16 needs scaling). Remove the key or set it to "
+          "1, or use dtype: fp16");
+      sink.report("precision.loss_scale.static_scale", std::move(message));
+    }
+  }
+  if (sink.valid("precision.dtype") && c.precision.dtype == DType::f16 && scale.dynamic &&
+      sink.valid("precision.loss_scale.initial_scale_power") &&
+      sink.valid("precision.loss_scale.min_scale")) {
+    const double initial = std::ldexp(1.0, scale.initial_scale_power);
+    if (scale.min_scale > initial) {
+      std::string message = number_text(scale.min_scale);
+      message.append(" is above the initial scale 2^");
+      message.append(std::to_string(scale.initial_scale_power)).append(" = ");
+      message.append(number_text(initial)).append(
+          "; the scale would start below its own floor. Lower min_scale or raise "
+          "initial_scale_power");
+      sink.report("precision.loss_scale.min_scale", std::move(message),
+             {"precision.loss_scale.min_scale", "precision.loss_scale.initial_scale_power"});
+    }
+  }
+}
+
+bool positive(double x) { return x > 0; }
+bool non_negative(double x) { return x >= 0; }
+bool unit_interval(double x) { return x >= 0 && x < 1; }
+
+}  // namespace
+
+const NumberRule kPositive{"a number > 0", positive};
+const NumberRule kNonNegative{"a number >= 0", non_negative};
+const NumberRule kUnitInterval{"a number >= 0 and < 1", unit_interval};
+const NumberRule kClipping{"a number >= 0 (0 turns clipping off)", non_negative};
+
+std::string expected_integer(IntRange range) {
+  std::string expected = "an integer ";
+  if (range.hi == INT_MAX) return expected.append(">= ").append(std::to_string(range.lo));
+  expected.append("from ").append(std::to_string(range.lo));
+  return expected.append(" to ").append(std::to_string(range.hi));
+}
+
+std::string expected_size(SizeRule rule) {
+  switch (rule) {
+    case SizeRule::positive: return "a size of at least 1 byte (e.g. 512KiB, 25MiB)";
+    case SizeRule::io_block:
+      return "a power of two from 4KiB to 1GiB (O_DIRECT moves whole aligned blocks; one read "
+             "moves at most 2GiB)";
+    case SizeRule::any: break;
+  }
+  return "a size (e.g. 4096, 512KiB, 25MiB, 1.5GiB)";
+}
+
+std::string number_text(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+
+void check_config(const Config& config, ProblemSink& sink) {
+  check_ranges(config, sink);
+  check_combinations(config, sink);
+}
+
+}  // namespace zest::detail
