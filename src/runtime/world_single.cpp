@@ -11,10 +11,11 @@
 namespace zest {
 namespace {
 
-// What launchers set in each rank's environment (Open MPI, MPICH/Hydra and PMI, Slurm). A process
+// What launchers set in each rank's environment (Open MPI, MPICH's Hydra, a Slurm step;
+// not SLURM_NTASKS, which a batch script running one process also has). A process
 // that finds a size above one here was meant to be one of several ranks.
 int launched_size() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
     if (const char* value = std::getenv(name)) {
       const int size = std::atoi(value);
       if (size > 1) return size;
