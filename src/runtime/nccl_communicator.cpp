@@ -176,24 +176,18 @@ class NcclCommunicator final : public Communicator {
     ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
     const std::size_t per_piece = kHostScratchBytes / element;
     auto* bytes = static_cast<unsigned char*>(values);
-    std::size_t done = 0;
-    // At least one collective even for count 0, so that every call meets the other ranks.
-    do {
+    for (std::size_t done = 0; done < count;) {
       const std::size_t n = std::min(per_piece, count - done);
       unsigned char* piece = bytes + done * element;
-      if (n != 0) {
-        ZEST_CUDA_CHECK(cudaMemcpyAsync(host_scratch_, piece, n * element, cudaMemcpyHostToDevice,
-                                        host_stream_));
-      }
+      ZEST_CUDA_CHECK(cudaMemcpyAsync(host_scratch_, piece, n * element, cudaMemcpyHostToDevice,
+                                      host_stream_));
       ZEST_NCCL_CHECK(ncclAllReduce(host_scratch_, host_scratch_, n, type, nccl_op(op), comm_,
                                     host_stream_));
-      if (n != 0) {
-        ZEST_CUDA_CHECK(cudaMemcpyAsync(piece, host_scratch_, n * element, cudaMemcpyDeviceToHost,
-                                        host_stream_));
-      }
+      ZEST_CUDA_CHECK(cudaMemcpyAsync(piece, host_scratch_, n * element, cudaMemcpyDeviceToHost,
+                                      host_stream_));
       ZEST_CUDA_CHECK(cudaStreamSynchronize(host_stream_));
       done += n;
-    } while (done < count);
+    }
   }
 
   // A failure inside NCCL's own threads (a peer died, the network broke) is reported here, before
