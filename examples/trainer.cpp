@@ -34,14 +34,21 @@ std::vector<ParamSpec> engine_params(const charlm::CharMlp& model) {
 
 // Connects the model's per-group hooks to the engine: a group is leased when the model needs its
 // parameters and released when the next group is needed; its gradients are handed over as soon as
-// backward finishes them, so their reduction overlaps the rest of backward.
+// backward finishes them, so their reduction overlaps the rest of backward. The model computes on
+// the CPU: on a device the host cannot read (cuda), each group's parameters are copied to host
+// staging when leased and its gradients copied back when handed over.
 class Trainer::Binding {
  public:
-  Binding(Engine& engine, const charlm::CharMlp& model)
-      : engine_(engine), leases_(static_cast<std::size_t>(engine.group_count())) {
+  Binding(Engine& engine, const charlm::CharMlp& model, Device& device)
+      : engine_(engine),
+        leases_(static_cast<std::size_t>(engine.group_count())),
+        device_(device),
+        staged_(!device.host_accessible()),
+        stream_(staged_ ? device.create_stream() : nullptr) {
     for (const auto& p : model.parameters()) {
       grads_.emplace_back(p.numel());
-      if (engine.dtype() != DType::f32) converted_.emplace_back(p.numel());
+      if (engine.dtype() != DType::f32 || staged_) converted_.emplace_back(p.numel());
+      if (staged_) staging_.emplace_back(p.numel() * dtype_size(engine.dtype()));
     }
     param_ptrs_.assign(grads_.size(), nullptr);
     for (auto& g : grads_) grad_ptrs_.push_back(g.data());
@@ -64,7 +71,12 @@ class Trainer::Binding {
     for (std::size_t t = 0; t < engine_.tensor_count(); ++t) {
       if (engine_.spec(t).group != group) continue;
       void* device = lease->param(t).data;
-      if (engine_.dtype() == DType::f32) {
+      if (staged_) {
+        device_.copy_async(staging_[t].data(), device, staging_[t].size(), *stream_);
+        stream_->synchronize();
+        device = staging_[t].data();
+      }
+      if (engine_.dtype() == DType::f32 && !staged_) {
         param_ptrs_[t] = static_cast<float*>(device);
       } else {
         to_float(device, engine_.dtype(), converted_[t].data(), converted_[t].size());
@@ -75,15 +87,23 @@ class Trainer::Binding {
 
   void hand_over(int group) {
     auto& lease = leases_[static_cast<std::size_t>(group)];
-    for (std::size_t t = 0; t < engine_.tensor_count(); ++t)
-      if (engine_.spec(t).group == group)
-        store_scaled(grads_[t].data(), engine_.loss_scale(), lease->grad(t).data, engine_.dtype(), grads_[t].size());
+    for (std::size_t t = 0; t < engine_.tensor_count(); ++t) {
+      if (engine_.spec(t).group != group) continue;
+      void* out = staged_ ? static_cast<void*>(staging_[t].data()) : lease->grad(t).data;
+      store_scaled(grads_[t].data(), engine_.loss_scale(), out, engine_.dtype(), grads_[t].size());
+      if (staged_) device_.copy_async(lease->grad(t).data, out, staging_[t].size(), *stream_);
+    }
+    if (staged_) stream_->synchronize();
     engine_.grads_ready(group);
   }
 
   Engine& engine_;
   std::vector<std::optional<Engine::GroupLease>> leases_;
   std::vector<std::vector<float>> grads_, converted_;  // host fp32 scratch, allocated once
+  Device& device_;
+  bool staged_;                                         // the host cannot read the device's memory
+  std::unique_ptr<Stream> stream_;                      // the staging copies' (staged_ only)
+  std::vector<std::vector<unsigned char>> staging_;     // per tensor, in the engine's dtype
   std::vector<float*> param_ptrs_, grad_ptrs_;
   charlm::GroupHooks hooks_;
 };
@@ -112,7 +132,7 @@ Trainer::Trainer(const Config& config, const TrainConfig& train, const charlm::T
     model_.init_tensor(t, 0, values, train.seed);
     engine_->set_param(t, values);
   }
-  binding_ = std::make_unique<Binding>(*engine_, model_);
+  binding_ = std::make_unique<Binding>(*engine_, model_, device);
   windows_.resize(model_.max_batch() * sampler_.window());
   stream_ = device.create_stream();
   loss_ = device.allocate(sizeof(float), MemoryCategory::buffers);

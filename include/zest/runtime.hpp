@@ -3,6 +3,7 @@
 //
 //   zest::Config config = zest::load_config("zest.yaml");
 //   zest::Runtime runtime(config);        // MPI_Init if needed; a world of one without mpirun
+//                                         // (and always in a build without MPI)
 //   zest::Device& device = runtime.device();
 //   zest::Communicator& comm = runtime.comm();
 #pragma once
@@ -17,12 +18,15 @@
 
 namespace zest {
 
-class MpiSession;
+class World;
 
 class Runtime {
  public:
   // Initializes MPI (unless the program already did; then it is left to the program to finalize),
-  // picks the device by local rank, and builds the communicator the config asks for.
+  // picks the device by local rank, and builds the communicator the config asks for. In a build
+  // without MPI the world is this process alone: comm.backend mpi (or auto on the cpu device) is
+  // then the local communicator (collectives over one rank are copies), nccl runs over one rank,
+  // and a process that a launcher started as one of several ranks gets SystemError.
   explicit Runtime(const Config& config);
   ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -41,7 +45,7 @@ class Runtime {
   const std::vector<int>& cpus() const { return cpus_; }
 
  private:
-  std::unique_ptr<MpiSession> mpi_;
+  std::unique_ptr<World> world_;
   Topology topology_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<Communicator> comm_;

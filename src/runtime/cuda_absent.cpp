@@ -21,7 +21,9 @@ std::unique_ptr<Device> make_cuda_device(int /*ordinal*/, std::size_t /*budget*/
 
 bool cuda_device_available() { return false; }
 
-std::unique_ptr<Communicator> make_nccl_communicator(MpiSession& /*session*/, Device& /*device*/) {
+std::unique_ptr<Communicator> make_nccl_communicator(Device& /*device*/, int /*rank*/,
+                                                     int /*size*/,
+                                                     const BroadcastFromRankZero& /*broadcast*/) {
   throw SystemError(
       "the nccl communicator needs CUDA, but zest was built without CUDA; rebuild with "
       "-Dcuda=enabled on a machine with the CUDA toolkit, or set device.type: cpu and "

@@ -69,12 +69,32 @@ void for_each_chunk(std::size_t count, std::size_t max_chunk, F&& f) {
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator(MpiSession& session, Device& device) {
-  return std::make_unique<MpiCommunicator>(session, device);
+  return std::make_unique<MpiCommunicator>(session.world(), device);
 }
 
-MpiCommunicator::MpiCommunicator(MpiSession& session, Device& device,
-                                 std::size_t max_chunk_elements)
+std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Device& device) {
+  return std::make_unique<MpiCommunicator>(comm, device);
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_chunk_elements)
     : max_chunk_(max_chunk_elements) {
+  int initialized = 0;
+  ZEST_MPI_CHECK(MPI_Initialized(&initialized));
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) ZEST_MPI_CHECK(MPI_Query_thread(&provided));
+  // Stream workers issue collectives while the host thread runs; a lesser level would be undefined
+  // behaviour rather than a slowdown.
+  if (!initialized || provided < MPI_THREAD_MULTIPLE) {
+    throw CommError(
+        "the mpi communicator needs MPI initialized with MPI_THREAD_MULTIPLE (zest's streams issue "
+        "collectives from worker threads); call MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
+        "first, or let zest::Runtime initialize MPI");
+  }
+  if (comm == MPI_COMM_NULL) {
+    throw CommError(
+        "the mpi communicator was given MPI_COMM_NULL (a rank left out of an MPI_Comm_split gets "
+        "that); make zest's communicator only on the ranks that belong to one");
+  }
   if (!device.host_accessible()) {
     std::string message =
         "the mpi communicator needs the cpu device (MPI moves host memory), "
@@ -88,8 +108,8 @@ MpiCommunicator::MpiCommunicator(MpiSession& session, Device& device,
     throw CommError(message);
   }
   // A communicator of its own, so its traffic never matches collectives other code issues on the
-  // session's world (the NCCL bootstrap, the program).
-  ZEST_MPI_CHECK(MPI_Comm_dup(session.world(), &comm_));
+  // given one (the NCCL bootstrap, the program).
+  ZEST_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   try {
     ZEST_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     ZEST_MPI_CHECK(MPI_Comm_dup(comm_, &host_comm_));
@@ -134,6 +154,10 @@ const char* MpiCommunicator::kind_name(Kind kind) {
       return "all_gather";
     case Kind::broadcast:
       return "broadcast";
+    case Kind::all_reduce_host_double:
+      return "all_reduce_host(double)";
+    case Kind::all_reduce_host_int64:
+      return "all_reduce_host(int64)";
   }
   return "?";
 }
@@ -200,6 +224,30 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
 
 void MpiCommunicator::barrier() { ZEST_MPI_CHECK(MPI_Barrier(host_comm_)); }
 
+void MpiCommunicator::all_reduce_host(std::span<double> values, ReduceOp op) {
+  run_host_all_reduce({Kind::all_reduce_host_double, values.data(), values.data(), values.size(),
+                       DType::f32, op, 0, {}},
+                      MPI_DOUBLE);
+}
+
+void MpiCommunicator::all_reduce_host(std::span<std::int64_t> values, ReduceOp op) {
+  run_host_all_reduce({Kind::all_reduce_host_int64, values.data(), values.data(), values.size(),
+                       DType::f32, op, 0, {}},
+                      MPI_INT64_T);
+}
+
+void MpiCommunicator::run_host_all_reduce(Call call, MPI_Datatype type) {
+  if (call.count != 0 && call.recv == nullptr)
+    call.invalid = null_buffer_message(kind_name(call.kind), call.count);
+  agree(call, false, host_comm_);
+  const int element = type == MPI_DOUBLE ? sizeof(double) : sizeof(std::int64_t);
+  const MPI_Op op = call.op == ReduceOp::max ? MPI_MAX : MPI_SUM;
+  for_each_chunk(call.count, max_chunk_, [&](std::size_t offset, int n) {
+    ZEST_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(call.recv, offset, element), n, type, op,
+                                 host_comm_));
+  });
+}
+
 void MpiCommunicator::enqueue(Call call, Stream& stream) {
   // In lockstep: a rank whose stream already failed still reaches the agreement, so that every
   // rank raises instead of waiting for it.
@@ -207,7 +255,7 @@ void MpiCommunicator::enqueue(Call call, Stream& stream) {
 }
 
 void MpiCommunicator::run(const Call& call, bool stream_failed) {
-  agree(call, stream_failed);
+  agree(call, stream_failed, comm_);
   if (call.count == 0) return;
   switch (call.kind) {
     case Kind::all_reduce:
@@ -222,14 +270,17 @@ void MpiCommunicator::run(const Call& call, bool stream_failed) {
     case Kind::broadcast:
       run_broadcast(call);
       break;
+    case Kind::all_reduce_host_double:
+    case Kind::all_reduce_host_int64:
+      break;  // never enqueued: run on the caller's thread by run_host_all_reduce
   }
 }
 
 // One MPI_MAX over the signature and its negation gives every rank the max and the min of each
 // field; equal min and max means every rank asked for the same thing.
-void MpiCommunicator::agree(const Call& call, bool stream_failed) {
+void MpiCommunicator::agree(const Call& call, bool stream_failed, MPI_Comm comm) {
   enum Field { kind, count, dtype, op, root, invalid_rank, failed_rank, kFields };
-  const bool reduces = call.kind == Kind::all_reduce || call.kind == Kind::reduce_scatter;
+  const bool reduces = call.kind != Kind::all_gather && call.kind != Kind::broadcast;
   std::int64_t signature[kFields] = {
       static_cast<std::int64_t>(call.kind),
       static_cast<std::int64_t>(call.count),
@@ -246,7 +297,7 @@ void MpiCommunicator::agree(const Call& call, bool stream_failed) {
   }
   MPI_Request request = MPI_REQUEST_NULL;
   ZEST_MPI_CHECK(
-      MPI_Iallreduce(MPI_IN_PLACE, extremes, 2 * kFields, MPI_INT64_T, MPI_MAX, comm_, &request));
+      MPI_Iallreduce(MPI_IN_PLACE, extremes, 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &request));
   wait(request);
   const auto max = [&](Field f) { return extremes[f]; };
   const auto min = [&](Field f) { return -extremes[kFields + f]; };

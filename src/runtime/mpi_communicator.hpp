@@ -24,14 +24,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "runtime/mpi_session.hpp"
 #include "zest/communicator.hpp"
+#include "zest/mpi.hpp"
 
 namespace zest {
 
-// Throws CommError when `device` is not host-accessible (MPI moves host memory; use nccl on cuda).
+// Over session.world(). Throws CommError when `device` is not host-accessible (MPI moves host
+// memory; use nccl on cuda). (Over another MPI communicator: zest/mpi.hpp.)
 std::unique_ptr<Communicator> make_mpi_communicator(MpiSession& session, Device& device);
 
 class MpiCommunicator final : public Communicator {
@@ -39,8 +42,10 @@ class MpiCommunicator final : public Communicator {
   // MPI counts are int: larger collectives are split into pieces of at most this many elements.
   static constexpr std::size_t kMaxChunkElements = static_cast<std::size_t>(INT_MAX);
 
-  // `max_chunk_elements` (1..kMaxChunkElements) exists so tests can exercise the splitting.
-  MpiCommunicator(MpiSession& session, Device& device,
+  // Collective over `comm` (duplicated: the caller may free `comm` afterwards). MPI must provide
+  // MPI_THREAD_MULTIPLE. `max_chunk_elements` (1..kMaxChunkElements) exists so tests can exercise
+  // the splitting.
+  MpiCommunicator(MPI_Comm comm, Device& device,
                   std::size_t max_chunk_elements = kMaxChunkElements);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
@@ -58,12 +63,21 @@ class MpiCommunicator final : public Communicator {
                   Stream& stream) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
   void barrier() override;
+  void all_reduce_host(std::span<double> values, ReduceOp op) override;
+  void all_reduce_host(std::span<std::int64_t> values, ReduceOp op) override;
 
   // Data-moving MPI calls issued so far (not counting the agreement step): shows the splitting.
   std::uint64_t mpi_calls_issued() const { return mpi_calls_.load(std::memory_order_relaxed); }
 
  private:
-  enum class Kind : std::int64_t { all_reduce, reduce_scatter, all_gather, broadcast };
+  enum class Kind : std::int64_t {
+    all_reduce,
+    reduce_scatter,
+    all_gather,
+    broadcast,
+    all_reduce_host_double,
+    all_reduce_host_int64
+  };
   struct Call {
     Kind kind;
     const void* send;
@@ -80,7 +94,10 @@ class MpiCommunicator final : public Communicator {
   void run(const Call& call, bool stream_failed);
   // Every rank's call must match, and no rank's arguments or stream (`stream_failed`: an earlier
   // task on it threw) may have failed: else every rank throws CommError, and none moves data.
-  void agree(const Call& call, bool stream_failed);
+  // Agreed on `comm`: comm_ for the stream collectives, host_comm_ for the host ones.
+  void agree(const Call& call, bool stream_failed, MPI_Comm comm);
+  // all_reduce_host: agreed and run on the calling thread, over host_comm_.
+  void run_host_all_reduce(Call call, MPI_Datatype type);
   void run_all_reduce(const Call& call);
   void run_reduce_scatter(const Call& call);
   void run_all_gather(const Call& call);
@@ -90,8 +107,9 @@ class MpiCommunicator final : public Communicator {
   void wait(MPI_Request& request);
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // collectives issued from stream workers
-  // barrier() runs on the caller's thread while a stream worker may be inside a collective on
-  // comm_; MPI matches collectives by issue order per communicator, so the two must not share one.
+  // barrier() and all_reduce_host() run on the caller's thread while a stream worker may be inside
+  // a collective on comm_; MPI matches collectives by issue order per communicator, so the two
+  // must not share one.
   MPI_Comm host_comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;

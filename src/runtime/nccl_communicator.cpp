@@ -1,20 +1,23 @@
-// NCCL collectives on the caller's CUDA streams, bootstrapped over the MPI world.
+// NCCL collectives on the caller's CUDA streams; the unique id comes from rank 0 through the
+// World's broadcast (MPI, or nothing in a world of one), or the program hands over a communicator
+// it made itself (zest/nccl.hpp).
 #include "runtime/nccl_communicator.hpp"
 
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "runtime/cuda_check.hpp"
 #include "runtime/cuda_device.hpp"
-#include "runtime/mpi_check.hpp"
-#include "runtime/mpi_session.hpp"
 #include "runtime/nccl_check.hpp"
 #include "zest/error.hpp"
+#include "zest/nccl.hpp"
 
 namespace zest {
 namespace {
@@ -41,57 +44,66 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 // What rank 0 broadcasts: the id, or why it has none, so every rank fails together instead of
-// the others waiting forever in MPI_Bcast for a rank that threw.
+// the others waiting forever in the broadcast for a rank that threw.
 struct Bootstrap {
   ncclUniqueId id;
   int result;
 };
 
+// Starts NCCL for `rank` of `size` on cuda:`ordinal`, the id coming from rank 0 via `broadcast`.
+ncclComm_t start_nccl(int ordinal, int rank, int size, const BroadcastFromRankZero& broadcast) {
+  Bootstrap bootstrap{};
+  if (rank == 0) bootstrap.result = static_cast<int>(ncclGetUniqueId(&bootstrap.id));
+  broadcast(&bootstrap, sizeof bootstrap);
+  if (bootstrap.result != static_cast<int>(ncclSuccess)) {
+    const auto code = static_cast<ncclResult_t>(bootstrap.result);
+    throw CommError(std::string("ncclGetUniqueId failed on rank 0: ")
+                        .append(ncclGetErrorString(code))
+                        .append("; check rank 0's network interfaces (NCCL_SOCKET_IFNAME) and "
+                                "run with NCCL_DEBUG=WARN for NCCL's reason"));
+  }
+  // NCCL binds the communicator to the current device.
+  ZEST_CUDA_CHECK(cudaSetDevice(ordinal));
+  ncclComm_t comm = nullptr;
+  try {
+    ZEST_NCCL_CHECK(ncclCommInitRank(&comm, size, bootstrap.id, rank));
+  } catch (const CommError& error) {
+    throw CommError(std::string("starting NCCL for rank ")
+                        .append(std::to_string(rank))
+                        .append(" of ")
+                        .append(std::to_string(size))
+                        .append(" on cuda:")
+                        .append(std::to_string(ordinal))
+                        .append(": ")
+                        .append(error.what())
+                        .append("; each rank needs its own GPU (start one rank per GPU), and "
+                                "NCCL_DEBUG=INFO shows where the bootstrap stopped"));
+  }
+  return comm;
+}
+
+// Host scalars go through NCCL via a few bytes of device memory and a stream of the
+// communicator's own, so the trainer's all_reduce_host needs neither (and barrier() is one).
+constexpr std::size_t kHostScratchBytes = 1024;
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MpiSession& session, int ordinal)
-      : ordinal_(ordinal), world_(session.world()), rank_(session.rank()), size_(session.size()) {
-    Bootstrap bootstrap{};
-    if (rank_ == 0) bootstrap.result = static_cast<int>(ncclGetUniqueId(&bootstrap.id));
-    ZEST_MPI_CHECK(MPI_Bcast(&bootstrap, static_cast<int>(sizeof bootstrap), MPI_BYTE, 0, world_));
-    if (bootstrap.result != static_cast<int>(ncclSuccess)) {
-      const auto code = static_cast<ncclResult_t>(bootstrap.result);
-      throw CommError(std::string("ncclGetUniqueId failed on rank 0: ")
-                          .append(ncclGetErrorString(code))
-                          .append("; check rank 0's network interfaces (NCCL_SOCKET_IFNAME) and "
-                                  "run with NCCL_DEBUG=WARN for NCCL's reason"));
-    }
-    // NCCL binds the communicator to the current device.
-    ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
+  // `owned`: zest made `comm` and ends it; otherwise the program does, after this is destroyed.
+  NcclCommunicator(ncclComm_t comm, bool owned, int ordinal)
+      : ordinal_(ordinal), comm_(comm), owned_(owned) {
     try {
-      ZEST_NCCL_CHECK(ncclCommInitRank(&comm_, size_, bootstrap.id, rank_));
-    } catch (const CommError& error) {
-      throw CommError(std::string("starting NCCL for rank ")
-                          .append(std::to_string(rank_))
-                          .append(" of ")
-                          .append(std::to_string(size_))
-                          .append(" on cuda:")
-                          .append(std::to_string(ordinal_))
-                          .append(": ")
-                          .append(error.what())
-                          .append("; each rank needs its own GPU (start one rank per GPU), and "
-                                  "NCCL_DEBUG=INFO shows where the bootstrap stopped"));
+      ZEST_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+      ZEST_NCCL_CHECK(ncclCommCount(comm_, &size_));
+      ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
+      ZEST_CUDA_CHECK(cudaStreamCreateWithFlags(&host_stream_, cudaStreamNonBlocking));
+      ZEST_CUDA_CHECK(cudaMalloc(&host_scratch_, kHostScratchBytes));
+    } catch (...) {
+      release();
+      throw;
     }
   }
 
-  ~NcclCommunicator() override {
-    static_cast<void>(cudaSetDevice(ordinal_));
-    ncclResult_t async_error = ncclSuccess;
-    const bool broken = ncclCommGetAsyncError(comm_, &async_error) != ncclSuccess ||
-                        async_error != ncclSuccess;
-    // ncclCommDestroy flushes this rank's outstanding collectives, which never finish when a peer
-    // failed or this rank is unwinding from an error between collectives; abort never blocks.
-    if (broken || std::uncaught_exceptions() > 0) {
-      static_cast<void>(ncclCommAbort(comm_));
-    } else {
-      static_cast<void>(ncclCommDestroy(comm_));
-    }
-  }
+  ~NcclCommunicator() override { release(); }
 
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -131,11 +143,17 @@ class NcclCommunicator final : public Communicator {
     ZEST_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, handle));
   }
 
-  // A host-side barrier: MPI_Barrier on zest's world blocks exactly the calling threads, without
-  // a device buffer or a stream of its own.
+  // No rank gets the result of an all-reduce before every rank has contributed to it.
   void barrier() override {
-    check_async_error();
-    ZEST_MPI_CHECK(MPI_Barrier(world_));
+    std::int64_t token = 0;
+    all_reduce_host(std::span<std::int64_t>(&token, 1), ReduceOp::sum);
+  }
+
+  void all_reduce_host(std::span<double> values, ReduceOp op) override {
+    reduce_host(values.data(), values.size(), sizeof(double), ncclFloat64, op);
+  }
+  void all_reduce_host(std::span<std::int64_t> values, ReduceOp op) override {
+    reduce_host(values.data(), values.size(), sizeof(std::int64_t), ncclInt64, op);
   }
 
  private:
@@ -145,6 +163,31 @@ class NcclCommunicator final : public Communicator {
     // NCCL launches its kernels on the current device.
     ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
     return handle;
+  }
+
+  // Through the scratch buffer in pieces on the communicator's own stream, waited for here.
+  void reduce_host(void* values, std::size_t count, std::size_t element, ncclDataType_t type,
+                   ReduceOp op) {
+    if (count != 0 && values == nullptr) {
+      throw CommError("all_reduce_host: values is null while count is " + std::to_string(count) +
+                      " (pass host values, or count 0)");
+    }
+    check_async_error();
+    ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
+    const std::size_t per_piece = kHostScratchBytes / element;
+    auto* bytes = static_cast<unsigned char*>(values);
+    for (std::size_t done = 0; done < count;) {
+      const std::size_t n = std::min(per_piece, count - done);
+      unsigned char* piece = bytes + done * element;
+      ZEST_CUDA_CHECK(cudaMemcpyAsync(host_scratch_, piece, n * element, cudaMemcpyHostToDevice,
+                                      host_stream_));
+      ZEST_NCCL_CHECK(ncclAllReduce(host_scratch_, host_scratch_, n, type, nccl_op(op), comm_,
+                                    host_stream_));
+      ZEST_CUDA_CHECK(cudaMemcpyAsync(piece, host_scratch_, n * element, cudaMemcpyDeviceToHost,
+                                      host_stream_));
+      ZEST_CUDA_CHECK(cudaStreamSynchronize(host_stream_));
+      done += n;
+    }
   }
 
   // A failure inside NCCL's own threads (a peer died, the network broke) is reported here, before
@@ -164,16 +207,37 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // Errors are ignored: a destructor (or a constructor that failed) cannot report them.
+  void release() noexcept {
+    static_cast<void>(cudaSetDevice(ordinal_));
+    if (host_scratch_ != nullptr) static_cast<void>(cudaFree(host_scratch_));
+    if (host_stream_ != nullptr) static_cast<void>(cudaStreamDestroy(host_stream_));
+    host_scratch_ = nullptr;
+    host_stream_ = nullptr;
+    if (!owned_ || comm_ == nullptr) return;
+    ncclResult_t async_error = ncclSuccess;
+    const bool broken = ncclCommGetAsyncError(comm_, &async_error) != ncclSuccess ||
+                        async_error != ncclSuccess;
+    // ncclCommDestroy flushes this rank's outstanding collectives, which never finish when a peer
+    // failed or this rank is unwinding from an error between collectives; abort never blocks.
+    if (broken || std::uncaught_exceptions() > 0) {
+      static_cast<void>(ncclCommAbort(comm_));
+    } else {
+      static_cast<void>(ncclCommDestroy(comm_));
+    }
+    comm_ = nullptr;
+  }
+
   int ordinal_;
-  MPI_Comm world_;
-  int rank_;
-  int size_;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_;
+  bool owned_;
+  int rank_ = 0;
+  int size_ = 1;
+  cudaStream_t host_stream_ = nullptr;
+  void* host_scratch_ = nullptr;
 };
 
-}  // namespace
-
-std::unique_ptr<Communicator> make_nccl_communicator(MpiSession& session, Device& device) {
+int checked_ordinal(const Device& device) {
   const int ordinal = cuda_device_ordinal(device);
   if (ordinal < 0) {
     throw CommError(std::string("the nccl communicator needs a cuda device, but the device is ")
@@ -181,7 +245,38 @@ std::unique_ptr<Communicator> make_nccl_communicator(MpiSession& session, Device
                         .append("; set device.type: cuda, or comm.backend: mpi (or auto) for a "
                                 "cpu device"));
   }
-  return std::make_unique<NcclCommunicator>(session, ordinal);
+  return ordinal;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Device& device, int rank, int size,
+                                                     const BroadcastFromRankZero& broadcast) {
+  const int ordinal = checked_ordinal(device);
+  ncclComm_t comm = start_nccl(ordinal, rank, size, broadcast);
+  try {
+    return std::make_unique<NcclCommunicator>(comm, true, ordinal);
+  } catch (...) {
+    static_cast<void>(ncclCommAbort(comm));
+    throw;
+  }
+}
+
+std::unique_ptr<Communicator> make_communicator(ncclComm_t comm, Device& device) {
+  if (comm == nullptr) {
+    throw CommError(
+        "make_communicator: the ncclComm_t is null; pass one made by ncclCommInitRank (or "
+        "ncclCommSplit) that is still alive");
+  }
+  const int ordinal = checked_ordinal(device);
+  int comm_device = -1;
+  ZEST_NCCL_CHECK(ncclCommCuDevice(comm, &comm_device));
+  if (comm_device != ordinal) {
+    throw CommError("make_communicator: the ncclComm_t runs on cuda:" +
+                    std::to_string(comm_device) + " but the device is " + device.name() +
+                    "; pass the zest Device of the GPU the communicator was made on");
+  }
+  return std::make_unique<NcclCommunicator>(comm, false, ordinal);
 }
 
 }  // namespace zest

@@ -11,8 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/mpi_communicator.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/world.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 
@@ -42,9 +41,9 @@ void expect_error(Call call, const std::string& words) {
 
 class EngineMisuse : public testing::Test {
  protected:
-  MpiSession session_;
+  std::unique_ptr<World> world_ = make_world();
   std::unique_ptr<Device> device_ = make_cpu_device(std::size_t{64} << 20);
-  std::unique_ptr<Communicator> comm_ = make_mpi_communicator(session_, *device_);
+  std::unique_ptr<Communicator> comm_ = world_->make_host_communicator(*device_);
   Engine engine_{config(), *device_, *comm_, model()};
 };
 
@@ -112,9 +111,9 @@ TEST_F(EngineMisuse, TheTypedViewCarriesShapeAndType) {
 }
 
 TEST(EngineMisuseAtConstruction, BadParameterListsAreRefused) {
-  MpiSession session;
+  const std::unique_ptr<World> world = make_world();
   auto device = make_cpu_device(std::size_t{64} << 20);
-  auto comm = make_mpi_communicator(session, *device);
+  auto comm = world->make_host_communicator(*device);
   const std::size_t huge = std::size_t{1} << 40;
   expect_error([&] { Engine(config(), *device, *comm, {{"w", {huge, huge}, 0}}); }, "overflows");
   expect_error([&] { Engine(config(), *device, *comm, {{"w", {3}, 0}, {"w", {3}, 0}}); }, "two parameters are named 'w'");
@@ -129,9 +128,9 @@ namespace zest {
 namespace {
 
 TEST(EngineOptimizerGroups, ScheduledValuesAreSavedAndRestored) {
-  MpiSession session;
+  const std::unique_ptr<World> world = make_world();
   auto device = make_cpu_device(std::size_t{64} << 20);
-  auto comm = make_mpi_communicator(session, *device);
+  auto comm = world->make_host_communicator(*device);
   const std::string dir = testing::TempDir() + "zest_api_ckpt_" + std::to_string(::getpid());
   {
     Engine engine(config(), *device, *comm, model());

@@ -54,6 +54,10 @@ class CountingCommunicator : public Communicator {
     inner_.broadcast(buffer, count, dtype, root, stream);
   }
   void barrier() override { inner_.barrier(); }
+  void all_reduce_host(std::span<double> values, ReduceOp op) override { inner_.all_reduce_host(values, op); }
+  void all_reduce_host(std::span<std::int64_t> values, ReduceOp op) override {
+    inner_.all_reduce_host(values, op);
+  }
 
  private:
   Communicator& inner_;

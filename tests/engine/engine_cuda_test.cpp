@@ -9,8 +9,7 @@
 #include <vector>
 
 #include "engine/reference_training.hpp"
-#include "runtime/mpi_session.hpp"
-#include "runtime/nccl_communicator.hpp"
+#include "runtime/world.hpp"
 #include "zest/device.hpp"
 #include "zest/engine.hpp"
 
@@ -29,9 +28,9 @@ class CudaEveryStage : public testing::TestWithParam<int> {
   }
 
   std::vector<std::vector<float>> train(const Options& o, EngineStats* stats = nullptr) {
-    MpiSession session;
+    const std::unique_ptr<World> world = make_world();
     auto device = make_cuda_device(0, kBudget);
-    auto comm = make_nccl_communicator(session, *device);
+    auto comm = world->make_nccl_communicator(*device);
     return train_engine(o, kSteps, *device, *comm, stats);
   }
 };

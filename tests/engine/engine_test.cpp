@@ -1,10 +1,10 @@
 // The engine against a single-process reference Adam, under mpirun with 1, 2 and 4 ranks, for every
-// stage: the model and reference of reference_training.hpp on the cpu device with MPI. Every rank
+// stage: the model and reference of reference_training.hpp on the cpu device with the World's host
+// communicator (MPI; in a build without MPI, one process and the local communicator). Every rank
 // must end with parameters equal to the reference's.
 #include "zest/engine.hpp"
 
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cmath>
 #include <optional>
@@ -12,8 +12,7 @@
 #include <vector>
 
 #include "engine/reference_training.hpp"
-#include "runtime/mpi_communicator.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/world.hpp"
 #include "zest/error.hpp"
 
 namespace zest {
@@ -22,9 +21,9 @@ namespace {
 using namespace reference_training;
 
 std::vector<std::vector<float>> train_with_engine(const Options& o, int steps, EngineStats* stats_out = nullptr) {
-  MpiSession session;
+  const std::unique_ptr<World> world = make_world();
   auto device = make_cpu_device(std::size_t{256} << 20);
-  auto comm = make_mpi_communicator(session, *device);
+  auto comm = world->make_host_communicator(*device);
   return train_engine(o, steps, *device, *comm, stats_out);
 }
 
@@ -96,9 +95,9 @@ TEST(Stage3, TrainsWithOnlyTwoGroupsLiveAtOnce) {
 }
 
 TEST(Engine, RefusesATensorOfAnotherGroupThroughALease) {
-  MpiSession session;
+  const std::unique_ptr<World> world = make_world();
   auto device = make_cpu_device(std::size_t{64} << 20);
-  auto comm = make_mpi_communicator(session, *device);
+  auto comm = world->make_host_communicator(*device);
   Engine engine(make_config(Options{}), *device, *comm, model());
   auto lease = engine.acquire(1);
   EXPECT_THROW(lease.param(0), Error);

@@ -16,4 +16,5 @@ prefix=$stage$(pkg-config --variable=prefix zest)
 flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs zest)
 c++ -std=c++20 "$source/tests/install/consumer.cpp" $flags -o "$stage/consumer"
 libdir=$(pkg-config --define-variable=prefix="$prefix" --variable=libdir zest)
-LD_LIBRARY_PATH="$libdir" "$stage/consumer"
+# Prepended: the libraries zest links (a prefix of their own, as in scripts/gpu-kit) stay found.
+LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$stage/consumer"

@@ -3,6 +3,7 @@
 // its buffers; the inputs are multiples of 1/4 small enough that every partial sum is exact in
 // fp16 and bf16, so the result does not depend on MPI's reduction order.
 #include "runtime/mpi_communicator.hpp"
+#include "zest/mpi.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -167,7 +168,7 @@ class MpiCommunicatorTest : public testing::Test {
   void SetUp() override {
     device_ = make_cpu_device(std::size_t{256} << 20);
     stream_ = device_->create_stream();
-    comm_ = std::make_unique<MpiCommunicator>(*session_, *device_);
+    comm_ = std::make_unique<MpiCommunicator>(session_->world(), *device_);
     rank_ = comm_->rank();
     size_ = comm_->size();
   }
@@ -579,7 +580,7 @@ TEST_F(MpiCommunicatorTest, CountZeroMovesNothing) {
 // MPI counts are int; past INT_MAX elements the communicator splits. A limit of 3 elements
 // exercises the same code on small buffers.
 TEST_F(MpiCommunicatorTest, LargeCountsAreSplitIntoIntSizedPieces) {
-  MpiCommunicator chunked(*session_, *device_, 3);
+  MpiCommunicator chunked(session_->world(), *device_, 3);
   const auto ranks = static_cast<std::size_t>(size_);
   const auto me = static_cast<std::size_t>(rank_);
   DeviceBuffer send = buffer(10 * ranks);
@@ -678,9 +679,74 @@ TEST_F(MpiCommunicatorTest, DeviceTheHostCannotReadIsRejected) {
 }
 
 TEST_F(MpiCommunicatorTest, ChunkLimitOutsideIntRangeIsRejected) {
-  EXPECT_THROW(MpiCommunicator(*session_, *device_, 0), CommError);
-  EXPECT_THROW(MpiCommunicator(*session_, *device_, MpiCommunicator::kMaxChunkElements + 1),
+  EXPECT_THROW(MpiCommunicator(session_->world(), *device_, 0), CommError);
+  EXPECT_THROW(MpiCommunicator(session_->world(), *device_, MpiCommunicator::kMaxChunkElements + 1),
                CommError);
+}
+
+// The trainer's host scalars (a loss, token counts): reduced in place, no stream, no device buffer.
+TEST_F(MpiCommunicatorTest, HostScalarsAreReducedAcrossRanks) {
+  std::vector<double> loss = {0.5 * (rank_ + 1), -1.0 * rank_};
+  std::vector<std::int64_t> tokens = {1000 + rank_, std::int64_t{1} << 40};
+  comm_->all_reduce_host(loss, ReduceOp::sum);
+  comm_->all_reduce_host(tokens, ReduceOp::max);
+  EXPECT_DOUBLE_EQ(loss[0], 0.25 * size_ * (size_ + 1));
+  EXPECT_DOUBLE_EQ(loss[1], -0.5 * size_ * (size_ - 1));
+  EXPECT_EQ(tokens[0], 1000 + size_ - 1);
+  EXPECT_EQ(tokens[1], std::int64_t{1} << 40);
+  // Past the chunk limit too: in pieces of 3.
+  MpiCommunicator small(session_->world(), *device_, 3);
+  std::vector<std::int64_t> many(10, rank_ + 1);
+  small.all_reduce_host(many, ReduceOp::sum);
+  for (const std::int64_t v : many) EXPECT_EQ(v, static_cast<std::int64_t>(size_) * (size_ + 1) / 2);
+}
+
+TEST_F(MpiCommunicatorTest, MismatchedHostScalarsAreAnErrorOnEveryRank) {
+  std::vector<double> values(rank_ == 0 ? 2 : 3, 1.0);
+  if (size_ == 1) GTEST_SKIP() << "needs 2 ranks to disagree";
+  try {
+    comm_->all_reduce_host(values, ReduceOp::sum);
+    FAIL() << "no CommError";
+  } catch (const CommError& error) {
+    EXPECT_NE(std::string(error.what()).find("disagree on count"), std::string::npos) << error.what();
+  }
+  // Still usable afterwards.
+  std::vector<std::int64_t> one = {1};
+  comm_->all_reduce_host(one, ReduceOp::sum);
+  EXPECT_EQ(one[0], size_);
+}
+
+// zest/mpi.hpp: a communicator over the program's own sub-communicator spans only its ranks.
+TEST_F(MpiCommunicatorTest, ACommunicatorOverASplitOfTheWorldSpansOnlyItsRanks) {
+  const int color = rank_ % 2;
+  MPI_Comm half = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, color, rank_, &half), MPI_SUCCESS);
+  std::unique_ptr<Communicator> sub = make_communicator(half, *device_);
+  MPI_Comm_free(&half);  // zest keeps its own duplicate
+  const int expected_size = (size_ + 1 - color) / 2;
+  EXPECT_EQ(sub->size(), expected_size);
+  EXPECT_EQ(sub->rank(), rank_ / 2);
+  // Sum of the world ranks of this half: color, color + 2, ...
+  std::int64_t expected = 0;
+  for (int r = color; r < size_; r += 2) expected += r;
+  DeviceBuffer value = device_->allocate(sizeof(float), MemoryCategory::buffers);
+  *value.as<float>() = static_cast<float>(rank_);
+  sub->all_reduce(value.data(), value.data(), 1, DType::f32, ReduceOp::sum, *stream_);
+  stream_->synchronize();
+  EXPECT_EQ(*value.as<float>(), static_cast<float>(expected));
+  std::vector<std::int64_t> host = {rank_};
+  sub->all_reduce_host(host, ReduceOp::sum);
+  EXPECT_EQ(host[0], expected);
+  sub->barrier();
+}
+
+TEST_F(MpiCommunicatorTest, ACommunicatorOverMpiCommNullIsRefused) {
+  try {
+    static_cast<void>(make_communicator(MPI_COMM_NULL, *device_));
+    FAIL() << "no CommError";
+  } catch (const CommError& error) {
+    EXPECT_NE(std::string(error.what()).find("MPI_COMM_NULL"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace

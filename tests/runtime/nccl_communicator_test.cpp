@@ -1,9 +1,9 @@
 // The NCCL communicator: every collective in every dtype and op, at odd sizes, against values
-// computed here from each rank's known inputs. Runs as one rank or under mpirun with one rank per
-// GPU; skips, saying so, where no GPU is visible or there are more ranks than GPUs on a host.
+// computed here from each rank's known inputs; host scalars; a communicator over the program's own
+// ncclComm_t. Runs as one rank (with or without MPI) or under mpirun with one rank per GPU; skips,
+// saying so, where no GPU is visible or there are more ranks than GPUs on a host.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,11 +16,12 @@
 #include <vector>
 
 #include "runtime/half.hpp"
-#include "runtime/mpi_session.hpp"
 #include "runtime/nccl_communicator.hpp"
+#include "runtime/world.hpp"
 #include "zest/communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
+#include "zest/nccl.hpp"
 
 namespace zest {
 namespace {
@@ -58,7 +59,7 @@ std::string label(const char* collective, DType dtype, std::size_t count) {
   return std::string(collective) + " " + std::string(dtype_name(dtype)) + " count " + std::to_string(count);
 }
 
-// One session, device and communicator for the whole suite: NCCL's bootstrap is the slow part.
+// One world, device and communicator for the whole suite: NCCL's bootstrap is the slow part.
 class NcclCommunicatorTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -66,17 +67,17 @@ class NcclCommunicatorTest : public testing::Test {
       skip_reason_ = new std::string("no CUDA GPU: cudaGetDeviceCount finds none, so NCCL is not run");
       return;
     }
-    session_ = new MpiSession();
+    world_ = make_world().release();
     int gpus = 0;
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess || session_->local_size() > gpus) {
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || world_->local_size() > gpus) {
       skip_reason_ = new std::string("no CUDA GPU for every rank: " +
-                                     std::to_string(session_->local_size()) + " ranks on this host, " +
+                                     std::to_string(world_->local_size()) + " ranks on this host, " +
                                      std::to_string(gpus) + " GPUs; NCCL needs one GPU per rank");
       return;
     }
     try {
-      device_ = make_cuda_device(session_->local_rank(), 0).release();
-      comm_ = make_nccl_communicator(*session_, *device_).release();
+      device_ = make_cuda_device(world_->local_rank(), 0).release();
+      comm_ = world_->make_nccl_communicator(*device_).release();
     } catch (const std::exception& error) {
       setup_error_ = new std::string(error.what());
     }
@@ -85,13 +86,13 @@ class NcclCommunicatorTest : public testing::Test {
   static void TearDownTestSuite() {
     delete comm_;
     delete device_;
-    delete session_;
+    delete world_;
     delete skip_reason_;
     delete setup_error_;
     setup_error_ = nullptr;
     comm_ = nullptr;
     device_ = nullptr;
-    session_ = nullptr;
+    world_ = nullptr;
     skip_reason_ = nullptr;
   }
 
@@ -124,7 +125,7 @@ class NcclCommunicatorTest : public testing::Test {
 
   static std::string* skip_reason_;
   static std::string* setup_error_;
-  static MpiSession* session_;
+  static World* world_;
   static Device* device_;
   static Communicator* comm_;
   std::unique_ptr<Stream> stream_;
@@ -132,17 +133,13 @@ class NcclCommunicatorTest : public testing::Test {
 
 std::string* NcclCommunicatorTest::skip_reason_ = nullptr;
 std::string* NcclCommunicatorTest::setup_error_ = nullptr;
-MpiSession* NcclCommunicatorTest::session_ = nullptr;
+World* NcclCommunicatorTest::world_ = nullptr;
 Device* NcclCommunicatorTest::device_ = nullptr;
 Communicator* NcclCommunicatorTest::comm_ = nullptr;
 
 TEST_F(NcclCommunicatorTest, KnowsItsPlaceInTheWorld) {
-  int rank = -1;
-  int size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  EXPECT_EQ(comm_->rank(), rank);
-  EXPECT_EQ(comm_->size(), size);
+  EXPECT_EQ(comm_->rank(), world_->rank());
+  EXPECT_EQ(comm_->size(), world_->size());
   EXPECT_EQ(comm_->backend_name(), "nccl");
 }
 
@@ -271,7 +268,7 @@ TEST_F(NcclCommunicatorTest, CollectivesAreOrderedOnTheGivenStream) {
 }
 
 TEST_F(NcclCommunicatorTest, BarrierHoldsEveryRankUntilAllArrive) {
-  ASSERT_EQ(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
+  comm_->barrier();
   const auto start = std::chrono::steady_clock::now();
   if (comm_->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comm_->barrier();
@@ -298,13 +295,67 @@ TEST_F(NcclCommunicatorTest, RejectsABadRootAndACpuStream) {
 
 // Needs no GPU: the check comes before NCCL is touched.
 TEST(NcclCommunicator, RefusesACpuDevice) {
-  MpiSession session;
+  const std::unique_ptr<World> world = make_world();
   auto cpu = make_cpu_device(1 << 20);
   try {
-    static_cast<void>(make_nccl_communicator(session, *cpu));
+    static_cast<void>(world->make_nccl_communicator(*cpu));
     FAIL() << "no CommError";
   } catch (const CommError& error) {
     EXPECT_NE(std::string(error.what()).find("needs a cuda device"), std::string::npos) << error.what();
+  }
+}
+
+// The trainer's host scalars, more of them than the 1 KiB scratch holds at once (pieces).
+TEST_F(NcclCommunicatorTest, HostScalarsAreReducedAcrossRanks) {
+  const int n = comm_->size();
+  const int r = comm_->rank();
+  std::vector<double> loss(300);
+  std::vector<std::int64_t> tokens(300);
+  for (std::size_t i = 0; i < loss.size(); ++i) {
+    loss[i] = 0.5 * (r + 1) + static_cast<double>(i);
+    tokens[i] = (std::int64_t{1} << 40) + r + static_cast<std::int64_t>(i);
+  }
+  comm_->all_reduce_host(loss, ReduceOp::sum);
+  comm_->all_reduce_host(tokens, ReduceOp::max);
+  for (std::size_t i = 0; i < loss.size(); ++i) {
+    ASSERT_DOUBLE_EQ(loss[i], 0.25 * n * (n + 1) + static_cast<double>(n) * static_cast<double>(i)) << i;
+    ASSERT_EQ(tokens[i], (std::int64_t{1} << 40) + n - 1 + static_cast<std::int64_t>(i)) << i;
+  }
+}
+
+// zest/nccl.hpp: zest runs on the program's own NCCL communicator and leaves it to the program.
+TEST_F(NcclCommunicatorTest, ACommunicatorOverTheProgramsNcclCommLeavesItToTheProgram) {
+  if (comm_->size() != 1) GTEST_SKIP() << "makes its own one-rank ncclComm_t: run as one rank";
+  int ordinal = 0;
+  ASSERT_EQ(cudaGetDevice(&ordinal), cudaSuccess);
+  ncclComm_t own = nullptr;
+  ASSERT_EQ(ncclCommInitAll(&own, 1, &ordinal), ncclSuccess);
+  {
+    std::unique_ptr<Communicator> wrapped = make_communicator(own, *device_);
+    EXPECT_EQ(wrapped->rank(), 0);
+    EXPECT_EQ(wrapped->size(), 1);
+    const DeviceBuffer buffer = to_device(encode(my_inputs(1000), DType::f32), 4000);
+    wrapped->all_reduce(buffer.data(), buffer.data(), 1000, DType::f32, ReduceOp::sum, *stream_);
+    EXPECT_EQ(decode(to_host(buffer, 4000), DType::f32), my_inputs(1000));
+    std::vector<double> x = {1.5};
+    wrapped->all_reduce_host(x, ReduceOp::sum);
+    EXPECT_EQ(x[0], 1.5);
+  }
+  // Still the program's, and alive: usable after zest's communicator is gone.
+  int count = 0;
+  EXPECT_EQ(ncclCommCount(own, &count), ncclSuccess);
+  EXPECT_EQ(count, 1);
+  EXPECT_EQ(ncclCommDestroy(own), ncclSuccess);
+}
+
+// Needs no GPU: the null check comes first.
+TEST(NcclCommunicator, ANullNcclCommIsRefused) {
+  auto cpu = make_cpu_device(1 << 20);
+  try {
+    static_cast<void>(make_communicator(static_cast<ncclComm_t>(nullptr), *cpu));
+    FAIL() << "no CommError";
+  } catch (const CommError& error) {
+    EXPECT_NE(std::string(error.what()).find("null"), std::string::npos) << error.what();
   }
 }
 
