@@ -42,6 +42,8 @@ int run(int argc, char** argv) {
     else return usage();
   }
   if (config_path.empty()) return usage();
+  // Before any work: a --save path that a save would refuse fails now, not after the training.
+  if (!save_dir.empty()) check_checkpoint_target(save_dir);
 
   const Config config = load_config(config_path, {"model", "train"});
   train::TrainConfig train = train::load_train_config(config_path);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint/format.hpp"
+#include "checkpoint/publish.hpp"
 #include "checkpoint/reader.hpp"
 #include "engine/device_math.hpp"
 #include "engine/layout.hpp"
@@ -919,23 +920,21 @@ void Engine::save(const std::string& dir) {
   const char* op = "Engine::save";
   require_between_steps(s.accumulated, s.leases, op);
   stream.synchronize();
-  const std::string target = std::filesystem::path(dir).lexically_normal().string();
-  if (target.empty() || std::filesystem::path(target).filename().empty())
-    throw Error(std::string(op).append(": '").append(dir).append("' names no directory"));
-  const auto pid = gather_words(s.device, s.comm, stream, {static_cast<std::uint32_t>(::getpid())})[0];
-  const std::string temp = std::string(target).append(".tmp-").append(std::to_string(pid));
+  const std::string target = ckpt::save_target(dir);
 
+  // Rank 0 checks the target and creates the temporary directory; every rank learns its name.
   std::exception_ptr failure;
+  std::uint32_t token = 0;
   if (s.rank == 0) {
     try {
-      std::filesystem::remove_all(temp);  // left by a crashed save of an earlier process with this pid
-      std::filesystem::create_directories(temp);
-    } catch (const std::filesystem::filesystem_error& e) {
-      failure = std::make_exception_ptr(IoError(std::string(op).append(": cannot create the directory"), temp, 0, 0,
-                                                e.code().value()));
+      ckpt::check_save_target(target);
+      token = ckpt::create_temp_dir(target, static_cast<std::uint32_t>(::getpid()));
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
   agree(s.device, s.comm, stream, failure, op);
+  const std::string temp = ckpt::temp_dir(target, gather_words(s.device, s.comm, stream, {token})[0]);
 
   // This rank's three files: each state of each of its ranges, in shard order.
   ckpt::RankEntry mine;
@@ -1014,21 +1013,7 @@ void Engine::save(const std::string& dir) {
       const std::string text = ckpt::serialize(m);
       ckpt::write_file_synced(join(temp, ckpt::kManifestName), text.data(), text.size());
       ckpt::fsync_directory(temp);
-      // Swap the new directory in: atomically where the file system can exchange two names, else
-      // the old one is moved aside first (a crash between the two renames leaves it there).
-      const std::string aside = std::string(target).append(".old-").append(std::to_string(pid));
-      const bool existed = std::filesystem::exists(target);
-      if (existed && ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-        std::filesystem::remove_all(temp);  // now the old checkpoint
-      } else {
-        if (existed && ::rename(target.c_str(), aside.c_str()) != 0)
-          throw IoError(std::string(op).append(": cannot move the previous checkpoint aside"), target, 0, 0, errno);
-        if (::rename(temp.c_str(), target.c_str()) != 0)
-          throw IoError(std::string(op).append(": cannot rename the new checkpoint into place"), temp, 0, 0, errno);
-        if (existed) std::filesystem::remove_all(aside);
-      }
-      const std::filesystem::path parent = std::filesystem::path(target).parent_path();
-      ckpt::fsync_directory(parent.empty() ? std::string(".") : parent.string());
+      ckpt::publish(temp, target);
     } catch (const std::filesystem::filesystem_error& e) {
       failure = std::make_exception_ptr(IoError(std::string(op).append(": ").append(e.what()), target, 0, 0,
                                                 e.code().value()));
