@@ -216,8 +216,16 @@ TEST_F(ReaderTest, AHugeChunkCountIsRefusedBeforeAllocating) {
 }
 
 TEST_F(ReaderTest, AHugeChunkSizeIsRefused) {
-  // Consistent otherwise (one chunk per file would do), but a reader would hold 2^62 bytes.
-  write_edited_manifest("chunk_bytes 64", "chunk_bytes 4611686018427387904");
+  // A consistent manifest (each file one chunk, its checksum right) whose chunk a reader would
+  // hold in memory: 2^62 bytes, which verify_all allocated before the size was limited.
+  m.chunk_bytes = std::uint64_t{1} << 62;
+  for (RankEntry& rank : m.ranks)
+    for (StateFile& file : rank.files) {
+      std::ifstream in(fs::path(dir) / file.name, std::ios::binary);
+      const std::string bytes(std::istreambuf_iterator<char>(in), {});
+      file.chunk_crcs = {offload::crc32c(bytes.data(), bytes.size())};
+    }
+  write_manifest();
   expect_refused("a chunk size of 4611686018427387904 bytes");
 }
 
