@@ -6,7 +6,7 @@
 # own error exit status is 77, which Meson reads as "skipped", hence -error_exitcode=1.
 # usage: run_fuzz.sh TARGET SEEDS WORK SECONDS
 set -eu
-target=$1 seeds=$2 work=$3 seconds=${ZEST_FUZZ_SECONDS:-$4}
+target=$1 seeds=$2 work=$3 seconds=$4  # -Dfuzz_seconds, which also sets the test's timeout
 mkdir -p "$work/corpus"
 exec "$target" -error_exitcode=1 -timeout_exitcode=1 -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -max_len=4096 \
   -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" "$seeds"
