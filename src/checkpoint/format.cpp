@@ -265,7 +265,12 @@ int open_regular_file(const std::string& path, const std::string& what) {
   // O_NONBLOCK: should the name have become a FIFO since the stat, the open does not wait.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw IoError(std::string("cannot open ").append(what), path, 0, 0, errno);
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw IoError(std::string("cannot look at ").append(what), path, 0, 0, error);
+  }
+  if (!S_ISREG(info.st_mode)) {
     ::close(fd);
     refuse(info);
   }
@@ -275,7 +280,7 @@ int open_regular_file(const std::string& path, const std::string& what) {
 std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what) {
   const int fd = open_regular_file(path, what);
   struct stat info {};
-  ::fstat(fd, &info);
+  ::fstat(fd, &info);  // open_regular_file's fstat succeeded on this descriptor
   if (static_cast<std::uint64_t>(info.st_size) > max_bytes) {
     ::close(fd);
     throw Error(std::string(what).append(" ").append(path).append(" has ").append(std::to_string(info.st_size))
