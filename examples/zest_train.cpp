@@ -42,12 +42,12 @@ int run(int argc, char** argv) {
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (config_path.empty()) throw args::UsageError("--config FILE is required");
-    // Checked before training, not when the checkpoint is written at the end.
-    if (!save_dir.empty()) args::check_output_directory_or_parent("--save", save_dir);
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest-train: %s\n%s", error.what(), kUsage);
     return 2;
   }
+  // Before any work: a --save path that a save would refuse fails now, not after the training.
+  if (!save_dir.empty()) check_checkpoint_target(save_dir);
 
   const Config config = load_config(config_path, {"model", "train"});
   train::TrainConfig train = train::load_train_config(config_path);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test: the release build, then the same tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer (skip that with --no-sanitize).
+# AddressSanitizer + UndefinedBehaviorSanitizer (skip that with --no-sanitize), then each libFuzzer
+# target for a bounded time (tests/fuzz, a clang build).
 # Ends with one line "N passed, N failed, N skipped"; exits non-zero when any test failed.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
@@ -17,15 +18,35 @@ if ((sanitize)); then
 fi
 
 passed=0 failed=0 skipped=0 status=0
-for dir in "${builds[@]}"; do
-  echo "== meson test in $dir"
-  meson test -C "$dir" --print-errorlogs --num-processes 2 || status=1
+# run_tests DIR [meson test options...]: runs DIR's tests and adds them to the counts.
+run_tests() {
+  local dir=$1
+  shift
+  echo "== meson test in $dir $*"
+  meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" || status=1
   # Meson's own summary: "Ok: N", "Fail: N", "Skipped: N", "Timeout: N", "Unexpected Pass: N".
   log="$dir/meson-logs/testlog.txt"
   count() { awk -v key="$1" -F: '$1 == key { gsub(/ /, "", $2); n = $2 } END { print n + 0 }' "$log"; }
   passed=$((passed + $(count "Ok") + $(count "Expected Fail")))
   failed=$((failed + $(count "Fail") + $(count "Timeout") + $(count "Unexpected Pass")))
   skipped=$((skipped + $(count "Skipped")))
+}
+for dir in "${builds[@]}"; do
+  run_tests "$dir"
 done
+
+# The libFuzzer targets (tests/fuzz), each run for a bounded time (-Dfuzz_seconds, 30 s) from its
+# seed corpus, in their own clang build with ASan+UBSan; only the targets are built there.
+fuzz_build="$ZEST_BUILD-fuzz"
+if [ ! -f "$fuzz_build/build.ninja" ]; then
+  CXX=clang++-14 meson setup "$fuzz_build" "$ZEST_ROOT" -Dfuzz=true -Dtests=false -Dcuda=disabled \
+    -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
+fi
+fuzz_targets=()
+for source in "$ZEST_ROOT"/tests/fuzz/*_fuzz.cpp; do
+  fuzz_targets+=("tests/fuzz/$(basename "$source" .cpp)")
+done
+ninja -C "$fuzz_build" "${fuzz_targets[@]}"
+run_tests "$fuzz_build" --suite fuzz --no-rebuild
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ] && [ "$status" -eq 0 ]

@@ -43,10 +43,18 @@ CheckpointInfo read_checkpoint_info(const std::string& dir);
 // the chunk (empty: the checkpoint is intact). Throws as read_checkpoint_info for the manifest.
 std::vector<std::string> verify_checkpoint(const std::string& dir);
 
+// Throws unless Engine::save(dir) may write there: `dir` must be absent, an empty directory, or a
+// zest checkpoint holding only its own files (a save never deletes or overwrites anything else).
+// The error says what is there and what to do. A trainer calls it before training, so that a
+// wrong --save path fails at once instead of after the run. Save checks again itself.
+void check_checkpoint_target(const std::string& dir);
+
 // Writes the checkpoint's weights (fp32 master weights; `dtype` f32, or bf16 rounded to nearest
 // even) as one safetensors file at `out`, tensors under their registered names, streaming: memory
 // stays bounded by a few chunks whatever the model's size. Every chunk read is verified. The file
-// is written as OUT.tmp-<pid> and renamed into place, so a failure leaves no partial OUT.
+// is written as OUT.tmp-<n> (a new file) and renamed into place, so a failure leaves no partial
+// OUT. Before any work, throws Error unless `out` is a new file's path outside `dir` or a
+// safetensors file zest wrote (replaced): never a directory, FIFO, device, link, or another file.
 void consolidate_checkpoint(const std::string& dir, const std::string& out, DType dtype);
 
 }  // namespace zest

@@ -143,13 +143,6 @@ void check_output_directory(std::string_view flag, const std::string& path) {
   check_writable_directory(flag, path, "directory");
 }
 
-void check_output_directory_or_parent(std::string_view flag, const std::string& path) {
-  struct stat info {};
-  if (!path.empty() && ::stat(path.c_str(), &info) != 0 && errno == ENOENT)
-    return check_writable_directory(flag, directory_of(path), "the parent directory");
-  check_output_directory(flag, path);
-}
-
 std::string_view value_of(int argc, char** argv, int& i) {
   if (i + 1 >= argc) throw UsageError(std::string(argv[i]).append(" needs a value"));
   return argv[++i];

@@ -41,9 +41,6 @@ void check_output_file(std::string_view flag, const std::string& path);
 // A directory the program will write into (swap files, checkpoints): it exists and is writable.
 void check_output_directory(std::string_view flag, const std::string& path);
 
-// A directory the program creates or replaces (a checkpoint): if it exists it is a writable
-// directory; if not, its parent is.
-void check_output_directory_or_parent(std::string_view flag, const std::string& path);
 
 // `argv[i]`'s value: the next argument, or UsageError "FLAG needs a value". Advances `i`.
 std::string_view value_of(int argc, char** argv, int& i);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "checkpoint/format.hpp"
+#include "checkpoint/publish.hpp"
 #include "checkpoint/reader.hpp"
 #include "zest/error.hpp"
 
@@ -135,23 +136,21 @@ void save(const EngineParts& e, const std::string& dir) {
   Stream& stream = e.stream;
   const int rank = e.comm.rank();
   const char* op = "Engine::save";
-  const std::string target = std::filesystem::path(dir).lexically_normal().string();
-  if (target.empty() || std::filesystem::path(target).filename().empty())
-    throw Error(std::string(op).append(": '").append(dir).append("' names no directory"));
-  const auto pid = gather_words(e.device, e.comm, stream, {static_cast<std::uint32_t>(::getpid())})[0];
-  const std::string temp = std::string(target).append(".tmp-").append(std::to_string(pid));
+  const std::string target = save_target(dir);
 
+  // Rank 0 checks the target and creates the temporary directory; every rank learns its name.
   std::exception_ptr failure;
+  std::uint32_t token = 0;
   if (rank == 0) {
     try {
-      std::filesystem::remove_all(temp);  // left by a crashed save of an earlier process with this pid
-      std::filesystem::create_directories(temp);
-    } catch (const std::filesystem::filesystem_error& e) {
-      failure = std::make_exception_ptr(IoError(std::string(op).append(": cannot create the directory"), temp, 0, 0,
-                                                e.code().value()));
+      check_save_target(target);
+      token = create_temp_dir(target, static_cast<std::uint32_t>(::getpid()));
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
   agree(e.device, e.comm, stream, failure, op);
+  const std::string temp = temp_dir(target, gather_words(e.device, e.comm, stream, {token})[0]);
 
   // This rank's three files: each state of each of its ranges, in shard order.
   RankEntry mine;
@@ -217,24 +216,10 @@ void save(const EngineParts& e, const std::string& dir) {
       const std::string text = serialize(m);
       write_file_synced(join(temp, kManifestName), text.data(), text.size());
       fsync_directory(temp);
-      // Swap the new directory in: atomically where the file system can exchange two names, else
-      // the old one is moved aside first (a crash between the two renames leaves it there).
-      const std::string aside = std::string(target).append(".old-").append(std::to_string(pid));
-      const bool existed = std::filesystem::exists(target);
-      if (existed && ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-        std::filesystem::remove_all(temp);  // now the old checkpoint
-      } else {
-        if (existed && ::rename(target.c_str(), aside.c_str()) != 0)
-          throw IoError(std::string(op).append(": cannot move the previous checkpoint aside"), target, 0, 0, errno);
-        if (::rename(temp.c_str(), target.c_str()) != 0)
-          throw IoError(std::string(op).append(": cannot rename the new checkpoint into place"), temp, 0, 0, errno);
-        if (existed) std::filesystem::remove_all(aside);
-      }
-      const std::filesystem::path parent = std::filesystem::path(target).parent_path();
-      fsync_directory(parent.empty() ? std::string(".") : parent.string());
-    } catch (const std::filesystem::filesystem_error& e) {
-      failure = std::make_exception_ptr(IoError(std::string(op).append(": ").append(e.what()), target, 0, 0,
-                                                e.code().value()));
+      publish(temp, target);
+    } catch (const std::filesystem::filesystem_error& error) {
+      failure = std::make_exception_ptr(IoError(std::string(op).append(": ").append(error.what()), target, 0, 0,
+                                                error.code().value()));
     } catch (...) {
       failure = std::current_exception();
     }

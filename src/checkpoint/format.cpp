@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -24,6 +25,16 @@ namespace {
   throw Error(std::string("checkpoint manifest ").append(path).append(" line ").append(std::to_string(line))
                   .append(": ").append(what)
                   .append("; the checkpoint is damaged or not a zest checkpoint: load another one"));
+}
+
+// Element counts beyond this would overflow the 64-bit byte sizes and offsets derived from them
+// (fp32 files, safetensors data offsets).
+constexpr std::uint64_t kMaxElements = std::numeric_limits<std::uint64_t>::max() / sizeof(float);
+
+// a + b and a * b as element counts: false when the result passes kMaxElements.
+bool add_elements(std::uint64_t& sum, std::uint64_t n) { return !__builtin_add_overflow(sum, n, &sum) && sum <= kMaxElements; }
+bool multiply_elements(std::uint64_t& product, std::uint64_t n) {
+  return !__builtin_mul_overflow(product, n, &product) && product <= kMaxElements;
 }
 
 std::string hex_double(double value) {
@@ -137,7 +148,12 @@ Manifest parse(const std::string& text, const std::string& path) {
     return rest;
   };
   { auto f = next("zest-checkpoint"); f >> m.version; check(f, "format version"); }
-  { auto f = next("world_size"); f >> m.world_size; check(f, "world size"); }
+  {
+    auto f = next("world_size");
+    f >> m.world_size;
+    check(f, "world size");
+    if (m.world_size < 1) bad_manifest(path, line_no, "a world size below 1");
+  }
   { auto f = next("stage"); f >> m.stage; check(f, "stage"); }
   { auto f = next("steps"); f >> m.steps; check(f, "steps"); }
   { auto f = next("skipped"); f >> m.skipped; check(f, "skipped steps"); }
@@ -173,9 +189,15 @@ Manifest parse(const std::string& text, const std::string& path) {
     auto f = next("chunk_bytes");
     f >> m.chunk_bytes;
     check(f, "chunk size");
-    if (m.chunk_bytes == 0) bad_manifest(path, line_no, "a chunk size of 0");
+    // A reader holds one chunk in memory: a size past the limit is damage, not a setting.
+    if (m.chunk_bytes == 0 || m.chunk_bytes > kMaxChunkBytes)
+      bad_manifest(path, line_no, std::string("a chunk size of ").append(std::to_string(m.chunk_bytes))
+                                      .append(" bytes (1 to ").append(std::to_string(kMaxChunkBytes)).append(" allowed)"));
   }
+  // Counts only bound loops that need a line per item: a huge count runs out of lines and is
+  // refused there, having allocated no more than the lines it read.
   std::size_t count = 0;
+  std::uint64_t all_elements = 0;
   { auto f = next("tensors"); f >> count; check(f, "tensor count"); }
   for (std::size_t i = 0; i < count; ++i) {
     auto f = next("tensor");
@@ -183,12 +205,19 @@ Manifest parse(const std::string& text, const std::string& path) {
     std::size_t dims = 0;
     f >> t.group >> t.numel >> dims;
     check(f, "tensor entry");
+    // Each dimension takes at least two characters (" 7"): more than the line holds is damage,
+    // refused before it sizes anything.
+    if (dims > line.size() / 2) bad_manifest(path, line_no, "more dimensions than the line holds");
     t.shape.resize(dims);
     for (std::size_t& d : t.shape) f >> d;
     check(f, "tensor shape");
-    std::size_t product = 1;
-    for (std::size_t d : t.shape) product *= d;
+    std::uint64_t product = 1;
+    for (std::size_t d : t.shape)
+      if (!multiply_elements(product, d))
+        bad_manifest(path, line_no, "a tensor shape whose element count overflows 64-bit byte sizes");
     if (product != t.numel || t.numel == 0) bad_manifest(path, line_no, "a tensor whose shape does not hold its element count");
+    if (!add_elements(all_elements, t.numel))
+      bad_manifest(path, line_no, "tensors whose element count overflows 64-bit byte sizes");
     t.name = rest_of_line(f);
     m.tensors.push_back(std::move(t));
   }
@@ -199,6 +228,7 @@ Manifest parse(const std::string& text, const std::string& path) {
   for (std::size_t i = 0; i < count; ++i) {
     RankEntry rank;
     std::size_t ranges = 0;
+    std::uint64_t elements = 0;  // what rank.elements() sums, checked for overflow as it grows
     { auto f = next("rank"); f >> ranges; check(f, "rank entry"); }
     for (std::size_t r = 0; r < ranges; ++r) {
       auto g = next("range");
@@ -207,6 +237,8 @@ Manifest parse(const std::string& text, const std::string& path) {
       check(g, "range");
       if (range.tensor >= m.tensors.size() || range.lo >= range.hi || range.hi > m.tensors[range.tensor].numel)
         bad_manifest(path, line_no, "a range outside its tensor");
+      if (!add_elements(elements, range.hi - range.lo))
+        bad_manifest(path, line_no, "ranges whose element count overflows 64-bit byte sizes");
       rank.ranges.push_back(range);
     }
     for (StateFile& file : rank.files) {
@@ -214,17 +246,20 @@ Manifest parse(const std::string& text, const std::string& path) {
       std::size_t chunks = 0;
       f >> file.name >> file.bytes >> chunks;
       check(f, "file entry");
+      // The name, size and chunk count are checked against each other before the checksums are
+      // read, so the count sizes nothing it does not match.
+      if (file.name.empty() || file.name == "." || file.name == ".." || file.name.find('/') != std::string::npos ||
+          file.name == kManifestName)
+        bad_manifest(path, line_no, "a file name that is empty, '.', '..', holds a '/' or names the manifest");
+      if (file.bytes != elements * sizeof(float))
+        bad_manifest(path, line_no, std::string("file ").append(file.name).append(" of ").append(std::to_string(file.bytes))
+                                        .append(" bytes for ranges of ").append(std::to_string(elements))
+                                        .append(" fp32 values"));
+      if (chunks != file.bytes / m.chunk_bytes + (file.bytes % m.chunk_bytes != 0))
+        bad_manifest(path, line_no, std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
       file.chunk_crcs.resize(chunks);
       for (std::uint32_t& crc : file.chunk_crcs) f >> crc;
       check(f, "chunk checksums");
-      if (file.name.empty() || file.name.find('/') != std::string::npos || file.name == kManifestName)
-        bad_manifest(path, line_no, "a file name that is empty, holds a '/' or names the manifest");
-      if (file.bytes != rank.elements() * sizeof(float))
-        bad_manifest(path, line_no, std::string("file ").append(file.name).append(" of ").append(std::to_string(file.bytes))
-                                        .append(" bytes for ranges of ").append(std::to_string(rank.elements()))
-                                        .append(" fp32 values"));
-      if (chunks != (file.bytes + m.chunk_bytes - 1) / m.chunk_bytes)
-        bad_manifest(path, line_no, std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
     }
     m.ranks.push_back(std::move(rank));
   }
@@ -237,9 +272,47 @@ void write_file_synced(const std::string& path, const void* data, std::size_t by
   writer.finish();
 }
 
-std::string read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError("checkpoint: cannot open", path, 0, 0, errno);
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = join(dir, kManifestName);
+  return parse(read_regular_file(path, kMaxManifestBytes, "checkpoint manifest"), path);
+}
+
+int open_regular_file(const std::string& path, const std::string& what) {
+  // stat before open: opening a FIFO blocks until a writer comes, and opening some devices acts.
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) throw IoError(std::string("cannot open ").append(what), path, 0, 0, errno);
+  const auto refuse = [&](const struct stat& st) {
+    if (!S_ISREG(st.st_mode))
+      throw Error(std::string(what).append(" ").append(path).append(" is ")
+                      .append(S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a special file")
+                      .append(", not a regular file: zest does not read it; give a checkpoint written by Engine::save"));
+  };
+  refuse(info);
+  // O_NONBLOCK: should the name have become a FIFO since the stat, the open does not wait.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw IoError(std::string("cannot open ").append(what), path, 0, 0, errno);
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw IoError(std::string("cannot look at ").append(what), path, 0, 0, error);
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    refuse(info);
+  }
+  return fd;
+}
+
+std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what) {
+  const int fd = open_regular_file(path, what);
+  struct stat info {};
+  ::fstat(fd, &info);  // open_regular_file's fstat succeeded on this descriptor
+  if (static_cast<std::uint64_t>(info.st_size) > max_bytes) {
+    ::close(fd);
+    throw Error(std::string(what).append(" ").append(path).append(" has ").append(std::to_string(info.st_size))
+                    .append(" bytes, more than the ").append(std::to_string(max_bytes))
+                    .append(" zest reads: it is damaged or not what zest wrote"));
+  }
   std::string text;
   char buffer[1 << 14];
   for (;;) {
@@ -248,9 +321,15 @@ std::string read_whole_file(const std::string& path) {
     if (n < 0) {
       const int error = errno;
       ::close(fd);
-      throw IoError("checkpoint: cannot read", path, text.size(), sizeof buffer, error);
+      throw IoError(std::string("cannot read ").append(what), path, text.size(), sizeof buffer, error);
     }
     if (n == 0) break;
+    // A file that grows while it is read stays bounded too.
+    if (text.size() + static_cast<std::size_t>(n) > max_bytes) {
+      ::close(fd);
+      throw Error(std::string(what).append(" ").append(path).append(" grew past ").append(std::to_string(max_bytes))
+                      .append(" bytes while it was read: it is damaged or not what zest wrote"));
+    }
     text.append(buffer, static_cast<std::size_t>(n));
   }
   ::close(fd);
@@ -278,8 +357,22 @@ void fsync_directory(const std::string& path) {
   if (rc != 0) throw IoError("checkpoint: cannot fsync directory", path, 0, 0, error);
 }
 
+void rename_noreplace(const std::string& from, const std::string& to, const std::string& what) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return;
+  if (errno == EINVAL) {
+    struct stat info {};
+    if (::stat(from.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+      if (::rename(from.c_str(), to.c_str()) == 0) return;
+    } else if (::link(from.c_str(), to.c_str()) == 0) {
+      ::unlink(from.c_str());
+      return;
+    }
+  }
+  throw IoError(what, to, 0, 0, errno);
+}
+
 FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes) : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("checkpoint: cannot create", path_, 0, 0, errno);
 }
 

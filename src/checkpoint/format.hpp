@@ -24,6 +24,11 @@ constexpr int kFormatVersion = 3;
 constexpr int kOldestReadableVersion = 2;  // 2 has no optimizer groups (the config's apply)
 constexpr const char* kManifestName = "manifest";
 constexpr std::uint64_t kChunkBytes = std::uint64_t{4} << 20;
+// Limits a reader holds a checkpoint to, so that a damaged or hostile one cannot make it allocate
+// without bound: a manifest of 256 MiB lists the checksums of about 90 PB of 4 MiB chunks, and a
+// chunk is held in memory whole while it is verified.
+constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{256} << 20;
+constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{256} << 20;
 
 // The three states, in this order everywhere: file names, manifest lines, reads.
 enum class StateKind { master = 0, m = 1, v = 2 };
@@ -80,16 +85,30 @@ std::string join(const std::string& dir, const std::string& name);  // dir/name
 // Text; ends with a line holding the CRC32C of everything before it.
 std::string serialize(const Manifest& manifest);
 // Throws Error naming `path` and the line when the text is not a complete, self-consistent
-// manifest of a version this build reads.
+// manifest of a version this build reads. Every count, size and shape is checked (for overflow
+// too) before anything is allocated for it: the result's byte sizes and element counts, per
+// tensor and summed, fit in 64 bits as fp32.
 Manifest parse(const std::string& text, const std::string& path);
+// The manifest of the checkpoint in `dir`: read_regular_file(dir/manifest, kMaxManifestBytes), parsed.
+Manifest read_manifest(const std::string& dir);
 
-// Files. Each throws IoError naming the path, the operation and errno.
+// Files. Each throws IoError naming the path, the operation and errno. Writers create their file
+// exclusively (O_EXCL): zest never overwrites a file it did not create.
 void write_file_synced(const std::string& path, const void* data, std::size_t bytes);  // create, write, fsync
-std::string read_whole_file(const std::string& path);
+// Opens `path` for reading; throws Error, without opening it, unless it is a regular file (a FIFO
+// would block the reader forever, a device would never end). `what` names it in the error.
+int open_regular_file(const std::string& path, const std::string& what);
+// The whole of a regular file of at most `max_bytes` (else Error, before reading it).
+std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what);
 void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std::uint64_t offset);
 void fsync_directory(const std::string& path);
+// Renames `from` to `to` unless `to` exists (then IoError, EEXIST): whatever appeared there is
+// kept. Where the file system lacks RENAME_NOREPLACE, a file is linked then unlinked, and a
+// directory renamed (a rename cannot replace a file or a non-empty directory with one).
+void rename_noreplace(const std::string& from, const std::string& to, const std::string& what);
 
-// Writes a file by appends, keeping the CRC32C of each chunk.
+// Writes a new file by appends, keeping the CRC32C of each chunk. Throws IoError (EEXIST) when
+// `path` exists.
 class FileWriter {
  public:
   explicit FileWriter(std::string path, std::uint64_t chunk_bytes = kChunkBytes);

@@ -26,8 +26,7 @@ std::string shape_text(const std::vector<std::size_t>& shape) {
 }  // namespace
 
 Reader::Reader(std::string dir) : dir_(std::move(dir)) {
-  const std::string manifest_path = join(dir_, kManifestName);
-  manifest_ = parse(read_whole_file(manifest_path), manifest_path);
+  manifest_ = read_manifest(dir_);
   pieces_.resize(manifest_.tensors.size());
   for (std::size_t r = 0; r < manifest_.ranks.size(); ++r) {
     std::uint64_t at = 0;
@@ -67,6 +66,9 @@ void Reader::check_files(std::optional<StateKind> only) const {
       struct stat info {};
       if (::stat(p.c_str(), &info) != 0)
         throw IoError(std::string("checkpoint ").append(dir_).append(": a rank file is missing"), p, 0, 0, errno);
+      if (!S_ISREG(info.st_mode))
+        throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(p)
+                        .append(" is not a regular file: the checkpoint is damaged"));
       if (static_cast<std::uint64_t>(info.st_size) != file.bytes)
         throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(p).append(" has ")
                         .append(std::to_string(info.st_size)).append(" bytes, the manifest says ")
@@ -82,9 +84,7 @@ int Reader::fd(int rank, StateKind state) {
     ::close(fds_.begin()->second);
     fds_.erase(fds_.begin());
   }
-  const std::string p = path(rank, state);
-  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError(std::string("checkpoint ").append(dir_).append(": cannot open a rank file"), p, 0, 0, errno);
+  const int fd = open_regular_file(path(rank, state), std::string("checkpoint ").append(dir_).append(": rank file"));
   fds_[key] = fd;
   return fd;
 }

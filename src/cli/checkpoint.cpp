@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "zest/checkpoint.hpp"
 #include "zest/config.hpp"
@@ -163,12 +162,7 @@ int consolidate(int argc, char** argv) {
     }
   }
   if (paths.size() != 2) return usage_error("consolidate: expected the checkpoint DIR and the OUT file");
-  // Before reading gigabytes of checkpoint, not after.
-  try {
-    args::check_output_file("OUT", paths[1]);
-  } catch (const args::UsageError& error) {
-    return usage_error(std::string("consolidate: ").append(error.what()));
-  }
+  // consolidate_checkpoint checks OUT before it reads anything (zest/checkpoint.hpp).
   try {
     const std::size_t tensors = read_checkpoint_info(paths[0]).tensors.size();
     consolidate_checkpoint(paths[0], paths[1], dtype);

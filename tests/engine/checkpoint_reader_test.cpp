@@ -1,9 +1,12 @@
 // checkpoint::Reader on a hand-made checkpoint with 64-byte chunks, so that reads start, end and
 // cross chunks in every way: every sub-range of every tensor reads back exactly, a flipped byte is
 // reported for the reads that touch its chunk (naming it) and for no other, and a short file or an
-// inconsistent manifest is refused.
+// inconsistent manifest is refused. The reader is bounded: a FIFO or an oversized file is refused
+// without blocking or reading it, and a manifest whose checksum was recomputed after an edit that
+// makes a count, size or shape huge (or overflow) is refused before anything is allocated for it.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +15,8 @@
 
 #include "checkpoint/format.hpp"
 #include "checkpoint/reader.hpp"
+#include "checkpoint/safetensors_header.hpp"
+#include "offload/checksum.hpp"
 #include "zest/error.hpp"
 
 namespace zest::checkpoint {
@@ -55,9 +60,34 @@ class ReaderTest : public testing::Test {
   }
   void TearDown() override { fs::remove_all(dir); }
 
-  void write_manifest() {
-    const std::string text = serialize(m);
+  void write_manifest() { write_manifest_text(serialize(m)); }
+  void write_manifest_text(const std::string& text) {
+    fs::remove(fs::path(dir) / kManifestName);  // writers create their file exclusively
     write_file_synced((fs::path(dir) / kManifestName).string(), text.data(), text.size());
+  }
+
+  // The manifest with `from` replaced by `to` and its closing checksum recomputed, as a
+  // deliberate edit (or a fuzzer) would make it: only the checks behind the checksum stop it.
+  void write_edited_manifest(const std::string& from, const std::string& to) {
+    std::string text = serialize(m);
+    const std::size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    text.erase(text.rfind("end "));
+    const std::uint32_t crc = offload::crc32c(text.data(), text.size());
+    text.append("end ").append(std::to_string(crc)).append("\n");
+    write_manifest_text(text);
+  }
+
+  // Constructing a Reader (and verifying all) throws Error with `expected`, and nothing else.
+  void expect_refused(const std::string& expected) {
+    try {
+      Reader reader(dir);
+      reader.verify_all();
+      ADD_FAILURE() << "accepted a manifest that should fail with: " << expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
   }
 
   // Reads [a, b) of (state, tensor); true when it matched, false when the reader refused.
@@ -147,6 +177,89 @@ TEST_F(ReaderTest, AnInconsistentManifestIsRefused) {
   m = good;
   m.ranks.pop_back();
   refused("1 ranks listed for world size 2");
+}
+
+TEST_F(ReaderTest, AFifoManifestIsRefusedWithoutBlocking) {
+  fs::remove(fs::path(dir) / kManifestName);
+  ASSERT_EQ(::mkfifo((fs::path(dir) / kManifestName).c_str(), 0644), 0);
+  expect_refused("is a FIFO, not a regular file");
+}
+
+TEST_F(ReaderTest, AFifoRankFileIsRefusedWithoutBlocking) {
+  fs::remove(fs::path(dir) / "rank0.m.bin");
+  ASSERT_EQ(::mkfifo((fs::path(dir) / "rank0.m.bin").c_str(), 0644), 0);
+  Reader reader(dir);
+  std::vector<float> out(10);
+  EXPECT_THROW(reader.read(StateKind::m, 0, 0, 10, out.data()), Error);
+  EXPECT_THROW(reader.check_files(), Error);
+}
+
+TEST_F(ReaderTest, AFileLargerThanTheLimitIsRefusedBeforeReadingIt) {
+  const std::string path = (fs::path(dir) / kManifestName).string();
+  EXPECT_NO_THROW(read_regular_file(path, fs::file_size(path), "manifest"));
+  try {
+    read_regular_file(path, fs::file_size(path) - 1, "manifest");
+    ADD_FAILURE() << "read a file past its limit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ReaderTest, AHugeDimensionCountIsRefusedBeforeAllocating) {
+  write_edited_manifest("tensor 0 100 2 10 10 a", "tensor 0 100 4611686018427387904 10 10 a");
+  expect_refused("more dimensions than the line holds");
+}
+
+TEST_F(ReaderTest, AHugeChunkCountIsRefusedBeforeAllocating) {
+  write_edited_manifest("file rank0.master.bin 244 4 ", "file rank0.master.bin 244 1152921504606846976 ");
+  expect_refused("checksum count that does not fit its size");
+}
+
+TEST_F(ReaderTest, AHugeChunkSizeIsRefused) {
+  // A consistent manifest (each file one chunk, its checksum right) whose chunk a reader would
+  // hold in memory: 2^62 bytes, which verify_all allocated before the size was limited.
+  m.chunk_bytes = std::uint64_t{1} << 62;
+  for (RankEntry& rank : m.ranks)
+    for (StateFile& file : rank.files) {
+      std::ifstream in(fs::path(dir) / file.name, std::ios::binary);
+      const std::string bytes(std::istreambuf_iterator<char>(in), {});
+      file.chunk_crcs = {offload::crc32c(bytes.data(), bytes.size())};
+    }
+  write_manifest();
+  expect_refused("a chunk size of 4611686018427387904 bytes");
+}
+
+TEST_F(ReaderTest, AShapeWhoseProductOverflowsIsRefused) {
+  // 2 * (2^63 + 50) wraps to 100, the element count: accepted, and written into safetensors
+  // headers, before the product was checked.
+  write_edited_manifest("tensor 0 100 2 10 10 a", "tensor 0 100 2 2 9223372036854775858 a");
+  expect_refused("overflows 64-bit byte sizes");
+}
+
+TEST_F(ReaderTest, ElementCountsWhoseBytesOverflowAreRefused) {
+  // 2^62 elements: the count fits 64 bits, its fp32 bytes do not.
+  write_edited_manifest("tensor 1 37 1 37 b", "tensor 1 4611686018427387904 1 4611686018427387904 b");
+  expect_refused("overflows 64-bit byte sizes");
+}
+
+TEST_F(ReaderTest, AWorldSizeBelowOneIsRefused) {
+  write_edited_manifest("world_size 2", "world_size -1");
+  expect_refused("a world size below 1");
+}
+
+TEST(SafetensorsHeader, RefusesShapesThatDoNotMultiplyToTheirCountOrOverflow) {
+  Manifest m;
+  m.tensors = {{"a", {2, 9223372036854775858ull}, 0, 100}};
+  EXPECT_THROW(safetensors_header(m, DType::f32, "ckpt"), Error);
+  m.tensors = {{"a", {3, 3}, 0, 10}};
+  EXPECT_THROW(safetensors_header(m, DType::f32, "ckpt"), Error);
+  m.tensors = {{"a", {4611686018427387904ull}, 0, 4611686018427387904ull}};
+  EXPECT_THROW(safetensors_header(m, DType::f32, "ckpt"), Error);  // 2^64 bytes
+  m.tensors = {{"a", {3, 3}, 0, 9}};
+  const std::string header = safetensors_header(m, DType::bf16, "ckpt");
+  EXPECT_EQ(header.rfind(kZestHeaderStart, 0), 0u) << header;
+  EXPECT_EQ(header.size() % 8, 0u);
+  EXPECT_NE(header.find(R"("a":{"dtype":"BF16","shape":[3,3],"data_offsets":[0,18]})"), std::string::npos) << header;
 }
 
 }  // namespace

@@ -2,15 +2,20 @@
 // resumed in a fresh engine ends with exactly the bits of uninterrupted training (every stage,
 // fp16 loss scaling with a skipped step, offloaded optimizer states); a checkpoint loads into
 // another stage (3 -> 2 -> 0) and training goes on to the uninterrupted values; and every damaged
-// checkpoint is refused with an error naming the problem, leaving the engine as it was.
+// checkpoint is refused with an error naming the problem, leaving the engine as it was. A save
+// never deletes or overwrites what zest did not create: it refuses a target that is not a zest
+// checkpoint (or holds files zest did not write), saying what is there, and leaves it as it was.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <limits>
 #include <string>
 #include <vector>
@@ -329,6 +334,153 @@ TEST_F(Fixture, RefusesToSaveInsideAStep) {
   auto lease = engine.acquire(0);
   EXPECT_THROW(engine.save("/tmp/never-written"), Error);
   EXPECT_FALSE(fs::exists("/tmp/never-written"));
+}
+
+class SaveTarget : public Fixture {
+ protected:
+  void SetUp() override {
+    engine = std::make_unique<Engine>(make_config(o), *device, *comm, model());
+    set_initial(*engine);
+    train_steps(*engine, o, 1, 1, *comm);
+  }
+
+  std::string path(const std::string& name) const { return dir.path() + "/" + name; }
+
+  // Rank 0 runs `make` (the user's files), then every rank's save(target) must throw Error with
+  // `expected` in its message (rank 0's own, or that rank 0 failed).
+  template <class Make>
+  void expect_refused(const std::string& target, const std::string& expected, Make make) {
+    if (rank() == 0) make();
+    MPI_Barrier(MPI_COMM_WORLD);
+    try {
+      engine->save(target);
+      ADD_FAILURE() << "saved to " << target << ", which should be refused with: " << expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(rank() == 0 ? expected : "rank 0 failed"), std::string::npos) << e.what();
+    }
+  }
+
+  // The names in the shared directory: a refused save leaves no temporary directory behind.
+  std::set<std::string> names() const {
+    std::set<std::string> result;
+    for (const auto& entry : fs::directory_iterator(dir.path())) result.insert(entry.path().filename().string());
+    return result;
+  }
+
+  Options o;
+  SharedDir dir;
+  std::unique_ptr<Engine> engine;
+};
+
+std::string contents(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST_F(SaveTarget, RefusesADirectoryThatIsNotACheckpoint) {
+  expect_refused(path("mine"), "is a directory that is not a zest checkpoint (it has no manifest)", [&] {
+    fs::create_directory(path("mine"));
+    std::ofstream(path("mine/notes.txt")) << "my notes";
+  });
+  if (rank() == 0) {
+    EXPECT_EQ(contents(path("mine/notes.txt")), "my notes");
+    EXPECT_EQ(names(), std::set<std::string>{"mine"});
+  }
+}
+
+TEST_F(SaveTarget, RefusesARegularFile) {
+  expect_refused(path("model.pt"), "is a regular file, not a directory", [&] { std::ofstream(path("model.pt")) << "weights"; });
+  if (rank() == 0) {
+    EXPECT_EQ(contents(path("model.pt")), "weights");
+    EXPECT_EQ(names(), std::set<std::string>{"model.pt"});
+  }
+}
+
+TEST_F(SaveTarget, RefusesACheckpointThatHoldsFilesZestDidNotWrite) {
+  engine->save(path("ckpt"));
+  expect_refused(path("ckpt"), "also holds 'notes.txt', which zest did not write",
+                 [&] { std::ofstream(path("ckpt/notes.txt")) << "my notes"; });
+  if (rank() == 0) {
+    EXPECT_EQ(contents(path("ckpt/notes.txt")), "my notes");
+  }
+  Engine other(make_config(o), *device, *comm, model());
+  EXPECT_EQ(other.load(path("ckpt")).steps, 1);  // the checkpoint is intact too
+}
+
+TEST_F(SaveTarget, RefusesADirectoryWithAManifestZestCannotRead) {
+  expect_refused(path("other"), "is not a checkpoint zest can read", [&] {
+    fs::create_directory(path("other"));
+    std::ofstream(path("other/manifest")) << "a manifest of another program";
+  });
+  if (rank() == 0) {
+    EXPECT_EQ(contents(path("other/manifest")), "a manifest of another program");
+  }
+}
+
+TEST_F(SaveTarget, ReplacesAnEmptyDirectoryAndItsOwnCheckpointLeavingNothingElse) {
+  if (rank() == 0) fs::create_directory(path("ckpt"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  engine->save(path("ckpt/"));  // a trailing '/' names the same directory
+  train_steps(*engine, o, 2, 2, *comm);
+  engine->save(path("ckpt"));
+  if (rank() == 0) {
+    EXPECT_EQ(names(), std::set<std::string>{"ckpt"});
+  }
+  Engine other(make_config(o), *device, *comm, model());
+  EXPECT_EQ(other.load(path("ckpt")).steps, 2);
+}
+
+TEST_F(SaveTarget, NeverRemovesAPathItDidNotCreate) {
+  // The names an earlier save used for its temporary and set-aside directories (rank 0's pid):
+  // here they are the user's, and must survive saves that create and replace the checkpoint.
+  const std::string pid = std::to_string(::getpid());
+  int length = static_cast<int>(pid.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string rank0_pid = pid;
+  rank0_pid.resize(static_cast<std::size_t>(length));
+  MPI_Bcast(rank0_pid.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+  const std::string temp = path("ckpt.tmp-" + rank0_pid), aside = path("ckpt.old-" + rank0_pid);
+  if (rank() == 0) {
+    for (const std::string& d : {temp, aside}) {
+      fs::create_directory(d);
+      std::ofstream(d + "/keep") << "mine";
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  engine->save(path("ckpt"));
+  engine->save(path("ckpt"));
+  if (rank() == 0) {
+    EXPECT_EQ(contents(temp + "/keep"), "mine");
+    EXPECT_EQ(contents(aside + "/keep"), "mine");
+    EXPECT_EQ(names(), (std::set<std::string>{"ckpt", fs::path(temp).filename().string(), fs::path(aside).filename().string()}));
+  }
+}
+
+TEST_F(SaveTarget, RefusesNamesThatAreNoDirectory) {
+  const fs::path before = fs::current_path();
+  fs::current_path(dir.path());  // relative names resolve here
+  for (const std::string name : {"", ".", "..", "sub/..", "./"}) {
+    try {
+      engine->save(name);
+      ADD_FAILURE() << "saved to '" << name << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("names no directory a save can create"), std::string::npos) << e.what();
+    }
+  }
+  fs::current_path(before);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank() == 0) {
+    EXPECT_TRUE(names().empty());
+    for (const auto& entry : fs::directory_iterator(fs::path(dir.path()).parent_path()))
+      EXPECT_NE(entry.path().filename().string().rfind("..tmp-", 0), 0u) << entry.path();
+  }
+}
+
+TEST_F(Damaged, FifoManifestIsRefusedWithoutBlocking) {
+  expect_refused([](const fs::path& d) {
+    fs::remove(d / "manifest");
+    ::mkfifo((d / "manifest").c_str(), 0644);
+  }, "is a FIFO, not a regular file");
 }
 
 }  // namespace

@@ -360,13 +360,28 @@ TEST_F(Synthetic, ChunksOfTenBytesAndThreeRanksReadBack) {
   expect_encoded(got, want, DType::bf16);
 }
 
-TEST_F(Synthetic, ConsolidationReplacesAnExistingFile) {
+TEST_F(Synthetic, ConsolidationReplacesAFileZestWrote) {
   const std::vector<ParamSpec> specs = {{"w", {1000}, 0}};
   synthetic_checkpoint::write(dir + "/ckpt", specs, 2, 64);
-  std::ofstream(dir + "/w.safetensors") << "an older file";
+  consolidate_checkpoint(dir + "/ckpt", dir + "/w.safetensors", DType::bf16);
   consolidate_checkpoint(dir + "/ckpt", dir + "/w.safetensors", DType::f32);
   const auto got = tensor_bytes(parse_layout(read_file(dir + "/w.safetensors")), specs, {"\"w\""}, "F32", 4);
   EXPECT_TRUE(got[0] == encoded(values_of(specs)[0], DType::f32));
+}
+
+// zest never overwrites what it did not write: another program's file at OUT is refused, before
+// any work, and left as it was.
+TEST_F(Synthetic, ConsolidationRefusesAFileZestDidNotWrite) {
+  synthetic_checkpoint::write(dir + "/ckpt", {{"w", {1000}, 0}}, 2, 64);
+  std::ofstream(dir + "/w.safetensors") << "an older file";
+  try {
+    consolidate_checkpoint(dir + "/ckpt", dir + "/w.safetensors", DType::f32);
+    ADD_FAILURE() << "replaced a file zest did not write";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exists and is not a safetensors file written by zest"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(dir + "/w.safetensors"), "an older file");
+  EXPECT_EQ(entries_except(dir, "ckpt"), std::vector<std::string>{"w.safetensors"});
 }
 
 TEST_F(Synthetic, ADamagedChunkIsNamedAndOutIsLeftAsItWas) {
@@ -376,9 +391,12 @@ TEST_F(Synthetic, ADamagedChunkIsNamedAndOutIsLeftAsItWas) {
   const auto problems = verify_checkpoint(dir + "/ckpt");
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find(master + " chunk 3 (bytes 192 to 256)"), std::string::npos) << problems[0];
-  std::ofstream(dir + "/w.safetensors") << "an older file";
+  synthetic_checkpoint::write(dir + "/older", {{"w", {1000}, 0}}, 1, 64);
+  consolidate_checkpoint(dir + "/older", dir + "/w.safetensors", DType::bf16);  // an older file zest wrote
+  const std::string older = read_file(dir + "/w.safetensors");
+  fs::remove_all(dir + "/older");
   EXPECT_THROW(consolidate_checkpoint(dir + "/ckpt", dir + "/w.safetensors", DType::f32), Error);
-  EXPECT_EQ(read_file(dir + "/w.safetensors"), "an older file");  // left as it was
+  EXPECT_EQ(read_file(dir + "/w.safetensors"), older);  // left as it was
   EXPECT_EQ(entries_except(dir, "ckpt"), std::vector<std::string>{"w.safetensors"});  // and no temporary file
 }
 

@@ -1,0 +1,119 @@
+#include "checkpoint/safetensors_header.hpp"
+
+#include <cstdint>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "zest/error.hpp"
+
+namespace zest::checkpoint {
+namespace {
+
+const char* safetensors_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "F32";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+  }
+  return "?";
+}
+
+// A JSON string literal; the rest of a name's bytes pass through (JSON text is UTF-8).
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out.append(1, '\\').append(1, c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+      out.append(escaped);
+    } else {
+      out.append(1, c);
+    }
+  }
+  return out.append("\"");
+}
+
+// JSON text is UTF-8: well-formed sequences only (no overlongs, surrogates or values past U+10FFFF).
+bool valid_utf8(const std::string& text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const auto* end = p + text.size();
+  while (p < end) {
+    const unsigned c = *p;
+    const int more = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    if (more < 0 || end - p <= more) return false;  // not a lead byte, or cut short
+    std::uint32_t code = more == 0 ? c : c & (0x3Fu >> more);
+    for (int i = 1; i <= more; ++i) {
+      if ((p[i] & 0xC0) != 0x80) return false;
+      code = code << 6 | (p[i] & 0x3Fu);
+    }
+    static constexpr std::uint32_t kSmallest[] = {0, 0x80, 0x800, 0x10000};
+    if (code < kSmallest[more] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    p += more + 1;
+  }
+  return true;
+}
+
+// Safetensors metadata is a map of strings to strings: where the weights came from.
+std::string metadata_json(const Manifest& m, DType dtype) {
+  const std::pair<const char*, std::string> entries[] = {
+      {"format", "pt"},
+      {"zest_checkpoint_format", std::to_string(m.version)},
+      {"zest_steps", std::to_string(m.steps)},
+      {"zest_skipped_steps", std::to_string(m.skipped)},
+      {"zest_world_size", std::to_string(m.world_size)},
+      {"zest_stage", std::to_string(m.stage)},
+      {"zest_weights", std::string("fp32 master weights").append(dtype == DType::f32 ? "" : ", rounded to nearest even")},
+      {"zest_config", m.config},
+  };
+  std::string out = "{";
+  for (const auto& [key, value] : entries)
+    out.append(out.size() > 1 ? "," : "").append(json_string(key)).append(":").append(json_string(value));
+  return out.append("}");
+}
+
+[[noreturn]] void unwritable(const std::string& dir, const std::string& what) {
+  throw Error(std::string("checkpoint ").append(dir).append(": ").append(what));
+}
+
+}  // namespace
+
+std::string safetensors_header(const Manifest& m, DType dtype, const std::string& dir) {
+  if (!valid_utf8(m.config))
+    unwritable(dir, "the saving run's settings are not UTF-8, which safetensors' JSON header requires: the manifest is damaged");
+  std::string out = std::string("{\"__metadata__\":").append(metadata_json(m, dtype));
+  std::set<std::string> names;
+  std::uint64_t offset = 0;
+  for (const TensorEntry& t : m.tensors) {
+    if (!valid_utf8(t.name))
+      throw Error(std::string("checkpoint ").append(dir).append(": tensor ").append(std::to_string(names.size()))
+                      .append("'s name is not UTF-8, which safetensors' JSON header requires; rename the parameter in the trainer"));
+    if (t.name == "__metadata__" || !names.insert(t.name).second)
+      throw Error(std::string("checkpoint ").append(dir).append(": tensor name '").append(t.name)
+                      .append(t.name == "__metadata__" ? "' is reserved by safetensors" : "' appears twice")
+                      .append(": a safetensors file cannot hold it; rename the parameter in the trainer"));
+    // A reader takes the shape and the offsets as they are: a shape that does not multiply to the
+    // element count, or offsets that wrapped, would make a file no reader can use.
+    std::uint64_t product = 1, bytes = 0, end = 0;
+    for (std::size_t d : t.shape)
+      if (__builtin_mul_overflow(product, std::uint64_t{d}, &product))
+        unwritable(dir, std::string("tensor '").append(t.name).append("' has a shape whose element count overflows 64 bits"));
+    if (product != t.numel)
+      unwritable(dir, std::string("tensor '").append(t.name).append("' has a shape that does not multiply to its element count"));
+    if (__builtin_mul_overflow(std::uint64_t{t.numel}, std::uint64_t{dtype_size(dtype)}, &bytes) ||
+        __builtin_add_overflow(offset, bytes, &end))
+      unwritable(dir, "the tensors' bytes overflow safetensors' 64-bit offsets");
+    out.append(",").append(json_string(t.name)).append(":{\"dtype\":\"").append(safetensors_dtype(dtype)).append("\",\"shape\":[");
+    for (std::size_t i = 0; i < t.shape.size(); ++i) out.append(i ? "," : "").append(std::to_string(t.shape[i]));
+    out.append("],\"data_offsets\":[").append(std::to_string(offset)).append(",").append(std::to_string(end)).append("]}");
+    offset = end;
+  }
+  out.append("}");
+  out.append((8 - out.size() % 8) % 8, ' ');
+  return out;
+}
+
+}  // namespace zest::checkpoint

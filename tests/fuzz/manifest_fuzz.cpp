@@ -1,0 +1,51 @@
+// libFuzzer target: the checkpoint manifest parser (checkpoint::parse, what every reader of a
+// checkpoint runs first). The input's closing checksum line is recomputed, so mutations reach the
+// checks behind it (a hand-edited manifest with its checksum recomputed is a case users hit).
+// Any input either throws zest::Error or parses into a manifest whose sizes are consistent, which
+// serializes and parses back to the same, and whose safetensors header is written or refused
+// with zest::Error. No allocation may be sized by an unchecked count (-rss_limit_mb catches it).
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "checkpoint/format.hpp"
+#include "checkpoint/safetensors_header.hpp"
+#include "offload/checksum.hpp"
+#include "zest/error.hpp"
+
+namespace ckpt = zest::checkpoint;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::string text(reinterpret_cast<const char*>(data), size);
+  if (const std::size_t end = text.rfind("end "); end != std::string::npos) text.erase(end);
+  const std::uint32_t crc = zest::offload::crc32c(text.data(), text.size());
+  text.append("end ").append(std::to_string(crc)).append("\n");
+  ckpt::Manifest m;
+  try {
+    m = ckpt::parse(text, "<fuzz>");
+  } catch (const zest::Error&) {
+    return 0;
+  }
+  for (const ckpt::RankEntry& rank : m.ranks)
+    for (const ckpt::StateFile& file : rank.files)
+      if (file.bytes != rank.elements() * sizeof(float) ||
+          file.chunk_crcs.size() != file.bytes / m.chunk_bytes + (file.bytes % m.chunk_bytes != 0))
+        std::abort();
+  try {
+    const ckpt::Manifest again = ckpt::parse(ckpt::serialize(m), "<fuzz round trip>");
+    if (ckpt::serialize(again) != ckpt::serialize(m)) std::abort();
+  } catch (const zest::Error&) {
+    // What parse accepted, serialize must write in a form parse accepts, except for a tensor name
+    // or config text that holds a line break (serialize writes them on one line).
+    bool multi_line = m.config.find_first_of("\r\n") != std::string::npos;
+    for (const ckpt::TensorEntry& t : m.tensors) multi_line |= t.name.find_first_of("\r\n") != std::string::npos;
+    if (!multi_line) std::abort();
+  }
+  try {
+    const std::string header = ckpt::safetensors_header(m, zest::DType::bf16, "<fuzz>");
+    if (header.size() % 8 != 0) std::abort();
+  } catch (const zest::Error&) {
+  }
+  return 0;
+}
