@@ -4,6 +4,7 @@
 // configs/reference.yaml documents every key with its default.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ struct DeviceConfig {
 
 struct CommConfig {
   CommBackend backend = CommBackend::auto_select;  // auto: mpi for cpu, nccl for cuda
+  // A collective (or barrier) blocked this long raises CommError on every rank still alive,
+  // naming the ranks that are behind or gone, instead of hanging; 0 = wait forever. mpi only.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 
 struct BucketConfig {

@@ -24,6 +24,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/config_names.hpp"
+#include "config/duration_parse.hpp"
 #include "config/size_parse.hpp"
 #include "zest/config.hpp"
 #include "zest/error.hpp"
@@ -198,6 +199,7 @@ class ConfigReader {
   enum class SizeRule { any, positive, io_block };
   Reader size(std::size_t& out, SizeRule rule = SizeRule::any);
   Reader flag(bool& out);
+  Reader duration(std::chrono::milliseconds& out);
   Reader text(std::string& out);
   template <typename Enum, std::size_t N>
   Reader choice(const std::array<EnumName<Enum>, N>& names, Enum& out);
@@ -443,6 +445,17 @@ ConfigReader::Reader ConfigReader::size(std::size_t& out, SizeRule rule) {
   };
 }
 
+ConfigReader::Reader ConfigReader::duration(std::chrono::milliseconds& out) {
+  return [this, &out](const YAML::Node* value, const std::string& path) {
+    if (value == nullptr) return;
+    constexpr std::string_view kExpected = "a duration (e.g. 500ms, 300s, 10min, 1h; 0 = off)";
+    const std::string* text = scalar(*value, path, kExpected);
+    if (text == nullptr) return;
+    std::string why;
+    if (!detail::parse_duration_into(*text, out, why)) expected_found(path, kExpected, *value, {}, why);
+  };
+}
+
 ConfigReader::Reader ConfigReader::flag(bool& out) {
   return [this, &out](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
@@ -515,6 +528,7 @@ Config ConfigReader::read(const YAML::Node* root) {
                  })},
       {"comm", section({
                    {"backend", choice(detail::kCommBackendNames, c.comm.backend)},
+                   {"timeout", duration(c.comm.timeout)},
                })},
       {"buckets", section({
                       {"reduce", size(c.buckets.reduce_bytes, SizeRule::positive)},
