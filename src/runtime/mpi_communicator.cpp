@@ -68,12 +68,14 @@ void for_each_chunk(std::size_t count, std::size_t max_chunk, F&& f) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MpiSession& session, Device& device) {
-  return std::make_unique<MpiCommunicator>(session, device);
+std::unique_ptr<Communicator> make_mpi_communicator(MpiSession& session, Device& device,
+                                                    std::chrono::milliseconds timeout) {
+  return std::make_unique<MpiCommunicator>(session, device, MpiCommunicator::kMaxChunkElements,
+                                           timeout);
 }
 
 MpiCommunicator::MpiCommunicator(MpiSession& session, Device& device,
-                                 std::size_t max_chunk_elements)
+                                 std::size_t max_chunk_elements, std::chrono::milliseconds timeout)
     : max_chunk_(max_chunk_elements) {
   if (!device.host_accessible()) {
     std::string message =
@@ -81,6 +83,10 @@ MpiCommunicator::MpiCommunicator(MpiSession& session, Device& device,
         "but the device is ";
     message.append(device.name()).append(": use comm.backend: nccl with a cuda device");
     throw CommError(message);
+  }
+  if (timeout.count() < 0) {
+    throw CommError("mpi communicator: the timeout is negative (" +
+                    std::to_string(timeout.count()) + " ms); pass 0 to wait forever");
   }
   if (max_chunk_ == 0 || max_chunk_ > kMaxChunkElements) {
     std::string message = "mpi communicator: chunk limit ";
@@ -93,6 +99,7 @@ MpiCommunicator::MpiCommunicator(MpiSession& session, Device& device,
   try {
     ZEST_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     ZEST_MPI_CHECK(MPI_Comm_dup(comm_, &host_comm_));
+    watchdog_ = std::make_unique<CollectiveWatchdog>(comm_, timeout);
     ZEST_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     ZEST_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     ZEST_MPI_CHECK(
@@ -104,6 +111,7 @@ MpiCommunicator::MpiCommunicator(MpiSession& session, Device& device,
     ZEST_MPI_CHECK(
         MPI_Op_create(&reduce_16bit<bf16_to_float, float_to_bf16, true>, 1, &half_ops_[3]));
   } catch (...) {
+    watchdog_.reset();
     for (MPI_Op& op : half_ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
     if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
@@ -118,6 +126,7 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  watchdog_.reset();  // its responder thread calls MPI
   for (MPI_Op& op : half_ops_)
     if (op != MPI_OP_NULL) MPI_Op_free(&op);
   if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
@@ -198,7 +207,13 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
   enqueue(std::move(call), stream);
 }
 
-void MpiCommunicator::barrier() { ZEST_MPI_CHECK(MPI_Barrier(host_comm_)); }
+void MpiCommunicator::barrier() {
+  const CollectiveWatchdog::Operation operation =
+      watchdog_->begin(CollectiveWatchdog::Lane::barrier, "barrier");
+  MPI_Request request = MPI_REQUEST_NULL;
+  ZEST_MPI_CHECK(MPI_Ibarrier(host_comm_, &request));
+  watchdog_->wait(request, operation);
+}
 
 void MpiCommunicator::enqueue(Call call, Stream& stream) {
   // In lockstep: a rank whose stream already failed still reaches the agreement, so that every
@@ -207,6 +222,13 @@ void MpiCommunicator::enqueue(Call call, Stream& stream) {
 }
 
 void MpiCommunicator::run(const Call& call, bool stream_failed) {
+  const CollectiveWatchdog::Operation operation =
+      watchdog_->begin(CollectiveWatchdog::Lane::collective, kind_name(call.kind));
+  collective_ = &operation;
+  struct Clear {
+    const CollectiveWatchdog::Operation*& current;
+    ~Clear() { current = nullptr; }
+  } clear{collective_};
   agree(call, stream_failed);
   if (call.count == 0) return;
   switch (call.kind) {
@@ -239,7 +261,8 @@ void MpiCommunicator::agree(const Call& call, bool stream_failed) {
       call.invalid.empty() ? -1 : rank_,
       stream_failed ? rank_ : -1,
   };
-  std::int64_t extremes[2 * kFields];
+  static_assert(2 * kFields <= sizeof agreement_ / sizeof agreement_[0]);
+  std::int64_t* extremes = agreement_;
   for (int i = 0; i < kFields; ++i) {
     extremes[i] = signature[i];
     extremes[kFields + i] = -signature[i];
@@ -344,7 +367,7 @@ void MpiCommunicator::run_reduce_scatter(const Call& call) {
           MPI_Ireduce(send, recv, n, type, op, r, comm_, &requests[static_cast<std::size_t>(r)]));
       mpi_calls_.fetch_add(1, std::memory_order_relaxed);
     }
-    ZEST_MPI_CHECK(MPI_Waitall(size_, requests.data(), MPI_STATUSES_IGNORE));
+    for (MPI_Request& request : requests) wait(request);
   });
 }
 
@@ -373,7 +396,7 @@ void MpiCommunicator::run_all_gather(const Call& call) {
       ZEST_MPI_CHECK(MPI_Ibcast(piece, n, type, r, comm_, &requests[static_cast<std::size_t>(r)]));
       mpi_calls_.fetch_add(1, std::memory_order_relaxed);
     }
-    ZEST_MPI_CHECK(MPI_Waitall(size_, requests.data(), MPI_STATUSES_IGNORE));
+    for (MPI_Request& request : requests) wait(request);
   });
 }
 
@@ -405,8 +428,6 @@ MPI_Op MpiCommunicator::mpi_op(DType dtype, ReduceOp op) const {
   return MPI_OP_NULL;
 }
 
-void MpiCommunicator::wait(MPI_Request& request) {
-  ZEST_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
-}
+void MpiCommunicator::wait(MPI_Request& request) { watchdog_->wait(request, *collective_); }
 
 }  // namespace zest

@@ -20,7 +20,7 @@ Runtime::Runtime(const Config& config)
   device_ = config.device.type == DeviceType::cuda ? make_cuda_device(ordinal, config.device.memory)
                                                    : make_cpu_device(config.device.memory);
   comm_ = resolve_backend(config) == CommBackend::nccl ? make_nccl_communicator(*mpi_, *device_)
-                                                       : make_mpi_communicator(*mpi_, *device_);
+                                                       : make_mpi_communicator(*mpi_, *device_, config.comm.timeout);
   cpus_ = topology_.cpus_for_rank(config.device.type, ordinal, mpi_->local_rank(),
                                   mpi_->local_size());
 }
