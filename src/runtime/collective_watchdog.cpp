@@ -298,9 +298,11 @@ void CollectiveWatchdog::fail(const Operation& operation, const std::string& cau
   for (const auto& [situation, ranks_there] : situations)
     message.append(" ").append(rank_list(ranks_there)).append(": ").append(situation).append(";");
   message.append(
-      " Every rank must issue the same collectives and barriers in the same order: fix the rank "
-      "that is behind, ahead or gone (or raise comm.timeout if such a pause is expected). The "
-      "operation cannot be cancelled, so this communicator is unusable now: end the process.");
+      " Every rank must issue the same collectives and barriers in the same order: a rank behind "
+      "skipped one or is slow (raise comm.timeout if such a pause is expected), a rank ahead "
+      "issued one the others did not, a rank gone died or hangs; fix that rank. The operation "
+      "cannot be cancelled, so this communicator is unusable now: end the process (MPI_Finalize "
+      "would wait for a rank that is gone).");
   {
     std::lock_guard lock(mutex_);
     if (broken_.empty()) {
