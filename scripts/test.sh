@@ -2,8 +2,8 @@
 # Installs, builds and runs every test: the release build, then the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer (skip that with --no-sanitize).
 # --tsan adds a ThreadSanitizer build ($ZEST_BUILD-tsan) running the 'tsan' suite: the streams,
-# the MPI communicator and its watchdog, the offload stores and the engine on 1 and 2 ranks
-# (tests/tsan.supp explains the few third-party frames it suppresses).
+# the MPI communicator and its watchdog, the CPU Adam, the offload stores and the engine on 1 and
+# 2 ranks (tests/tsan.supp explains the few third-party frames it suppresses).
 # Ends with one line "N passed, N failed, N skipped"; exits non-zero when any test failed.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
