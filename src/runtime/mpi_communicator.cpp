@@ -225,6 +225,7 @@ void MpiCommunicator::run(const Call& call, bool stream_failed) {
   const CollectiveWatchdog::Operation operation =
       watchdog_->begin(CollectiveWatchdog::Lane::collective, kind_name(call.kind));
   collective_ = &operation;
+  // collective_ points into this frame: cleared on every way out, so it never dangles.
   struct Clear {
     const CollectiveWatchdog::Operation*& current;
     ~Clear() { current = nullptr; }
