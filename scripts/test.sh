@@ -2,20 +2,21 @@
 # Installs, builds and runs every test: the release build, then the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer (skip that with --no-sanitize), then each libFuzzer
 # target for a bounded time (tests/fuzz, a clang build).
+# --tsan adds a ThreadSanitizer build ($ZEST_BUILD-tsan) running the 'tsan' suite: the streams,
+# the MPI communicator and its watchdog, the CPU Adam, the offload stores and the engine on 1 and
+# 2 ranks (tests/tsan.supp explains the few third-party frames it suppresses).
 # Ends with one line "N passed, N failed, N skipped"; exits non-zero when any test failed.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
-sanitize=1
-[ "${1:-}" = "--no-sanitize" ] && sanitize=0
-
-builds=("$ZEST_BUILD")
-configure_build "$ZEST_BUILD"
-if ((sanitize)); then
-  builds+=("$ZEST_BUILD-sanitize")
-  configure_build "$ZEST_BUILD-sanitize" -Dbuildtype=debugoptimized -Db_sanitize=address,undefined \
-    -Db_lundef=false
-fi
+sanitize=1 tsan=0
+for arg in "$@"; do
+  case "$arg" in
+    --no-sanitize) sanitize=0 ;;
+    --tsan) tsan=1 ;;
+    *) echo "usage: $0 [--no-sanitize] [--tsan]" >&2; exit 2 ;;
+  esac
+done
 
 passed=0 failed=0 skipped=0 status=0
 # run_tests DIR [meson test options...]: runs DIR's tests and adds them to the counts.
@@ -31,9 +32,18 @@ run_tests() {
   failed=$((failed + $(count "Fail") + $(count "Timeout") + $(count "Unexpected Pass")))
   skipped=$((skipped + $(count "Skipped")))
 }
-for dir in "${builds[@]}"; do
-  run_tests "$dir"
-done
+
+configure_build "$ZEST_BUILD"
+run_tests "$ZEST_BUILD"
+if ((sanitize)); then
+  configure_build "$ZEST_BUILD-sanitize" -Dbuildtype=debugoptimized -Db_sanitize=address,undefined \
+    -Db_lundef=false
+  run_tests "$ZEST_BUILD-sanitize"
+fi
+if ((tsan)); then
+  configure_build "$ZEST_BUILD-tsan" -Dbuildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false
+  run_tests "$ZEST_BUILD-tsan" --suite tsan
+fi
 
 # The libFuzzer targets (tests/fuzz), each run for a bounded time (-Dfuzz_seconds, 30 s) from its
 # seed corpus, in their own clang build with ASan+UBSan; only the targets are built there.

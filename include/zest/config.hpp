@@ -5,6 +5,7 @@
 // YAML and from code alike; configs/reference.yaml documents every key with its default.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -28,6 +29,9 @@ struct DeviceConfig {
 
 struct CommConfig {
   CommBackend backend = CommBackend::auto_select;  // auto: mpi for cpu, nccl for cuda
+  // A collective (or barrier) blocked this long raises CommError on every rank still alive,
+  // naming the ranks that are behind or gone, instead of hanging; 0 = wait forever. mpi only.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 
 struct BucketConfig {

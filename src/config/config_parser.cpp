@@ -26,6 +26,7 @@
 
 #include "config/config_checks.hpp"
 #include "config/config_names.hpp"
+#include "config/duration_parse.hpp"
 #include "config/size_parse.hpp"
 #include "zest/config.hpp"
 #include "zest/error.hpp"
@@ -197,6 +198,7 @@ class ConfigReader final : public detail::ProblemSink {
   Reader number_pair(double& first, double& second, const NumberRule& rule);
   Reader size(std::size_t& out, SizeRule rule = SizeRule::any);
   Reader flag(bool& out);
+  Reader duration(std::chrono::milliseconds& out);
   Reader text(std::string& out);
   Reader param_groups(std::vector<OptimizerParamGroup>& out);
   template <typename Enum, std::size_t N>
@@ -435,6 +437,17 @@ ConfigReader::Reader ConfigReader::size(std::size_t& out, SizeRule rule) {
   };
 }
 
+ConfigReader::Reader ConfigReader::duration(std::chrono::milliseconds& out) {
+  return [this, &out](const YAML::Node* value, const std::string& path) {
+    if (value == nullptr) return;
+    constexpr std::string_view kExpected = "a duration (e.g. 500ms, 300s, 10min, 1h; 0 = off)";
+    const std::string* text = scalar(*value, path, kExpected);
+    if (text == nullptr) return;
+    std::string why;
+    if (!detail::parse_duration_into(*text, out, why)) expected_found(path, kExpected, *value, {}, why);
+  };
+}
+
 ConfigReader::Reader ConfigReader::flag(bool& out) {
   return [this, &out](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
@@ -552,6 +565,7 @@ Config ConfigReader::read(const YAML::Node* root) {
                  })},
       {"comm", section({
                    {"backend", choice(detail::kCommBackendNames, c.comm.backend)},
+                   {"timeout", duration(c.comm.timeout)},
                })},
       {"buckets", section({
                       {"reduce", size(c.buckets.reduce_bytes, SizeRule::positive)},

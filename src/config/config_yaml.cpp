@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/config_names.hpp"
+#include "config/duration_parse.hpp"
 #include "zest/config.hpp"
 
 namespace zest {
@@ -76,6 +77,7 @@ std::string to_yaml(const Config& c) {
 
   out.section("comm");
   out.plain("backend", detail::enum_name(detail::kCommBackendNames, c.comm.backend));
+  out.plain("timeout", detail::format_duration(c.comm.timeout));
   out.end_section();
 
   out.section("buckets");

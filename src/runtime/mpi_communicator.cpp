@@ -68,15 +68,17 @@ void for_each_chunk(std::size_t count, std::size_t max_chunk, F&& f) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MpiSession& session, Device& device) {
-  return std::make_unique<MpiCommunicator>(session.world(), device);
+std::unique_ptr<Communicator> make_mpi_communicator(MpiSession& session, Device& device,
+                                                    std::chrono::milliseconds timeout) {
+  return std::make_unique<MpiCommunicator>(session.world(), device, MpiCommunicator::kMaxChunkElements, timeout);
 }
 
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Device& device) {
   return std::make_unique<MpiCommunicator>(comm, device);
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_chunk_elements)
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_chunk_elements,
+                                 std::chrono::milliseconds timeout)
     : max_chunk_(max_chunk_elements) {
   int initialized = 0;
   ZEST_MPI_CHECK(MPI_Initialized(&initialized));
@@ -102,6 +104,10 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
     message.append(device.name()).append(": use comm.backend: nccl with a cuda device");
     throw CommError(message);
   }
+  if (timeout.count() < 0) {
+    throw CommError("mpi communicator: the timeout is negative (" +
+                    std::to_string(timeout.count()) + " ms); pass 0 to wait forever");
+  }
   if (max_chunk_ == 0 || max_chunk_ > kMaxChunkElements) {
     std::string message = "mpi communicator: chunk limit ";
     message.append(std::to_string(max_chunk_)).append(" is outside 1..INT_MAX elements");
@@ -113,6 +119,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
   try {
     ZEST_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     ZEST_MPI_CHECK(MPI_Comm_dup(comm_, &host_comm_));
+    watchdog_ = std::make_unique<CollectiveWatchdog>(comm_, timeout);
     ZEST_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     ZEST_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     ZEST_MPI_CHECK(
@@ -124,6 +131,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
     ZEST_MPI_CHECK(
         MPI_Op_create(&reduce_16bit<bf16_to_float, float_to_bf16, true>, 1, &half_ops_[3]));
   } catch (...) {
+    watchdog_.reset();
     for (MPI_Op& op : half_ops_)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
     if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
@@ -138,6 +146,7 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  watchdog_.reset();  // its responder thread calls MPI
   for (MPI_Op& op : half_ops_)
     if (op != MPI_OP_NULL) MPI_Op_free(&op);
   if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
@@ -222,7 +231,13 @@ void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, in
   enqueue(std::move(call), stream);
 }
 
-void MpiCommunicator::barrier() { ZEST_MPI_CHECK(MPI_Barrier(host_comm_)); }
+void MpiCommunicator::barrier() {
+  const CollectiveWatchdog::Operation operation =
+      watchdog_->begin(CollectiveWatchdog::Lane::barrier, "barrier");
+  MPI_Request request = MPI_REQUEST_NULL;
+  ZEST_MPI_CHECK(MPI_Ibarrier(host_comm_, &request));
+  watchdog_->wait(request, operation);
+}
 
 void MpiCommunicator::all_reduce_host(std::span<double> values, ReduceOp op) {
   run_host_all_reduce({Kind::all_reduce_host_double, values.data(), values.data(), values.size(),
@@ -239,12 +254,16 @@ void MpiCommunicator::all_reduce_host(std::span<std::int64_t> values, ReduceOp o
 void MpiCommunicator::run_host_all_reduce(Call call, MPI_Datatype type) {
   if (call.count != 0 && call.recv == nullptr)
     call.invalid = null_buffer_message(kind_name(call.kind), call.count);
-  agree(call, false, host_comm_);
+  // On the caller's thread, as barrier(): bounded by the watchdog in the same lane.
+  const CollectiveWatchdog::Operation operation =
+      watchdog_->begin(CollectiveWatchdog::Lane::barrier, kind_name(call.kind));
+  agree(call, false, host_comm_, operation, host_agreement_);
   const int element = type == MPI_DOUBLE ? sizeof(double) : sizeof(std::int64_t);
   const MPI_Op op = call.op == ReduceOp::max ? MPI_MAX : MPI_SUM;
   for_each_chunk(call.count, max_chunk_, [&](std::size_t offset, int n) {
-    ZEST_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(call.recv, offset, element), n, type, op,
-                                 host_comm_));
+    MPI_Request request = MPI_REQUEST_NULL;
+    ZEST_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, at(call.recv, offset, element), n, type, op, host_comm_, &request));
+    watchdog_->wait(request, operation);
   });
 }
 
@@ -255,7 +274,15 @@ void MpiCommunicator::enqueue(Call call, Stream& stream) {
 }
 
 void MpiCommunicator::run(const Call& call, bool stream_failed) {
-  agree(call, stream_failed, comm_);
+  const CollectiveWatchdog::Operation operation =
+      watchdog_->begin(CollectiveWatchdog::Lane::collective, kind_name(call.kind));
+  collective_ = &operation;
+  // collective_ points into this frame: cleared on every way out, so it never dangles.
+  struct Clear {
+    const CollectiveWatchdog::Operation*& current;
+    ~Clear() { current = nullptr; }
+  } clear{collective_};
+  agree(call, stream_failed, comm_, operation, agreement_);
   if (call.count == 0) return;
   switch (call.kind) {
     case Kind::all_reduce:
@@ -278,7 +305,8 @@ void MpiCommunicator::run(const Call& call, bool stream_failed) {
 
 // One MPI_MAX over the signature and its negation gives every rank the max and the min of each
 // field; equal min and max means every rank asked for the same thing.
-void MpiCommunicator::agree(const Call& call, bool stream_failed, MPI_Comm comm) {
+void MpiCommunicator::agree(const Call& call, bool stream_failed, MPI_Comm comm,
+                            const CollectiveWatchdog::Operation& operation, std::int64_t* extremes) {
   enum Field { kind, count, dtype, op, root, invalid_rank, failed_rank, kFields };
   const bool reduces = call.kind != Kind::all_gather && call.kind != Kind::broadcast;
   std::int64_t signature[kFields] = {
@@ -290,7 +318,7 @@ void MpiCommunicator::agree(const Call& call, bool stream_failed, MPI_Comm comm)
       call.invalid.empty() ? -1 : rank_,
       stream_failed ? rank_ : -1,
   };
-  std::int64_t extremes[2 * kFields];
+  static_assert(2 * kFields <= sizeof agreement_ / sizeof agreement_[0]);
   for (int i = 0; i < kFields; ++i) {
     extremes[i] = signature[i];
     extremes[kFields + i] = -signature[i];
@@ -298,7 +326,7 @@ void MpiCommunicator::agree(const Call& call, bool stream_failed, MPI_Comm comm)
   MPI_Request request = MPI_REQUEST_NULL;
   ZEST_MPI_CHECK(
       MPI_Iallreduce(MPI_IN_PLACE, extremes, 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &request));
-  wait(request);
+  watchdog_->wait(request, operation);
   const auto max = [&](Field f) { return extremes[f]; };
   const auto min = [&](Field f) { return -extremes[kFields + f]; };
 
@@ -395,7 +423,7 @@ void MpiCommunicator::run_reduce_scatter(const Call& call) {
           MPI_Ireduce(send, recv, n, type, op, r, comm_, &requests[static_cast<std::size_t>(r)]));
       mpi_calls_.fetch_add(1, std::memory_order_relaxed);
     }
-    ZEST_MPI_CHECK(MPI_Waitall(size_, requests.data(), MPI_STATUSES_IGNORE));
+    for (MPI_Request& request : requests) wait(request);
   });
 }
 
@@ -424,7 +452,7 @@ void MpiCommunicator::run_all_gather(const Call& call) {
       ZEST_MPI_CHECK(MPI_Ibcast(piece, n, type, r, comm_, &requests[static_cast<std::size_t>(r)]));
       mpi_calls_.fetch_add(1, std::memory_order_relaxed);
     }
-    ZEST_MPI_CHECK(MPI_Waitall(size_, requests.data(), MPI_STATUSES_IGNORE));
+    for (MPI_Request& request : requests) wait(request);
   });
 }
 
@@ -456,8 +484,6 @@ MPI_Op MpiCommunicator::mpi_op(DType dtype, ReduceOp op) const {
   return MPI_OP_NULL;
 }
 
-void MpiCommunicator::wait(MPI_Request& request) {
-  ZEST_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
-}
+void MpiCommunicator::wait(MPI_Request& request) { watchdog_->wait(request, *collective_); }
 
 }  // namespace zest

@@ -10,6 +10,11 @@
 // Besides the cases in communicator.hpp, reduce_scatter also runs in place when
 // recv == send + rank() * recv_count elements (NCCL's convention).
 //
+// Every collective and barrier runs under a CollectiveWatchdog: one blocked for the timeout (a rank
+// skipped or added one, died, or hangs) throws CommError naming each rank's state, and the
+// communicator is unusable afterwards (see collective_watchdog.hpp). MPI errors return to zest
+// (MPI_ERRORS_RETURN) instead of aborting the job.
+//
 // Threading: collectives on one communicator must reach MPI in the same order on every rank; issue
 // them on one stream, or order the streams with events. barrier() may be called while collectives
 // are in flight. Every rank constructs its communicators together (construction is collective);
@@ -20,6 +25,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -27,15 +33,21 @@
 #include <span>
 #include <string>
 
+#include "runtime/collective_watchdog.hpp"
 #include "runtime/mpi_session.hpp"
 #include "zest/communicator.hpp"
 #include "zest/mpi.hpp"
 
 namespace zest {
 
+// The default of comm.timeout.
+inline constexpr std::chrono::milliseconds kDefaultCommTimeout = std::chrono::minutes(10);
+
 // Over session.world(). Throws CommError when `device` is not host-accessible (MPI moves host
-// memory; use nccl on cuda). (Over another MPI communicator: zest/mpi.hpp.)
-std::unique_ptr<Communicator> make_mpi_communicator(MpiSession& session, Device& device);
+// memory; use nccl on cuda). (Over another MPI communicator: zest/mpi.hpp.) `timeout`: how long a
+// collective or barrier may block before it raises (0 = forever).
+std::unique_ptr<Communicator> make_mpi_communicator(
+    MpiSession& session, Device& device, std::chrono::milliseconds timeout = kDefaultCommTimeout);
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -44,9 +56,10 @@ class MpiCommunicator final : public Communicator {
 
   // Collective over `comm` (duplicated: the caller may free `comm` afterwards). MPI must provide
   // MPI_THREAD_MULTIPLE. `max_chunk_elements` (1..kMaxChunkElements) exists so tests can exercise
-  // the splitting.
+  // the splitting. `timeout`: see make_mpi_communicator.
   MpiCommunicator(MPI_Comm comm, Device& device,
-                  std::size_t max_chunk_elements = kMaxChunkElements);
+                  std::size_t max_chunk_elements = kMaxChunkElements,
+                  std::chrono::milliseconds timeout = kDefaultCommTimeout);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -94,8 +107,10 @@ class MpiCommunicator final : public Communicator {
   void run(const Call& call, bool stream_failed);
   // Every rank's call must match, and no rank's arguments or stream (`stream_failed`: an earlier
   // task on it threw) may have failed: else every rank throws CommError, and none moves data.
-  // Agreed on `comm`: comm_ for the stream collectives, host_comm_ for the host ones.
-  void agree(const Call& call, bool stream_failed, MPI_Comm comm);
+  // Agreed on `comm` under the watchdog's `operation`, in `extremes` (16 values): comm_ and
+  // agreement_ for the stream collectives, host_comm_ and host_agreement_ for the host ones.
+  void agree(const Call& call, bool stream_failed, MPI_Comm comm, const CollectiveWatchdog::Operation& operation,
+             std::int64_t* extremes);
   // all_reduce_host: agreed and run on the calling thread, over host_comm_.
   void run_host_all_reduce(Call call, MPI_Datatype type);
   void run_all_reduce(const Call& call);
@@ -104,6 +119,7 @@ class MpiCommunicator final : public Communicator {
   void run_broadcast(const Call& call);
   MPI_Datatype mpi_type(DType dtype) const;
   MPI_Op mpi_op(DType dtype, ReduceOp op) const;
+  // Waits for a request of the collective running on the stream worker (`collective_`).
   void wait(MPI_Request& request);
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // collectives issued from stream workers
@@ -117,6 +133,13 @@ class MpiCommunicator final : public Communicator {
   // User-defined reductions for the 16-bit types: [fp16 sum, fp16 max, bf16 sum, bf16 max].
   MPI_Op half_ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   std::atomic<std::uint64_t> mpi_calls_{0};
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
+  // The collective the stream worker is running (only that thread touches these two).
+  const CollectiveWatchdog::Operation* collective_ = nullptr;
+  // The agreements' buffers outlive any one collective: after a timeout MPI may still write them.
+  // One per thread that agrees (the stream worker; the caller's thread for all_reduce_host).
+  std::int64_t agreement_[16] = {};
+  std::int64_t host_agreement_[16] = {};
 };
 
 }  // namespace zest

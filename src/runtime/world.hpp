@@ -4,9 +4,11 @@
 // tools ask a World, never MPI, which ranks exist.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "zest/communicator.hpp"
+#include "zest/config.hpp"
 #include "zest/device.hpp"
 
 namespace zest {
@@ -22,8 +24,14 @@ class World {
 
   // Collective over the world. Collectives on host-accessible (cpu) device memory: MPI's, or in a
   // world of one without MPI the local communicator's. Throws CommError for a device MPI cannot
-  // read (use make_nccl_communicator for cuda).
-  virtual std::unique_ptr<Communicator> make_host_communicator(Device& device) = 0;
+  // read (use make_nccl_communicator for cuda). `timeout` (comm.timeout; 0 = forever): how long an
+  // MPI collective may block before it raises CommError naming the ranks behind (a world of one
+  // never waits).
+  virtual std::unique_ptr<Communicator> make_host_communicator(Device& device,
+                                                               std::chrono::milliseconds timeout) = 0;
+  std::unique_ptr<Communicator> make_host_communicator(Device& device) {
+    return make_host_communicator(device, Config{}.comm.timeout);
+  }
   // Collective over the world: NCCL on `device` (cuda), its unique id carried over MPI, or made
   // here in a world of one. Throws SystemError in a build without CUDA.
   virtual std::unique_ptr<Communicator> make_nccl_communicator(Device& device) = 0;

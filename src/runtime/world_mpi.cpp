@@ -19,8 +19,8 @@ class MpiWorld final : public World {
   int local_rank() const override { return session_.local_rank(); }
   int local_size() const override { return session_.local_size(); }
 
-  std::unique_ptr<Communicator> make_host_communicator(Device& device) override {
-    return make_mpi_communicator(session_, device);
+  std::unique_ptr<Communicator> make_host_communicator(Device& device, std::chrono::milliseconds timeout) override {
+    return make_mpi_communicator(session_, device, timeout);
   }
 
   std::unique_ptr<Communicator> make_nccl_communicator(Device& device) override {

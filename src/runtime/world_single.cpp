@@ -40,7 +40,7 @@ class SingleWorld final : public World {
   int local_rank() const override { return 0; }
   int local_size() const override { return 1; }
 
-  std::unique_ptr<Communicator> make_host_communicator(Device& device) override {
+  std::unique_ptr<Communicator> make_host_communicator(Device& device, std::chrono::milliseconds /*timeout*/) override {
     if (!device.host_accessible()) {
       throw CommError("the host communicator needs the cpu device, but the device is " +
                       device.name() + ": use comm.backend: nccl with a cuda device");

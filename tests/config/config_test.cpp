@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,6 +89,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.device.type, b.device.type);
   EXPECT_EQ(a.device.memory, b.device.memory);
   EXPECT_EQ(a.comm.backend, b.comm.backend);
+  EXPECT_EQ(a.comm.timeout, b.comm.timeout);
   EXPECT_EQ(a.buckets.reduce_bytes, b.buckets.reduce_bytes);
   EXPECT_EQ(a.buckets.allgather_bytes, b.buckets.allgather_bytes);
   EXPECT_EQ(a.buckets.overlap_comm, b.buckets.overlap_comm);
@@ -736,7 +738,7 @@ TEST(ConfigReference, SetsEveryKeyToYamlPrints) {
   collect_keys(YAML::LoadFile(path), "", documented);
   collect_keys(YAML::Load(to_yaml(Config{})), "", printed);
   EXPECT_EQ(documented, printed);
-  EXPECT_EQ(printed.size(), 50u);  // every key of the schema, sections included
+  EXPECT_EQ(printed.size(), 51u);  // every key of the schema, sections included
 }
 
 }  // namespace
@@ -759,6 +761,37 @@ TEST(ApplicationSections, AreLeftToTheProgramAndStayErrorsOtherwise) {
   }
   // Only top-level sections are skipped: a nested key of that name is still checked.
   EXPECT_THROW(parse_config("optimizer:\n  model: 1\n", "trainer.yaml", {"model"}), ConfigError);
+}
+
+// comm.timeout: the collective watchdog's limit, a duration with its unit (0 alone turns it off).
+TEST(ConfigDurations, CommTimeoutTakesUnitsAndZeroTurnsItOff) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(parse_config("").comm.timeout, std::chrono::minutes(10));
+  EXPECT_EQ(parse_config("comm: {timeout: 300s}").comm.timeout, std::chrono::seconds(300));
+  EXPECT_EQ(parse_config("comm: {timeout: 5min}").comm.timeout, std::chrono::minutes(5));
+  EXPECT_EQ(parse_config("comm: {timeout: 1.5h}").comm.timeout, std::chrono::minutes(90));
+  EXPECT_EQ(parse_config("comm: {timeout: 250ms}").comm.timeout, milliseconds(250));
+  EXPECT_EQ(parse_config("comm: {timeout: \"2 s\"}").comm.timeout, std::chrono::seconds(2));
+  EXPECT_EQ(parse_config("comm: {timeout: 0}").comm.timeout, milliseconds(0));
+  Config c = parse_config("");
+  for (const milliseconds value : {milliseconds(0), milliseconds(1500), milliseconds(7000),
+                                   milliseconds(120000), milliseconds(7200000)}) {
+    c.comm.timeout = value;
+    EXPECT_EQ(parse_config(to_yaml(c)).comm.timeout, value) << to_yaml(c);
+  }
+}
+
+TEST(ConfigDurations, BadDurationsSayWhy) {
+  expect_problem(problems_in_text("comm: {timeout: 300}"), "comm.timeout", 1, 17,
+                 {"expected a duration", "found '300'", "a unit is missing", "ms, s, min, h"});
+  expect_problem(problems_in_text("comm: {timeout: 5m}"), "comm.timeout", 1, 17,
+                 {"unknown unit 'm'"});
+  expect_problem(problems_in_text("comm: {timeout: -1s}"), "comm.timeout", 1, 17,
+                 {"a number of at least 0"});
+  expect_problem(problems_in_text("comm: {timeout: soon}"), "comm.timeout", 1, 17,
+                 {"a number of at least 0"});
+  expect_problem(problems_in_text("comm: {timeout: 8000h}"), "comm.timeout", 1, 17,
+                 {"longer than a week", "0 to turn the timeout off"});
 }
 
 }  // namespace
