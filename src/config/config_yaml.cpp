@@ -55,6 +55,33 @@ class YamlWriter {
   int indent_ = 0;
 };
 
+// optimizer.param_groups in flow style, e.g. [{match: ["*.bias"], weight_decay: 0}]: only what
+// each group sets (betas as a pair, the unset one the optimizer's).
+std::string param_groups_text(const OptimizerConfig& o) {
+  std::string text = "[";
+  for (const OptimizerParamGroup& g : o.param_groups) {
+    if (text.size() > 1) text.append(", ");
+    text.append("{match: [");
+    for (std::size_t i = 0; i < g.match.size(); ++i) {
+      YAML::Emitter pattern;
+      pattern << YAML::DoubleQuoted << g.match[i];
+      text.append(i ? ", " : "").append(pattern.c_str());
+    }
+    text.append("]");
+    const auto add = [&](const char* key, double value) {
+      text.append(", ").append(key).append(": ").append(YamlWriter::number_text(value));
+    };
+    if (g.lr) add("lr", *g.lr);
+    if (g.beta1 || g.beta2)
+      text.append(", betas: [").append(YamlWriter::number_text(g.beta1.value_or(o.beta1))).append(", ")
+          .append(YamlWriter::number_text(g.beta2.value_or(o.beta2))).append("]");
+    if (g.eps) add("eps", *g.eps);
+    if (g.weight_decay) add("weight_decay", *g.weight_decay);
+    text.append("}");
+  }
+  return text.append("]");
+}
+
 void write_target(YamlWriter& out, std::string_view key, const OffloadTarget& target) {
   out.section(key);
   out.plain("device", detail::enum_name(detail::kOffloadDeviceNames, target.device));
@@ -102,6 +129,7 @@ std::string to_yaml(const Config& c) {
   out.number("eps", c.optimizer.eps);
   out.number("weight_decay", c.optimizer.weight_decay);
   out.integer("threads", c.optimizer.threads);
+  out.plain("param_groups", param_groups_text(c.optimizer));
   out.end_section();
 
   const LossScaleConfig& scale = c.precision.loss_scale;

@@ -18,3 +18,29 @@ c++ -std=c++20 "$source/tests/install/consumer.cpp" $flags -o "$stage/consumer"
 libdir=$(pkg-config --define-variable=prefix="$prefix" --variable=libdir zest)
 # Prepended: the libraries zest links (a prefix of their own, as in scripts/gpu-kit) stay found.
 LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$stage/consumer"
+
+# Installed programs find libzest without LD_LIBRARY_PATH (their rpath is $ORIGIN/../lib...).
+zest_bin=$(find "$stage" -path '*/bin/zest' -print -quit)
+[ -n "$zest_bin" ] || { echo "FAIL: bin/zest was not installed"; exit 1; }
+env -u LD_LIBRARY_PATH "$zest_bin" config check "$source/configs/train-tiny.yaml" >/dev/null ||
+  { echo "FAIL: the installed zest does not run without LD_LIBRARY_PATH"; exit 1; }
+
+# README's "Using zest from a trainer" snippet compiles as written, against the installed headers:
+# its code becomes main's body; the trainer's own parts (model sizes, forward, backward) are stubs.
+snippet=$(awk '/^## Using zest from a trainer/ { section = 1 } section && /^```cpp$/ { code = 1; next }
+               code && /^```$/ { exit } code' "$source/README.md")
+[ -n "$snippet" ] || { echo "FAIL: no C++ snippet under README's 'Using zest from a trainer'"; exit 1; }
+{
+  echo '#include <cmath>'
+  echo '#include <vector>'
+  grep '^#include' <<<"$snippet"
+  echo 'std::size_t vocab = 64, dim = 8; int steps = 10, warmup = 2; std::vector<float> initial_w1(64);'
+  echo 'template <class... A> void forward(A&&...) {}'
+  echo 'template <class... A> void backward(A&&...) {}'
+  echo 'int main() {'
+  grep -v '^#include' <<<"$snippet"
+  echo '}'
+} >"$stage/snippet.cpp"
+c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused "$stage/snippet.cpp" $flags ||
+  { echo "FAIL: README's trainer snippet does not compile (as $stage/snippet.cpp above)"; exit 1; }
+echo "ok: the installed library links, its programs run, README's snippet compiles"
