@@ -1,7 +1,15 @@
-// The engine against a single-process reference Adam, under mpirun with 1, 2 and 4 ranks, for every
-// stage: the model and reference of reference_training.hpp on the cpu device with the World's host
-// communicator (MPI; in a build without MPI, one process and the local communicator). Every rank
-// must end with parameters equal to the reference's.
+// The engine against a single-process reference Adam, for every stage, on every backend: one table
+// of cases, each run on the cpu device with the World's host communicator (under mpirun with 1, 2
+// and 4 ranks; without MPI one process) and on a cuda device with NCCL (a world of one; skipped,
+// saying so, without a GPU or with several ranks), as ggml's test-backend-ops runs each backend
+// against one reference. Every rank must end with parameters equal to the reference's.
+//
+// Floating-point policy the tolerances rest on: the reference is double precision; each backend
+// computes in fp32 with its own rounding. The CPU kernels are built with -ffp-contract=off (every
+// ISA variant bit-identical, src/optim/meson.build); nvcc contracts a*b+c into FMA by default, so
+// cuda and cpu may differ by an ulp per operation. Equal results are asserted only within one
+// backend (ranks, stages, offload: engine_offload_test); across backends, 1e-6 relative to the
+// double reference in fp32 (about 8 ulp of the parameters after 12 steps), 2e-3 in fp16.
 #include "zest/engine.hpp"
 
 #include <gtest/gtest.h>
@@ -9,6 +17,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/reference_training.hpp"
@@ -20,47 +29,69 @@ namespace {
 
 using namespace reference_training;
 
-std::vector<std::vector<float>> train_with_engine(const Options& o, int steps, EngineStats* stats_out = nullptr) {
+enum class Backend { cpu, cuda };
+
+std::vector<std::vector<float>> train_with_engine(const Options& o, int steps, EngineStats* stats_out = nullptr,
+                                                  Backend backend = Backend::cpu) {
   const std::unique_ptr<World> world = make_world();
-  auto device = make_cpu_device(std::size_t{256} << 20);
+  const std::size_t budget = std::size_t{256} << 20;
+  if (backend == Backend::cuda) {
+    auto device = make_cuda_device(0, budget);
+    auto comm = world->make_nccl_communicator(*device);
+    return train_engine(o, steps, *device, *comm, stats_out);
+  }
+  auto device = make_cpu_device(budget);
   auto comm = world->make_host_communicator(*device);
   return train_engine(o, steps, *device, *comm, stats_out);
 }
 
 constexpr int kSteps = 12;
 
-class EveryStage : public testing::TestWithParam<int> {};
+class EveryStage : public testing::TestWithParam<std::tuple<Backend, int>> {
+ protected:
+  void SetUp() override {
+    if (backend() != Backend::cuda) return;
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA GPU: the cuda cases run where one is present";
+    if (make_world()->size() > 1) GTEST_SKIP() << "the cuda cases run in a world of one (one GPU per rank)";
+  }
+  Backend backend() const { return std::get<0>(GetParam()); }
+  int stage() const { return std::get<1>(GetParam()); }
+  Options options() const {
+    Options o;
+    o.stage = stage();
+    return o;
+  }
+  std::vector<std::vector<float>> train(const Options& o, int steps = kSteps, EngineStats* stats = nullptr) const {
+    return train_with_engine(o, steps, stats, backend());
+  }
+};
 
 TEST_P(EveryStage, Fp32MatchesReferenceAdamWithin1e6) {
-  Options o;
-  o.stage = GetParam();
-  const auto got = train_with_engine(o, kSteps);
+  const Options o = options();
+  const auto got = train(o);
   EXPECT_LT(max_relative_error(got, train_reference(o, kSteps)), 1e-6);
 }
 
 TEST_P(EveryStage, GradientAccumulationMatchesTheWholeBatch) {
-  Options o;
-  o.stage = GetParam();
+  Options o = options();
   o.accumulation = 2;
-  const auto got = train_with_engine(o, kSteps);
+  const auto got = train(o);
   EXPECT_LT(max_relative_error(got, train_reference(o, kSteps)), 1e-6);
 }
 
 TEST_P(EveryStage, ClippingUsesTheGlobalNormAcrossShards) {
-  Options o;
-  o.stage = GetParam();
+  Options o = options();
   o.clip = 0.05;  // well below the gradient norm, so every step clips
-  const auto got = train_with_engine(o, kSteps);
+  const auto got = train(o);
   EXPECT_LT(max_relative_error(got, train_reference(o, kSteps)), 1e-6);
 }
 
 TEST_P(EveryStage, Fp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
-  Options o;
-  o.stage = GetParam();
+  Options o = options();
   o.dtype = DType::f16;
   o.overflow_at_step = 3;
   EngineStats stats;
-  const auto got = train_with_engine(o, kSteps, &stats);
+  const auto got = train(o, kSteps, &stats);
   EXPECT_EQ(stats.steps, kSteps);
   EXPECT_EQ(stats.skipped_steps, 1);
   EXPECT_EQ(stats.loss_scale, 128.0);  // 2^8 halved once (hysteresis 1)
@@ -71,11 +102,10 @@ TEST_P(EveryStage, Fp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
 // Biases and the tiny group without weight decay and at another lr, in their own optimizer
 // group; a warm-up then cosine decay set between steps through set_lr.
 TEST_P(EveryStage, OptimizerParamGroupsAndAnLrScheduleMatchTheReference) {
-  Options o;
-  o.stage = GetParam();
+  Options o = options();
   o.param_groups = {{{"b*", "bias"}, 0.02, std::nullopt, std::nullopt, std::nullopt, 0.0}};
   o.lr_factor = [](int step) { return step <= 2 ? step / 2.0 : 0.5 * (1 + std::cos(3.14159265358979 * (step - 2) / 10.0)); };
-  const auto got = train_with_engine(o, 10);
+  const auto got = train(o, 10);
   EXPECT_LT(max_relative_error(got, train_reference(o, 10)), 1e-6);
   // Without the groups the result differs: the test sees them.
   Options plain = o;
@@ -83,8 +113,23 @@ TEST_P(EveryStage, OptimizerParamGroupsAndAnLrScheduleMatchTheReference) {
   EXPECT_GT(max_relative_error(got, train_reference(plain, 10)), 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, EveryStage, testing::Values(0, 1, 2, 3),
-                         [](const testing::TestParamInfo<int>& info) { return "stage" + std::to_string(info.param); });
+// The offloaded step on each backend: the optimizer's states in pinned host memory (stages 1-3),
+// and at stage 3 the parameters too, with real host-device copies on cuda.
+TEST_P(EveryStage, OffloadedToTheHostMatchesTheReference) {
+  if (stage() == 0) GTEST_SKIP() << "stage 0 keeps full optimizer states on the device: no offload";
+  Options o = options();
+  o.offload_optimizer = OffloadDevice::cpu;
+  if (stage() == 3) o.offload_param = OffloadDevice::cpu;
+  o.sub_group_bytes = 12 * 1024;  // several sub-groups per group
+  EXPECT_LT(max_relative_error(train(o), train_reference(o, kSteps)), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, EveryStage,
+                         testing::Combine(testing::Values(Backend::cpu, Backend::cuda), testing::Values(0, 1, 2, 3)),
+                         [](const testing::TestParamInfo<std::tuple<Backend, int>>& info) {
+                           return std::string(std::get<0>(info.param) == Backend::cpu ? "cpu" : "cuda") + "_stage" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 TEST(Stage3, TrainsWithOnlyTwoGroupsLiveAtOnce) {
   Options o;
