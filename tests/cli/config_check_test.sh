@@ -65,7 +65,9 @@ timeout 10 "$zest" config check "$work/fifo.yaml" >"$work/out" 2>"$work/err" || 
 expect_rc 2 "FIFO"
 expect_text "$work/err" "$work/fifo.yaml: cannot read the config file: it is a FIFO, not a regular file" "FIFO"
 rc=0
-(ulimit -v 1000000 2>/dev/null; timeout 10 "$zest" config check /dev/zero) >"$work/out" 2>"$work/err" || rc=$?
+# Bounded by time, not by `ulimit -v` (AddressSanitizer reserves terabytes of address space): the
+# reader must refuse a device at once; an unbounded read would grow until timeout kills it.
+(timeout 5 "$zest" config check /dev/zero) >"$work/out" 2>"$work/err" || rc=$?
 expect_rc 2 "/dev/zero"
 expect_text "$work/err" "/dev/zero: cannot read the config file: it is a character device" "/dev/zero"
 
