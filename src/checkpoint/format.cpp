@@ -75,7 +75,8 @@ std::string serialize(const Manifest& m) {
   out << "skipped " << m.skipped << '\n';
   out << "loss_scaler " << hex_double(m.loss_scale) << ' ' << m.clean_steps << ' ' << m.hysteresis_left << '\n';
   out << "config " << m.config << '\n';
-  out << "optimizer_groups " << m.optimizer_groups.size() << '\n';
+  // Version 3 on: a manifest parsed from version 2 serializes as it was read.
+  if (m.version >= 3) out << "optimizer_groups " << m.optimizer_groups.size() << '\n';
   for (const auto& g : m.optimizer_groups)
     out << "optimizer_group " << hex_double(g.lr) << ' ' << hex_double(g.beta1) << ' ' << hex_double(g.beta2) << ' '
         << hex_double(g.eps) << ' ' << hex_double(g.weight_decay) << '\n';

@@ -624,12 +624,43 @@ Config ConfigReader::read(const YAML::Node* root) {
   return c;
 }
 
+// yaml-cpp 0.7 (Debian 12) never returns from a document whose first token is ',' (found by the
+// config fuzz target: `,stage: 3` spun forever). Such a document is a syntax error in YAML anyway;
+// refuse it here, before yaml-cpp sees it. Returns the 1-based line and column of that ',' or 0.
+std::pair<int, int> leading_comma(const std::string& text) {
+  bool document_start = true;
+  int line_no = 0;
+  for (std::size_t begin = 0; begin <= text.size(); ++line_no) {
+    const std::size_t end = std::min(text.find('\n', begin), text.size());
+    std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
+    std::size_t at = line.find_first_not_of(" \t\r");
+    if (at == std::string_view::npos || line[at] == '#') continue;
+    if (line.substr(at, 3) == "---" || line.substr(at, 3) == "...") {
+      document_start = true;
+      at = line.find_first_not_of(" \t\r", at + 3);
+      if (at == std::string_view::npos || line[at] == '#') continue;
+    }
+    if (document_start && line[at] == ',') return {line_no + 1, static_cast<int>(at) + 1};
+    document_start = false;
+  }
+  return {0, 0};
+}
+
 // Shared by parse_config and the loaders; `program_sections` as in ConfigReader.
 Config parse(const std::string& yaml_text, const std::string& source_name,
              const std::vector<std::string>& application_sections,
              std::vector<std::string>* program_sections) {
   ConfigReader reader(source_name, application_sections, program_sections);
   std::vector<YAML::Node> documents;
+  if (const auto [line, column] = leading_comma(yaml_text); line > 0) {
+    ConfigProblem problem;
+    problem.file = source_name;
+    problem.line = line;
+    problem.column = column;
+    problem.message = "YAML syntax error: a document cannot start with ','";
+    throw ConfigError({problem});
+  }
   try {
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& error) {

@@ -853,3 +853,22 @@ TEST(ConfigParamGroups, TheResolvedConfigReadsBackToTheSameGroups) {
 
 }  // namespace
 }  // namespace zest
+
+namespace zest {
+namespace {
+
+// Found by the config fuzz target: yaml-cpp 0.7 never returns on a document starting with ','.
+TEST(ConfigFuzzRegressions, ADocumentStartingWithACommaIsASyntaxErrorNotAHang) {
+  for (const char* text : {",stage: 3", "# comment\n  , stage: 3", "stage: 1\n---\n,", "--- ,x"}) {
+    try {
+      parse_config(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot start with ','"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse_config("betas_note: [0.9, 0.99]\n", "<string>", {"betas_note"}).stage, 0);  // a ',' later is fine
+}
+
+}  // namespace
+}  // namespace zest
