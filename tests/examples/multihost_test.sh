@@ -12,6 +12,9 @@
 #     --nodes 2 --ranks-per-node 2`'s per-node figures.
 # All traffic stays on the namespaces' addresses. Needs root and iproute2 (CI runs as root); exits
 # 77 (skipped), saying why, where namespaces cannot be made. Every mpirun is bounded (60 s).
+# KNOWN PROBLEM: in about a third of the runs one 2x2 mpirun hangs (no output; killed at 60 s)
+# and the test fails; not yet explained (giving each host its own hostname, a UTS namespace, did
+# not help). Until it is, the test is in suite 'multihost' only, not in CI's 'examples'.
 # usage: multihost_test.sh ZEST_TRAIN PROBE ZEST MPIRUN SOURCE_DIR
 set -euo pipefail
 train=$1 probe=$2 zest=$3 mpirun=$4 source=$5
@@ -31,6 +34,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap "exit 143" TERM INT HUP  # a timeout (meson's SIGTERM) still removes the namespaces, once the
+                              # running mpirun (at most 60 s) returns
 if ! ip netns add "$ns_l" 2> "$work/netns.err"; then
   skip "cannot create a network namespace: $(cat "$work/netns.err")"
 fi
