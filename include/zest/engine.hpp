@@ -16,7 +16,7 @@
 //     for (int g : forward_order) { auto lease = engine.acquire(g); /* forward with lease.param(i) */ }
 //     for (int g : backward_order) {
 //       auto lease = engine.acquire(g);
-//       /* backward: write each tensor's gradient of (loss * engine.loss_scale()) to lease.grad(i) */
+//       /* backward: write each tensor's gradient of (loss * engine.loss_scale()) to engine.grad(i) */
 //       engine.grads_ready(g);   // its bucket is reduced on the comm stream once full; backward goes on
 //     }
 //   }
@@ -24,7 +24,7 @@
 //
 // Gradients are summed over ranks (and micro-batches): the trainer divides its loss by the global
 // number of examples in the step. Buckets (config buckets.reduce): groups share a gradient bucket
-// in the order the trainer asks for their gradients (lease.grad), as long as they fit within
+// in the order the trainer asks for their gradients (grad()), as long as they fit within
 // buckets.reduce bytes (a larger group fills a bucket alone); one collective reduces a bucket once
 // every group in it is ready and it is full, or the next group does not fit, or step() is called.
 // Two buckets exist (each max(buckets.reduce, the largest group), at most every group together): a
@@ -43,8 +43,8 @@
 // offloaded state is partly updated: the engine refuses further steps; rebuild it and set or load
 // its weights again.
 //
-// Backends: the engine runs on any Device (its math sits behind an internal interface). lease.param()
-// and lease.grad() are device pointers: on cpu the trainer reads and writes them directly; on cuda
+// Backends: the engine runs on any Device (its math sits behind an internal interface). The views
+// lease.param() and grad() hand out are device memory: on cpu the trainer reads and writes them directly; on cuda
 // its kernels do, and it must have finished writing a group's gradients (its stream synchronized)
 // before grads_ready(), because the engine reduces them on its own stream. When acquire() and
 // step() return, the parameters they make available are complete on the device.
