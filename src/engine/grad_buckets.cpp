@@ -104,9 +104,6 @@ void GradBuckets::reduce(int slot) {
   Slot& staging = slots_[static_cast<std::size_t>(slot)];
   Bucket& b = buckets_[static_cast<std::size_t>(slot)];
   char* const data = static_cast<char*>(staging.buffer.data());
-  auto shard_begin = [&](int g) {
-    return layout_.partitions() == 1 ? 0 : static_cast<std::size_t>(rank_) * layout_.group(g).shard;
-  };
   if (!full_grads() && b.entries.size() == 1) {
     const int g = b.entries.front().group;
     comm_.reduce_scatter(data, data + bytes(shard_begin(g)), layout_.group(g).shard, dtype_, ReduceOp::sum, stream_);
@@ -135,8 +132,7 @@ void GradBuckets::reduce(int slot) {
 
 const char* GradBuckets::reduced(int g) const {
   const auto& place = layout_.group(g);
-  const std::size_t begin = layout_.partitions() == 1 ? 0 : static_cast<std::size_t>(rank_) * place.shard;
-  return grads_.as<char>() + bytes(full_grads() ? place.full_offset + begin : place.shard_offset);
+  return grads_.as<char>() + bytes(full_grads() ? place.full_offset + shard_begin(g) : place.shard_offset);
 }
 
 bool GradBuckets::any_grad() const {
