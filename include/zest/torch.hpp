@@ -1,0 +1,102 @@
+// zest for libtorch: a torch::optim optimizer over the Engine (library zest-torch, pkg-config
+// zest-torch; built where libtorch is found).
+//
+//   auto model = std::make_shared<Net>();                 // same seed on every rank
+//   zest::Runtime runtime(config);                        // or let the optimizer make one
+//   zest::torch::Optimizer opt(model->named_parameters(), config, &runtime);
+//   for (...) {
+//     auto loss = compute_loss(model, batch) * opt.loss_scale();
+//     loss.backward();                                    // gradients go to zest as they are made
+//     opt.step();                                         // reduce, clip, Adam, all-gather
+//     opt.zero_grad();
+//   }
+//
+// What each stage changes for the module:
+//   0-2  The module's parameters alias zest's device parameters (one copy of the weights); the
+//        engine writes them only inside step(), load() and construction.
+//   3    Between uses a parameter holds no storage (numel() unchanged, storage size 0). Run each
+//        submodule through zest::torch::gathered(), which gathers its parameters for its forward,
+//        releases them after, and gathers them again for its backward. A parameter used outside
+//        gathered() raises torch's error for a storage of size 0.
+// Gradients: a hook on each parameter's gradient accumulator copies the gradient into zest's
+// bucket as soon as autograd has produced it and frees torch's copy (p.grad() stays undefined), so
+// a group is reduced while backward goes on. Call backward once per micro-batch (gradients of
+// micro-batches add up); the loss must already be divided by the global number of examples and
+// multiplied by loss_scale().
+// Hyper-parameters: each torch parameter group holds AdamWOptions (lr, betas, eps, weight decay);
+// whatever changes them between steps (torch::optim::StepLR, a warm-up) takes effect at the next
+// step. amsgrad is not supported. The update itself is the config's (optimizer.type adamw or adam,
+// gradient clipping, fp16 loss scaling).
+// Limits: one host thread drives the optimizer; the tensors must be on zest's device (cpu here;
+// cuda only with a CUDA libtorch); module->to() or anything else that calls set_data on a
+// parameter afterwards breaks the aliasing.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zest/config.hpp"
+#include "zest/engine.hpp"
+#include "zest/runtime.hpp"
+
+namespace zest::torch {
+
+using NamedParameters = ::torch::OrderedDict<std::string, ::torch::Tensor>;
+
+class Optimizer : public ::torch::optim::Optimizer {
+ public:
+  // `params` (module->named_parameters()) names the tensors for checkpoints and fixes their order;
+  // consecutive tensors of one module form one communication group (a layer). The torch parameter
+  // groups mirror the config's optimizer groups (optimizer.param_groups; group 0 holds the tensors
+  // no pattern matches). The tensors' values, identical on every rank (checked: Error otherwise),
+  // become the engine's. Without `runtime` the optimizer makes and owns one. Collective.
+  Optimizer(const NamedParameters& params, const Config& config, Runtime* runtime = nullptr);
+  // The same with torch's own parameter groups: every tensor of `params` in exactly one group
+  // (Error otherwise), each group's AdamWOptions (unset: the config's optimizer values) its
+  // hyper-parameters.
+  Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
+            const Config& config, Runtime* runtime = nullptr);
+  ~Optimizer() override;
+
+  // Hands over what backward left, applies the param groups' options, runs the engine's step.
+  // Collective. Returns the closure's loss (undefined without a closure).
+  ::torch::Tensor step(LossClosure closure = nullptr) override;
+  // The result of the last step(): skipped (fp16 overflow), the gradient norm, the next loss scale.
+  const StepResult& last_step() const;
+  // The factor to multiply the loss by before backward (1 unless fp16 loss scaling).
+  double loss_scale() const;
+
+  // zest checkpoints (Engine::save/load: any rank count and stage). load() restores the groups'
+  // hyper-parameters into param_groups() as well.
+  void save(const std::string& dir);
+  LoadResult load(const std::string& dir);
+  // torch's archives cannot hold a sharded optimizer: these throw Error, pointing at save(dir).
+  void save(::torch::serialize::OutputArchive& archive) const override;
+  void load(::torch::serialize::InputArchive& archive) override;
+
+  Engine& engine();
+  Runtime& runtime();
+  // Bytes of parameter storage torch itself owns now (not aliased to zest), and the largest
+  // gradient torch allocated before the hook handed it over (one tensor at a time).
+  std::size_t torch_param_bytes() const;
+  std::size_t peak_transient_grad_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs `forward` (typically the module's forward) with `module`'s parameters present: at stage 3
+// they are gathered first, released after, and gathered again for the backward of the returned
+// tensor. Where no zest optimizer at stage 3 manages the module's parameters (stages 0-2, or a
+// plain torch optimizer), it just calls `forward`, so one model serves both.
+::torch::Tensor gathered(::torch::nn::Module& module, const std::function<::torch::Tensor()>& forward);
+
+}  // namespace zest::torch

@@ -1,0 +1,357 @@
+// zest::torch::Optimizer: a torch::optim::Optimizer whose parameters, gradients and step are the
+// Engine's. See zest/torch.hpp for the contract.
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/function_hook.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "torch/param_residency.hpp"
+#include "zest/error.hpp"
+#include "zest/torch.hpp"
+
+namespace zest::torch {
+namespace {
+
+DType zest_dtype(const ::torch::Tensor& param, const std::string& name) {
+  switch (param.scalar_type()) {
+    case ::torch::kFloat: return DType::f32;
+    case ::torch::kBFloat16: return DType::bf16;
+    case ::torch::kHalf: return DType::f16;
+    default:
+      throw Error("zest::torch::Optimizer: parameter '" + name + "' is " + std::string(c10::toString(param.scalar_type())) +
+                  "; zest trains float32, bfloat16 and float16 parameters");
+  }
+}
+
+// An fnmatch pattern matching exactly `name`.
+std::string exact_pattern(const std::string& name) {
+  std::string pattern;
+  for (char c : name) {
+    if (c == '*' || c == '?' || c == '[' || c == '\\') pattern += '\\';
+    pattern += c;
+  }
+  return pattern;
+}
+
+// The communication group of each tensor: consecutive tensors of one module ("blocks.0.attn.weight"
+// and "blocks.0.attn.bias") form one layer.
+std::vector<int> layer_groups(const std::vector<std::string>& names) {
+  std::vector<int> groups;
+  std::string previous;
+  for (const std::string& name : names) {
+    const auto dot = name.rfind('.');
+    std::string owner = dot == std::string::npos ? std::string() : name.substr(0, dot);
+    if (groups.empty() || owner != previous) groups.push_back(groups.empty() ? 0 : groups.back() + 1);
+    else groups.push_back(groups.back());
+    previous = std::move(owner);
+  }
+  return groups;
+}
+
+// A 63-bit FNV-1a hash of every parameter's bytes: equal on every rank iff (almost surely) the
+// values are.
+std::int64_t values_hash(const std::vector<::torch::Tensor>& tensors) {
+  std::uint64_t hash = 1469598103934665603ull;
+  for (const ::torch::Tensor& t : tensors) {
+    const ::torch::Tensor bytes = t.detach().contiguous();
+    const auto* p = static_cast<const unsigned char*>(bytes.data_ptr());
+    for (std::size_t i = 0; i < bytes.nbytes(); ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(hash >> 1);
+}
+
+OptimizerGroupOptions from_torch(const ::torch::optim::OptimizerOptions& options, std::size_t group) {
+  const auto* adamw = dynamic_cast<const ::torch::optim::AdamWOptions*>(&options);
+  if (!adamw)
+    throw Error("zest::torch::Optimizer: param_groups()[" + std::to_string(group) +
+                "] has options of another optimizer; give it torch::optim::AdamWOptions");
+  if (adamw->amsgrad())
+    throw Error("zest::torch::Optimizer: param_groups()[" + std::to_string(group) +
+                "] asks for amsgrad, which zest's Adam does not do; set amsgrad(false)");
+  return {adamw->lr(), std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(),
+          adamw->weight_decay()};
+}
+
+::torch::optim::AdamWOptions to_torch(const OptimizerGroupOptions& o) {
+  return ::torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
+}
+
+bool same(const OptimizerGroupOptions& a, const OptimizerGroupOptions& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps && a.weight_decay == b.weight_decay;
+}
+
+}  // namespace
+
+struct Optimizer::Impl {
+  std::unique_ptr<Runtime> owned_runtime;
+  Runtime* runtime = nullptr;
+  std::unique_ptr<Engine> engine;
+  std::vector<::torch::Tensor> tensors;           // engine order
+  std::vector<std::vector<std::size_t>> members;  // tensors of each communication group
+  // This contribution (micro-batch) of each group: which tensors were handed over, how many wait.
+  std::vector<char> handed;
+  std::vector<std::size_t> waiting;
+  std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators;  // autograd holds them weakly
+  std::vector<int> zest_group;                    // torch param group -> engine optimizer group
+  std::unique_ptr<detail::ParamResidency> residency;  // stage 3
+  StepResult last;
+  std::size_t peak_grad_bytes = 0;
+
+  void hand_over(std::size_t tensor);
+  void group_ready(int group);
+  void finish_backward();
+};
+
+namespace {
+
+// Runs after autograd accumulated a parameter's gradient into .grad: moves it to zest's bucket.
+class HandOverHook : public ::torch::autograd::FunctionPostHook {
+ public:
+  HandOverHook(Optimizer::Impl& impl, std::size_t tensor) : impl_(impl), tensor_(tensor) {}
+  ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
+                                              const ::torch::autograd::variable_list& /*inputs*/) override {
+    impl_.hand_over(tensor_);
+    return outputs;
+  }
+
+ private:
+  Optimizer::Impl& impl_;
+  std::size_t tensor_;
+};
+
+}  // namespace
+
+void Optimizer::Impl::hand_over(std::size_t t) {
+  ::torch::Tensor& param = tensors[t];
+  const ::torch::Tensor grad = param.grad();
+  if (!grad.defined()) return;
+  peak_grad_bytes = std::max(peak_grad_bytes, grad.nbytes());
+  const TensorView view = engine->grad(t);
+  ::torch::NoGradGuard no_grad;
+  ::torch::Tensor slot = ::torch::from_blob(view.data, param.sizes(), param.options().requires_grad(false));
+  // A second gradient in one contribution (a tensor used twice, e.g. tied weights) adds up.
+  if (handed[t]) slot.add_(grad);
+  else slot.copy_(grad);
+  param.mutable_grad().reset();
+  const int group = engine->spec(t).group;
+  if (!handed[t]) {
+    handed[t] = 1;
+    if (--waiting[static_cast<std::size_t>(group)] == 0) group_ready(group);
+  }
+}
+
+void Optimizer::Impl::group_ready(int group) {
+  engine->grads_ready(group);
+  const auto& tensors_of = members[static_cast<std::size_t>(group)];
+  for (std::size_t t : tensors_of) handed[t] = 0;
+  waiting[static_cast<std::size_t>(group)] = tensors_of.size();
+  if (residency) residency->drop_backward(group);
+}
+
+// Before a step: a group some of whose tensors got no gradient in this contribution gets zeros for
+// them (the others' gradients must still be reduced); a group none of whose tensors got one is not
+// updated, as torch leaves a parameter without gradient alone.
+void Optimizer::Impl::finish_backward() {
+  for (std::size_t g = 0; g < members.size(); ++g) {
+    if (waiting[g] == members[g].size()) continue;
+    for (std::size_t t : members[g]) {
+      if (handed[t]) continue;
+      const TensorView view = engine->grad(t);
+      std::memset(view.data, 0, view.numel * dtype_size(view.dtype));
+    }
+    group_ready(static_cast<int>(g));
+  }
+}
+
+Optimizer::Optimizer(const NamedParameters& params, const Config& config, Runtime* runtime)
+    : Optimizer(params, {}, config, runtime) {}
+
+Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
+                     const Config& config, Runtime* runtime)
+    : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{}, std::make_unique<::torch::optim::AdamWOptions>(config.optimizer.lr)),
+      impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  validate(config);
+  if (!runtime) {
+    s.owned_runtime = std::make_unique<Runtime>(config);
+    runtime = s.owned_runtime.get();
+  }
+  s.runtime = runtime;
+
+  // The trained tensors (frozen ones stay torch's) in the module's order.
+  std::vector<std::string> names;
+  for (const auto& item : params) {
+    if (!item.value().requires_grad()) continue;
+    const DType dtype = zest_dtype(item.value(), item.key());
+    if (dtype != config.precision.dtype)
+      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is " + std::string(dtype_name(dtype)) +
+                  " but precision.dtype is " + std::string(dtype_name(config.precision.dtype)) +
+                  ": convert the module (module->to(...)) before building the optimizer, or change precision.dtype");
+    const bool on_cuda = item.value().is_cuda();
+    if (on_cuda != (config.device.type == DeviceType::cuda))
+      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is on " + item.value().device().str() +
+                  " but zest's device is " + (on_cuda ? "cpu" : "cuda") + " (config device.type)");
+    names.push_back(item.key());
+    s.tensors.push_back(item.value());
+  }
+  if (s.tensors.empty()) throw Error("zest::torch::Optimizer: no parameter requires a gradient; nothing to train");
+
+  // Optimizer groups: the config's, or one per torch group matching exactly its tensors' names.
+  Config engine_config = config;
+  const bool torch_groups = !groups.empty();
+  if (torch_groups) {
+    std::map<const void*, std::string> name_of;
+    for (std::size_t t = 0; t < s.tensors.size(); ++t) name_of[s.tensors[t].unsafeGetTensorImpl()] = names[t];
+    std::map<const void*, std::size_t> group_of_tensor;
+    engine_config.optimizer.param_groups.clear();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      OptimizerParamGroup zest_group;
+      for (const ::torch::Tensor& tensor : groups[g].params()) {
+        const auto found = name_of.find(tensor.unsafeGetTensorImpl());
+        if (found == name_of.end())
+          throw Error("zest::torch::Optimizer: param group " + std::to_string(g) +
+                      " holds a tensor that is not among the trained named parameters given (or does not require a gradient)");
+        if (!group_of_tensor.emplace(found->first, g).second)
+          throw Error("zest::torch::Optimizer: parameter '" + found->second + "' is in more than one param group");
+        zest_group.match.push_back(exact_pattern(found->second));
+      }
+      if (groups[g].has_options()) {
+        const OptimizerGroupOptions o = from_torch(groups[g].options(), g);
+        zest_group.lr = o.lr;
+        zest_group.beta1 = o.beta1;
+        zest_group.beta2 = o.beta2;
+        zest_group.eps = o.eps;
+        zest_group.weight_decay = o.weight_decay;
+      }
+      engine_config.optimizer.param_groups.push_back(std::move(zest_group));
+    }
+    for (std::size_t t = 0; t < s.tensors.size(); ++t)
+      if (!group_of_tensor.count(s.tensors[t].unsafeGetTensorImpl()))
+        throw Error("zest::torch::Optimizer: parameter '" + names[t] + "' is in no param group; put every trained parameter in one");
+  }
+
+  std::vector<int> layer = layer_groups(names);
+  std::vector<ParamSpec> specs;
+  for (std::size_t t = 0; t < s.tensors.size(); ++t) {
+    const auto sizes = s.tensors[t].sizes();
+    specs.push_back({names[t], std::vector<std::size_t>(sizes.begin(), sizes.end()), layer[t]});
+  }
+
+  // The same values on every rank, or the shards would mix models.
+  Communicator& comm = runtime->comm();
+  std::int64_t hashes[2] = {values_hash(s.tensors), 0};
+  hashes[1] = -hashes[0];
+  comm.all_reduce_host(hashes, ReduceOp::max);
+  if (hashes[0] != -hashes[1])
+    throw Error("zest::torch::Optimizer: the parameters differ across ranks; initialise the model the same way on "
+                "every rank (torch::manual_seed before building it) or load the same weights on each");
+
+  s.engine = std::make_unique<Engine>(engine_config, runtime->device(), comm, std::move(specs));
+  Engine& engine = *s.engine;
+  for (std::size_t t = 0; t < s.tensors.size(); ++t) {
+    const ::torch::Tensor values = s.tensors[t].detach().to(::torch::kFloat).contiguous();
+    engine.set_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
+  }
+
+  // Parameters: aliased to the engine's (stages 0-2), or released until gathered (stage 3).
+  if (config.stage == 3) {
+    s.residency = std::make_unique<detail::ParamResidency>(engine, s.tensors, layer);
+  } else {
+    ::torch::NoGradGuard no_grad;
+    for (int g = 0; g < engine.group_count(); ++g) {
+      const Engine::GroupLease lease = engine.acquire(g);
+      for (std::size_t t = 0; t < s.tensors.size(); ++t) {
+        if (layer[t] != g) continue;
+        const TensorView view = lease.param(t);
+        s.tensors[t].set_data(::torch::from_blob(view.data, s.tensors[t].sizes(), s.tensors[t].options().requires_grad(false)));
+      }
+    }
+  }
+
+  s.members.resize(static_cast<std::size_t>(engine.group_count()));
+  for (std::size_t t = 0; t < s.tensors.size(); ++t) s.members[static_cast<std::size_t>(layer[t])].push_back(t);
+  s.handed.assign(s.tensors.size(), 0);
+  for (const auto& tensors_of : s.members) s.waiting.push_back(tensors_of.size());
+  for (std::size_t t = 0; t < s.tensors.size(); ++t) {
+    s.tensors[t].mutable_grad().reset();
+    auto accumulator = ::torch::autograd::impl::grad_accumulator(s.tensors[t]);
+    accumulator->add_post_hook(std::make_unique<HandOverHook>(s, t));
+    s.accumulators.push_back(std::move(accumulator));
+  }
+
+  // torch's param groups mirror the engine's optimizer groups (group 0, the unmatched, is empty
+  // and left out when the groups are torch's).
+  for (int g = torch_groups ? 1 : 0; g < engine.optimizer_group_count(); ++g) {
+    std::vector<::torch::Tensor> of_group;
+    for (std::size_t t = 0; t < s.tensors.size(); ++t)
+      if (engine.optimizer_group_of(t) == g) of_group.push_back(s.tensors[t]);
+    add_param_group(::torch::optim::OptimizerParamGroup(
+        of_group, std::make_unique<::torch::optim::AdamWOptions>(to_torch(engine.optimizer_group(g)))));
+    s.zest_group.push_back(g);
+  }
+}
+
+Optimizer::~Optimizer() = default;
+
+::torch::Tensor Optimizer::step(LossClosure closure) {
+  Impl& s = *impl_;
+  ::torch::Tensor loss;
+  if (closure) loss = closure();
+  s.finish_backward();
+  if (s.residency) s.residency->drop_all();
+  for (std::size_t i = 0; i < param_groups_.size() && i < s.zest_group.size(); ++i) {
+    const OptimizerGroupOptions wanted = from_torch(param_groups_[i].options(), i);
+    if (!same(wanted, s.engine->optimizer_group(s.zest_group[i])))
+      s.engine->set_optimizer_group(s.zest_group[i], wanted);
+  }
+  s.last = s.engine->step();
+  return loss;
+}
+
+const StepResult& Optimizer::last_step() const { return impl_->last; }
+
+double Optimizer::loss_scale() const { return impl_->engine->loss_scale(); }
+
+void Optimizer::save(const std::string& dir) {
+  if (impl_->residency) impl_->residency->drop_all();
+  impl_->engine->save(dir);
+}
+
+LoadResult Optimizer::load(const std::string& dir) {
+  Impl& s = *impl_;
+  if (s.residency) s.residency->drop_all();
+  LoadResult result = s.engine->load(dir);
+  for (std::size_t i = 0; i < s.zest_group.size(); ++i)
+    param_groups_[i].set_options(
+        std::make_unique<::torch::optim::AdamWOptions>(to_torch(s.engine->optimizer_group(s.zest_group[i]))));
+  return result;
+}
+
+void Optimizer::save(::torch::serialize::OutputArchive& /*archive*/) const {
+  throw Error("zest::torch::Optimizer: a torch archive cannot hold a sharded optimizer; use save(dir), a zest checkpoint");
+}
+
+void Optimizer::load(::torch::serialize::InputArchive& /*archive*/) {
+  throw Error("zest::torch::Optimizer: a torch archive cannot hold a sharded optimizer; use load(dir), a zest checkpoint");
+}
+
+Engine& Optimizer::engine() { return *impl_->engine; }
+Runtime& Optimizer::runtime() { return *impl_->runtime; }
+
+std::size_t Optimizer::torch_param_bytes() const {
+  std::size_t bytes = 0;
+  for (const ::torch::Tensor& t : impl_->tensors) {
+    const c10::DataPtr& data = t.storage().data_ptr();
+    // Aliased or released storages hold a non-owning pointer (no context to free).
+    if (data.get_context() != nullptr) bytes += t.storage().nbytes();
+  }
+  return bytes;
+}
+
+std::size_t Optimizer::peak_transient_grad_bytes() const { return impl_->peak_grad_bytes; }
+
+}  // namespace zest::torch

@@ -1,0 +1,188 @@
+// zest::torch::Optimizer as a torch program uses it, under mpirun with 1 and 2 ranks: steps equal
+// torch::optim::AdamW's with param groups and learning-rate changes made through param_groups();
+// parameters alias zest (stages 0-2) or hold no storage between uses (stage 3); gradients leave
+// torch as they are made; misuse raises zest::Error. (zest-gpt's equivalence test covers a real
+// model at every stage, rank count and offload.)
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "zest/error.hpp"
+#include "zest/torch.hpp"
+
+// Outside namespace zest, as a user's model is: TORCH_MODULE names torch::nn unqualified, which
+// inside zest would find zest::torch.
+namespace {
+
+using zest::Config;
+using zest::Error;
+using zest::Runtime;
+
+struct NetImpl : ::torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", ::torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", ::torch::nn::Linear(16, 4));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) {
+    const auto h = zest::torch::gathered(*fc1, [&] { return ::torch::tanh(fc1(x)); });
+    return zest::torch::gathered(*fc2, [&] { return fc2(h); });
+  }
+  ::torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+Net make_net() {
+  ::torch::manual_seed(7);
+  return Net();
+}
+
+Config config_for(int stage) {
+  Config c;
+  c.stage = stage;
+  c.device.memory = std::size_t{64} << 20;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.weight_decay = 0.1;
+  c.optimizer.threads = 1;
+  c.stage3.persistence_threshold_bytes = 0;
+  return c;
+}
+
+// The same batch on every rank; each rank's loss is 1/world of the mean, so the summed gradient is
+// the one-process gradient.
+::torch::Tensor loss_of(Net& net, int step, int world) {
+  ::torch::manual_seed(100 + step);
+  const auto x = ::torch::randn({6, 8});
+  const auto y = ::torch::randn({6, 4});
+  return ::torch::mse_loss(net(x), y) / world;
+}
+
+std::vector<::torch::optim::OptimizerParamGroup> decay_and_bias_groups(Net& net, double lr) {
+  std::vector<::torch::Tensor> weights, biases;
+  for (const auto& item : net->named_parameters())
+    (item.key().find("bias") != std::string::npos ? biases : weights).push_back(item.value());
+  std::vector<::torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(weights, std::make_unique<::torch::optim::AdamWOptions>(::torch::optim::AdamWOptions(lr).weight_decay(0.1)));
+  groups.emplace_back(biases, std::make_unique<::torch::optim::AdamWOptions>(::torch::optim::AdamWOptions(lr).weight_decay(0.0)));
+  return groups;
+}
+
+class TorchOptimizerTest : public testing::TestWithParam<int> {};
+
+TEST_P(TorchOptimizerTest, EqualsAdamWWithGroupsAndLearningRateChanges) {
+  const int stage = GetParam();
+  Runtime runtime(config_for(stage));
+  const int world = runtime.world_size();
+  Net ours = make_net(), theirs = make_net();
+  zest::torch::Optimizer zest_opt(ours->named_parameters(), decay_and_bias_groups(ours, 1e-2), config_for(stage), &runtime);
+  ::torch::optim::AdamW torch_opt(decay_and_bias_groups(theirs, 1e-2), ::torch::optim::AdamWOptions(1e-2));
+  ASSERT_EQ(zest_opt.param_groups().size(), 2u);
+  for (int step = 1; step <= 6; ++step) {
+    if (step == 4)  // a schedule's change, made the way torch's schedulers make it
+      for (auto* opt : std::vector<::torch::optim::Optimizer*>{&zest_opt, &torch_opt})
+        for (auto& group : opt->param_groups()) group.options().set_lr(group.options().get_lr() * 0.5);
+    loss_of(ours, step, world).backward();
+    for (const auto& p : ours->parameters()) EXPECT_FALSE(p.grad().defined()) << "the gradient stayed with torch";
+    zest_opt.step();
+    (loss_of(theirs, step, 1)).backward();
+    torch_opt.step();
+    torch_opt.zero_grad();
+    EXPECT_FALSE(zest_opt.last_step().skipped);
+  }
+  EXPECT_DOUBLE_EQ(zest_opt.engine().optimizer_group(1).lr, 5e-3);
+  ::torch::NoGradGuard no_grad;
+  auto theirs_params = theirs->parameters();
+  for (std::size_t t = 0; t < zest_opt.engine().tensor_count(); ++t) {
+    std::vector<float> values(zest_opt.engine().spec(t).numel());
+    zest_opt.engine().get_param(t, values);
+    const auto got = ::torch::from_blob(values.data(), theirs_params[t].sizes());
+    EXPECT_LT((got - theirs_params[t]).abs().max().item<float>(), 2e-6) << zest_opt.engine().spec(t).name;
+  }
+  EXPECT_EQ(zest_opt.torch_param_bytes(), 0u);
+}
+
+TEST_P(TorchOptimizerTest, ParametersAliasZestOrHoldNothingBetweenUses) {
+  const int stage = GetParam();
+  Runtime runtime(config_for(stage));
+  Net net = make_net();
+  zest::torch::Optimizer opt(net->named_parameters(), config_for(stage), &runtime);
+  const auto weight = net->fc1->weight;
+  if (stage < 3) {
+    // One copy of the weights: torch's parameter is zest's device memory, updated by step().
+    EXPECT_EQ(weight.data_ptr(), opt.engine().acquire(0).param(0).data);
+    const auto before = weight.clone();
+    loss_of(net, 1, runtime.world_size()).backward();
+    opt.step();
+    EXPECT_GT((weight - before).abs().max().item<float>(), 0.0f);
+  } else {
+    EXPECT_EQ(weight.storage().nbytes(), 0u);
+    EXPECT_THROW(net->fc1(::torch::randn({1, 8})), c10::Error);  // used outside gathered()
+    std::size_t inside = 0;
+    zest::torch::gathered(*net->fc1, [&] {
+      inside = weight.storage().nbytes();
+      return net->fc1(::torch::randn({1, 8}));
+    });
+    EXPECT_EQ(inside, static_cast<std::size_t>(weight.numel()) * sizeof(float));
+    EXPECT_EQ(weight.storage().nbytes(), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, TorchOptimizerTest, testing::Values(0, 1, 2, 3),
+                         [](const testing::TestParamInfo<int>& info) { return "stage" + std::to_string(info.param); });
+
+TEST(TorchOptimizer, FrozenParametersStayTorchs) {
+  Runtime runtime(config_for(2));
+  Net net = make_net();
+  net->fc2->bias.set_requires_grad(false);
+  const auto frozen = net->fc2->bias.clone();
+  zest::torch::Optimizer opt(net->named_parameters(), config_for(2), &runtime);
+  EXPECT_EQ(opt.engine().tensor_count(), 3u);
+  loss_of(net, 1, runtime.world_size()).backward();
+  opt.step();
+  EXPECT_TRUE(net->fc2->bias.equal(frozen));
+  EXPECT_EQ(opt.torch_param_bytes(), 0u);  // of the tensors zest trains
+}
+
+TEST(TorchOptimizer, MisuseRaisesZestErrors) {
+  Runtime runtime(config_for(2));
+  {
+    Net net = make_net();
+    net->to(::torch::kDouble);
+    EXPECT_THROW(zest::torch::Optimizer(net->named_parameters(), config_for(2), &runtime), Error);
+  }
+  {
+    Net net = make_net();
+    auto groups = decay_and_bias_groups(net, 1e-2);
+    groups[1].params().push_back(net->fc1->weight);  // in two groups
+    EXPECT_THROW(zest::torch::Optimizer(net->named_parameters(), groups, config_for(2), &runtime), Error);
+    groups = decay_and_bias_groups(net, 1e-2);
+    groups.pop_back();  // the biases in none
+    EXPECT_THROW(zest::torch::Optimizer(net->named_parameters(), groups, config_for(2), &runtime), Error);
+  }
+  {
+    Net net = make_net();
+    zest::torch::Optimizer opt(net->named_parameters(), config_for(2), &runtime);
+    static_cast<::torch::optim::AdamWOptions&>(opt.param_groups()[0].options()).amsgrad(true);
+    EXPECT_THROW(opt.step(), Error);
+    static_cast<::torch::optim::AdamWOptions&>(opt.param_groups()[0].options()).amsgrad(false).lr(-1.0);
+    EXPECT_THROW(opt.step(), Error);
+    ::torch::serialize::OutputArchive archive;
+    EXPECT_THROW(opt.save(archive), Error);
+  }
+}
+
+TEST(TorchOptimizer, ParametersThatDifferAcrossRanksAreRefused) {
+  Runtime runtime(config_for(2));
+  if (runtime.world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Net net = make_net();
+  if (runtime.rank() == 1) {
+    ::torch::NoGradGuard no_grad;
+    net->fc2->bias.add_(1.0f);
+  }
+  try {
+    zest::torch::Optimizer opt(net->named_parameters(), config_for(2), &runtime);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("differ across ranks"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
