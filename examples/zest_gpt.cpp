@@ -14,7 +14,8 @@
 #include <torch/torch.h>
 
 #include <cstdio>
-#include <fstream>
+#include <cerrno>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -80,9 +81,31 @@ std::vector<::torch::optim::OptimizerParamGroup> param_groups(const gpt::Gpt& mo
   return sum / static_cast<double>(sampler.global_batch() * static_cast<std::size_t>(context));
 }
 
-void write_floats(std::ofstream& out, const float* values, std::size_t count) {
-  out.write(reinterpret_cast<const char*>(values), static_cast<std::streamsize>(count * sizeof(float)));
-}
+// --dump's file, created here: an existing file is never overwritten.
+class DumpFile {
+ public:
+  explicit DumpFile(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "wbx")) {
+    if (!file_) throw IoError("zest-gpt: cannot create the --dump file (it must not exist yet)", path, 0, 0, errno);
+  }
+  ~DumpFile() {
+    if (file_) std::fclose(file_);
+  }
+  DumpFile(const DumpFile&) = delete;
+  DumpFile& operator=(const DumpFile&) = delete;
+  void write(const float* values, std::size_t count) {
+    if (std::fwrite(values, sizeof(float), count, file_) != count)
+      throw IoError("zest-gpt: cannot write the --dump file", path_, 0, count * sizeof(float), errno);
+  }
+  void close() {
+    const int result = std::fclose(file_);
+    file_ = nullptr;
+    if (result != 0) throw IoError("zest-gpt: cannot write the --dump file", path_, 0, 0, errno);
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_;
+};
 
 gpt::Gpt build_model(const Config& config, const gpt::GptTrainConfig& train) {
   ::torch::manual_seed(train.seed);
@@ -122,12 +145,12 @@ int run_reference(const Config& config, const gpt::GptTrainConfig& train, const 
     if (step % train.log_every == 0 || step == train.steps) std::printf("step %d loss %.7f\n", step, loss.item<double>());
   }
   if (!flags.dump_path.empty()) {
-    std::ofstream out(flags.dump_path, std::ios::binary | std::ios::trunc);
+    DumpFile dump(flags.dump_path);
     for (const auto& param : model->parameters()) {
       const auto values = param.detach().to(::torch::kFloat).contiguous();
-      write_floats(out, values.data_ptr<float>(), static_cast<std::size_t>(values.numel()));
+      dump.write(values.data_ptr<float>(), static_cast<std::size_t>(values.numel()));
     }
-    if (!out) throw IoError("zest-gpt: cannot write the parameters (--dump)", flags.dump_path, 0, 0, errno);
+    dump.close();
   }
   return 0;
 }
@@ -187,14 +210,16 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
   if (!flags.save_dir.empty()) optimizer.save(flags.save_dir);
 
   Engine& engine = optimizer.engine();
-  std::ofstream out;
-  if (leader && !flags.dump_path.empty()) out.open(flags.dump_path, std::ios::binary | std::ios::trunc);
-  for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
-    std::vector<float> values(engine.spec(t).numel());
-    engine.get_param(t, values);
-    if (out.is_open()) write_floats(out, values.data(), values.size());
+  if (!flags.dump_path.empty()) {
+    std::optional<DumpFile> dump;
+    if (leader) dump.emplace(flags.dump_path);
+    for (std::size_t t = 0; t < engine.tensor_count(); ++t) {  // collective: every rank
+      std::vector<float> values(engine.spec(t).numel());
+      engine.get_param(t, values);
+      if (dump) dump->write(values.data(), values.size());
+    }
+    if (dump) dump->close();
   }
-  if (out.is_open() && !out) throw IoError("zest-gpt: cannot write the parameters (--dump)", flags.dump_path, 0, 0, errno);
 
   const EngineStats stats = engine.stats();
   const MemoryStats& m = stats.memory;
@@ -229,6 +254,14 @@ int run(int argc, char** argv) {
     return 2;
   }
   if (!flags.save_dir.empty()) check_checkpoint_target(flags.save_dir);
+  // Before any work, on every rank: a --dump file that exists is refused now, not after training.
+  std::error_code ignored;
+  if (!flags.dump_path.empty() && std::filesystem::symlink_status(flags.dump_path, ignored).type() !=
+                                      std::filesystem::file_type::not_found) {
+    std::fprintf(stderr, "zest-gpt: --dump %s exists; zest-gpt writes only a new file: choose another path\n",
+                 flags.dump_path.c_str());
+    return 2;
+  }
   const Config config = load_config(flags.config_path, {"model", "train"});
   gpt::GptTrainConfig train = gpt::load_gpt_train_config(flags.config_path);
   if (flags.steps) train.steps = *flags.steps;

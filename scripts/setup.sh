@@ -9,7 +9,8 @@ ZEST_BUILD=${ZEST_BUILD:-$ZEST_ROOT/build}
 packages=(build-essential git python3 pkg-config meson ninja-build
           libyaml-cpp-dev libopenmpi-dev openmpi-bin liburing-dev libtbb-dev libhwloc-dev
           libgtest-dev libgmock-dev libopenblas-dev
-          clang-14 libclang-rt-14-dev)  # libFuzzer, for the fuzz targets (tests/fuzz)
+          clang-14 libclang-rt-14-dev  # libFuzzer, for the fuzz targets (tests/fuzz)
+          libtorch-dev)                # libtorch 1.13 (CPU), for zest-torch and zest-gpt
 
 missing=()
 for p in "${packages[@]}"; do

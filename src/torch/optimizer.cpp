@@ -191,10 +191,14 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
       throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is " + std::string(dtype_name(dtype)) +
                   " but precision.dtype is " + std::string(dtype_name(config.precision.dtype)) +
                   ": convert the module (module->to(...)) before building the optimizer, or change precision.dtype");
-    const bool on_cuda = item.value().is_cuda();
-    if (on_cuda != (config.device.type == DeviceType::cuda))
+    // On cuda the hooks run on autograd's device threads and the copies into zest's buckets must be
+    // ordered after torch's current stream: not written yet (Debian's libtorch has no CUDA).
+    if (!item.value().is_cpu())
       throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is on " + item.value().device().str() +
-                  " but zest's device is " + (on_cuda ? "cpu" : "cuda") + " (config device.type)");
+                  "; this zest-torch trains cpu tensors only (CUDA tensors need an adapter built and tested "
+                  "against a CUDA libtorch, which is not done yet): keep the module on the cpu");
+    if (config.device.type != DeviceType::cpu)
+      throw Error("zest::torch::Optimizer: device.type must be cpu for cpu tensors");
     names.push_back(item.key());
     s.tensors.push_back(item.value());
   }
