@@ -6,7 +6,9 @@
 //   zest-gpt --config configs/gpt-tiny.yaml --reference [--steps N] [--dump FILE]
 //
 // --reference trains the same model from the same initialisation and data order with
-// torch::optim::AdamW (Adam when optimizer.type is adam) in this one process. --dump FILE writes
+// torch::optim::AdamW (Adam when optimizer.type is adam; gradient_clipping by
+// torch::nn::utils::clip_grad_norm_) in this one process. gradient_accumulation_steps splits each
+// rank's slice into that many micro-batches, one backward each. --dump FILE writes
 // the final parameters (fp32, in named_parameters() order, raw) for comparison. Rank r trains on
 // its slice of each step's global batch, a function of (seed, step) alone, so the loss at step n
 // is the same for any rank count, stage and offload.
@@ -139,6 +141,8 @@ int run_reference(const Config& config, const gpt::GptTrainConfig& train, const 
   for (int step = 1; step <= train.steps; ++step) {
     const auto loss = slice_loss(model, corpus, sampler, step, {0, train.global_batch}, shaped.model.context);
     loss.backward();
+    if (config.gradient_clipping > 0)
+      ::torch::nn::utils::clip_grad_norm_(model->parameters(), config.gradient_clipping);
     optimizer->step();
     optimizer->zero_grad();
     if (schedule) schedule->step();
@@ -195,17 +199,26 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
     }
     if (leader) std::printf("zest-gpt: resumed from %s after step %d\n", flags.load_dir.c_str(), first_step - 1);
   }
+  // This rank's slice of the global batch, in gradient_accumulation_steps micro-batches (one
+  // backward each; zest adds their gradients up). Clipping is zest's, from the config.
   const charlm::ExampleRange range = charlm::rank_slice(train.global_batch, runtime.rank(), runtime.world_size());
+  const int micro_batches = config.gradient_accumulation_steps;
   for (int step = first_step; step <= train.steps; ++step) {
-    const auto loss = slice_loss(model, corpus, sampler, step, range, shaped.model.context);
-    (loss * optimizer.loss_scale()).backward();
+    double total = 0;
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      const charlm::ExampleRange part = charlm::rank_slice(range.count, micro, micro_batches);
+      const auto loss = slice_loss(model, corpus, sampler, step, {range.first + part.first, part.count},
+                                   shaped.model.context);
+      (loss * optimizer.loss_scale()).backward();
+      total += loss.item<double>();
+    }
     optimizer.step();
     optimizer.zero_grad();
     if (schedule) schedule->step();
-    double total = loss.item<double>();
     runtime.comm().all_reduce_host(std::span<double>(&total, 1), ReduceOp::sum);
     if (leader && (step % train.log_every == 0 || step == train.steps))
-      std::printf("step %d loss %.7f%s\n", step, total, optimizer.last_step().skipped ? " (skipped: overflow)" : "");
+      std::printf("step %d loss %.7f grad_norm %.5f%s\n", step, total, optimizer.last_step().grad_norm,
+                  optimizer.last_step().skipped ? " (skipped: overflow)" : "");
   }
   if (!flags.save_dir.empty()) optimizer.save(flags.save_dir);
 

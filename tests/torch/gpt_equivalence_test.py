@@ -19,15 +19,18 @@ fails both bounds by far: a decay applied to the no-decay group moves a LayerNor
 lr * weight_decay * steps = 6e-3, a missed StepLR halves every update after step 8.
 """
 import array
+import atexit
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 
 zest_gpt, mpirun, source, case = sys.argv[1:5]
 work = tempfile.mkdtemp(prefix="zest-gpt-test-")
+atexit.register(shutil.rmtree, work, ignore_errors=True)
 base = open(os.path.join(source, "configs", "gpt-tiny.yaml")).read()
 STEPS = 20
 
@@ -89,7 +92,7 @@ def same(ref, got, name, loss_rel=2e-6, param_rms=2e-5, param_abs=5e-4, steps=ra
 
 
 def reference(cfg):
-    ref = run("reference", cfg, None, "--reference")
+    ref = run(os.path.splitext(os.path.basename(cfg))[0] + "-torch", cfg, None, "--reference")
     if not ref["losses"][STEPS] < ref["losses"][1] - 0.5:
         failures.append("the reference's loss did not fall")
     return ref
@@ -101,6 +104,20 @@ if case == "stages":
         for stage in (0, 1, 2, 3):
             name = "np%d-stage%d" % (ranks, stage)
             same(ref, run(name, config(name, stage), ranks), name)
+    # Micro-batches (one backward each) add up to the same gradient.
+    for ranks, stage in ((1, 2), (4, 3)):
+        name = "np%d-stage%d-accumulation2" % (ranks, stage)
+        same(ref, run(name, config(name, stage, extra="gradient_accumulation_steps: 2\n"), ranks), name)
+    # zest's clipping against torch::nn::utils::clip_grad_norm_; the norm does exceed the bound.
+    clip = "gradient_clipping: 0.5\n"
+    ref_clip = reference(config("ref-clip", extra=clip))
+    for ranks, stage in ((2, 1), (4, 3)):
+        name = "np%d-stage%d-clip" % (ranks, stage)
+        got = run(name, config(name, stage, extra=clip), ranks)
+        same(ref_clip, got, name)
+        norms = [float(x) for x in re.findall(r"(?m)^step \d+ loss \S+ grad_norm (\S+)", got["out"] if got else "")]
+        if got and not max(norms) > 0.5:
+            failures.append("%s: the gradient norm never exceeded the clipping bound (max %g)" % (name, max(norms)))
 elif case == "offload":
     ref = reference(config("ref"))
     for ranks, stage, target in ((2, 2, "optimizer"), (4, 3, "optimizer"), (2, 3, "param"), (4, 3, "both")):
