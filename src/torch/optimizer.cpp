@@ -5,7 +5,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <mutex>
+#include <unordered_set>
 #include <optional>
 #include <string>
 
@@ -100,10 +103,19 @@ struct Optimizer::Impl {
   std::unique_ptr<detail::ParamResidency> residency;  // stage 3
   StepResult last;
   std::size_t peak_grad_bytes = 0;
+  // The hooks' way back to this optimizer: gone with it, so a backward after that leaves the
+  // gradients in .grad as plain torch does.
+  std::shared_ptr<Impl*> link = std::make_shared<Impl*>(this);
+  bool claimed = false;  // `tensors` are this optimizer's in the registry below
 
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl();
   void hand_over(std::size_t tensor);
   void group_ready(int group);
   void finish_backward();
+  void give_parameters_back() noexcept;
 };
 
 namespace {
@@ -111,19 +123,70 @@ namespace {
 // Runs after autograd accumulated a parameter's gradient into .grad: moves it to zest's bucket.
 class HandOverHook : public ::torch::autograd::FunctionPostHook {
  public:
-  HandOverHook(Optimizer::Impl& impl, std::size_t tensor) : impl_(impl), tensor_(tensor) {}
+  HandOverHook(std::weak_ptr<Optimizer::Impl*> impl, std::size_t tensor) : impl_(std::move(impl)), tensor_(tensor) {}
   ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
                                               const ::torch::autograd::variable_list& /*inputs*/) override {
-    impl_.hand_over(tensor_);
+    if (const auto impl = impl_.lock()) (*impl)->hand_over(tensor_);
     return outputs;
   }
 
  private:
-  Optimizer::Impl& impl_;
+  std::weak_ptr<Optimizer::Impl*> impl_;
   std::size_t tensor_;
 };
 
+// The parameters some zest optimizer trains: a second one over the same tensors would hand each
+// gradient over twice.
+std::mutex claimed_mutex;
+std::unordered_set<const void*>& claimed_tensors() {
+  static std::unordered_set<const void*> set;
+  return set;
+}
+
+void claim(const std::vector<::torch::Tensor>& tensors, const std::vector<std::string>& names) {
+  std::lock_guard lock(claimed_mutex);
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    if (claimed_tensors().count(tensors[t].unsafeGetTensorImpl()))
+      throw Error("zest::torch::Optimizer: parameter '" + names[t] +
+                  "' is already trained by another zest::torch::Optimizer; build one optimizer per set of parameters");
+  for (const ::torch::Tensor& t : tensors) claimed_tensors().insert(t.unsafeGetTensorImpl());
+}
+
+void unclaim(const std::vector<::torch::Tensor>& tensors) {
+  std::lock_guard lock(claimed_mutex);
+  for (const ::torch::Tensor& t : tensors) claimed_tensors().erase(t.unsafeGetTensorImpl());
+}
+
 }  // namespace
+
+Optimizer::Impl::~Impl() {
+  link.reset();
+  give_parameters_back();
+  if (claimed) unclaim(tensors);
+}
+
+// When the optimizer goes, the module keeps working: each parameter gets storage of its own with
+// its current values (stages 0-2 copy zest's device parameters; stage 3 gathers them, collectively,
+// unless an exception is unwinding, when a collective could wait for ranks that went on: the
+// parameters then stay released, and using one raises torch's error for a storage of size 0).
+void Optimizer::Impl::give_parameters_back() noexcept {
+  if (!engine) return;
+  try {
+    ::torch::NoGradGuard no_grad;
+    if (residency) {
+      residency->drop_all();
+      if (std::uncaught_exceptions() > 0) return;
+      for (std::size_t t = 0; t < tensors.size(); ++t) {
+        ::torch::Tensor values = ::torch::empty(tensors[t].sizes(), ::torch::kFloat);
+        engine->get_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
+        tensors[t].set_data(values.to(tensors[t].scalar_type()));
+      }
+    } else {
+      for (::torch::Tensor& tensor : tensors) tensor.set_data(tensor.detach().clone());
+    }
+  } catch (...) {
+  }
+}
 
 void Optimizer::Impl::hand_over(std::size_t t) {
   ::torch::Tensor& param = tensors[t];
@@ -203,6 +266,8 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
     s.tensors.push_back(item.value());
   }
   if (s.tensors.empty()) throw Error("zest::torch::Optimizer: no parameter requires a gradient; nothing to train");
+  claim(s.tensors, names);
+  s.claimed = true;
 
   // Optimizer groups: the config's, or one per torch group matching exactly its tensors' names.
   Config engine_config = config;
@@ -283,7 +348,7 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   for (std::size_t t = 0; t < s.tensors.size(); ++t) {
     s.tensors[t].mutable_grad().reset();
     auto accumulator = ::torch::autograd::impl::grad_accumulator(s.tensors[t]);
-    accumulator->add_post_hook(std::make_unique<HandOverHook>(s, t));
+    accumulator->add_post_hook(std::make_unique<HandOverHook>(s.link, t));
     s.accumulators.push_back(std::move(accumulator));
   }
 

@@ -125,6 +125,31 @@ TEST_P(TorchOptimizerTest, ParametersAliasZestOrHoldNothingBetweenUses) {
   }
 }
 
+// A model outlives its optimizer (evaluation after training): its parameters get storage of their
+// own with the trained values, and a later backward leaves gradients in .grad as plain torch does.
+TEST_P(TorchOptimizerTest, TheModuleKeepsItsTrainedValuesWhenTheOptimizerGoes) {
+  const int stage = GetParam();
+  Runtime runtime(config_for(stage));
+  Net net = make_net();
+  std::vector<std::vector<float>> trained;
+  {
+    zest::torch::Optimizer opt(net->named_parameters(), config_for(stage), &runtime);
+    loss_of(net, 1, runtime.world_size()).backward();
+    opt.step();
+    for (std::size_t t = 0; t < opt.engine().tensor_count(); ++t) {
+      trained.emplace_back(opt.engine().spec(t).numel());
+      opt.engine().get_param(t, trained.back());
+    }
+  }
+  const auto params = net->parameters();
+  for (std::size_t t = 0; t < params.size(); ++t) {
+    ASSERT_EQ(params[t].storage().nbytes(), trained[t].size() * sizeof(float));
+    EXPECT_TRUE(params[t].detach().flatten().equal(::torch::from_blob(trained[t].data(), {static_cast<std::int64_t>(trained[t].size())})));
+  }
+  loss_of(net, 2, 1).backward();
+  EXPECT_TRUE(net->fc1->weight.grad().defined());
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, TorchOptimizerTest, testing::Values(0, 1, 2, 3),
                          [](const testing::TestParamInfo<int>& info) { return "stage" + std::to_string(info.param); });
 
@@ -166,6 +191,8 @@ TEST(TorchOptimizer, MisuseRaisesZestErrors) {
     EXPECT_THROW(opt.step(), Error);
     ::torch::serialize::OutputArchive archive;
     EXPECT_THROW(opt.save(archive), Error);
+    // A second optimizer over the same parameters would hand each gradient over twice.
+    EXPECT_THROW(zest::torch::Optimizer(net->named_parameters(), config_for(2), &runtime), Error);
   }
 }
 
