@@ -109,21 +109,31 @@ class DumpFile {
   std::FILE* file_;
 };
 
-gpt::Gpt build_model(const Config& config, const gpt::GptTrainConfig& train) {
+// What both modes train: the corpus (it fixes the vocabulary), the data order, and the model,
+// initialised from train.seed and converted to precision.dtype before any optimizer sees it.
+struct Training {
+  charlm::TextCorpus corpus;
+  gpt::GptShape shape;
+  charlm::BatchSampler sampler;
+  gpt::Gpt model;
+};
+
+Training prepare(const Config& config, const gpt::GptTrainConfig& train) {
+  charlm::TextCorpus corpus = charlm::TextCorpus::load(train.text);
+  gpt::GptShape shape = train.model;
+  shape.vocab = static_cast<std::int64_t>(corpus.vocab_size());
+  charlm::BatchSampler sampler(corpus.tokens().size(), static_cast<std::size_t>(shape.context), train.global_batch,
+                               train.seed);
   ::torch::manual_seed(train.seed);
-  gpt::Gpt model(train.model);
+  gpt::Gpt model(shape);
   if (config.precision.dtype == DType::bf16) model->to(::torch::kBFloat16);
   if (config.precision.dtype == DType::f16) model->to(::torch::kHalf);
-  return model;
+  return {std::move(corpus), shape, sampler, std::move(model)};
 }
 
 int run_reference(const Config& config, const gpt::GptTrainConfig& train, const Flags& flags) {
-  const charlm::TextCorpus corpus = charlm::TextCorpus::load(train.text);
-  gpt::GptTrainConfig shaped = train;
-  shaped.model.vocab = static_cast<std::int64_t>(corpus.vocab_size());
-  const charlm::BatchSampler sampler(corpus.tokens().size(), static_cast<std::size_t>(shaped.model.context),
-                                     train.global_batch, train.seed);
-  gpt::Gpt model = build_model(config, shaped);
+  Training training = prepare(config, train);
+  auto& [corpus, shape, sampler, model] = training;
   std::unique_ptr<::torch::optim::Optimizer> optimizer;
   if (config.optimizer.type == OptimizerType::adam)
     optimizer = std::make_unique<::torch::optim::Adam>(
@@ -139,7 +149,7 @@ int run_reference(const Config& config, const gpt::GptTrainConfig& train, const 
   std::printf("zest-gpt: reference (torch::optim), %lld parameters\n",
               static_cast<long long>(::torch::nn::utils::parameters_to_vector(model->parameters()).numel()));
   for (int step = 1; step <= train.steps; ++step) {
-    const auto loss = slice_loss(model, corpus, sampler, step, {0, train.global_batch}, shaped.model.context);
+    const auto loss = slice_loss(model, corpus, sampler, step, {0, train.global_batch}, shape.context);
     loss.backward();
     if (config.gradient_clipping > 0)
       ::torch::nn::utils::clip_grad_norm_(model->parameters(), config.gradient_clipping);
@@ -162,12 +172,8 @@ int run_reference(const Config& config, const gpt::GptTrainConfig& train, const 
 int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags& flags) {
   Runtime runtime(config);
   const bool leader = runtime.rank() == 0;
-  const charlm::TextCorpus corpus = charlm::TextCorpus::load(train.text);
-  gpt::GptTrainConfig shaped = train;
-  shaped.model.vocab = static_cast<std::int64_t>(corpus.vocab_size());
-  const charlm::BatchSampler sampler(corpus.tokens().size(), static_cast<std::size_t>(shaped.model.context),
-                                     train.global_batch, train.seed);
-  gpt::Gpt model = build_model(config, shaped);
+  Training training = prepare(config, train);
+  auto& [corpus, shape, sampler, model] = training;
   const std::size_t model_bytes = [&] {
     std::size_t bytes = 0;
     for (const auto& p : model->parameters()) bytes += p.nbytes();
@@ -208,7 +214,7 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
     for (int micro = 0; micro < micro_batches; ++micro) {
       const charlm::ExampleRange part = charlm::rank_slice(range.count, micro, micro_batches);
       const auto loss = slice_loss(model, corpus, sampler, step, {range.first + part.first, part.count},
-                                   shaped.model.context);
+                                   shape.context);
       (loss * optimizer.loss_scale()).backward();
       total += loss.item<double>();
     }
