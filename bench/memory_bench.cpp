@@ -165,8 +165,10 @@ Config configured(const Configuration& conf, Config config, const std::string& n
   config.stage = conf.stage;
   config.offload.optimizer.device = conf.optimizer;
   config.offload.param.device = conf.param;
-  config.offload.optimizer.path = conf.optimizer == OffloadDevice::nvme ? nvme_path : "";
-  config.offload.param.path = conf.param == OffloadDevice::nvme ? nvme_path : "";
+  config.offload.optimizer.paths.clear();
+  config.offload.param.paths.clear();
+  if (conf.optimizer == OffloadDevice::nvme) config.offload.optimizer.paths = {nvme_path};
+  if (conf.param == OffloadDevice::nvme) config.offload.param.paths = {nvme_path};
   return config;
 }
 

@@ -66,8 +66,8 @@ Config make_config(const Case& k, const std::string& nvme_dir) {
   c.stage3.max_live_bytes = k.max_live;
   c.offload.optimizer.device = k.optimizer;
   c.offload.param.device = k.param;
-  if (k.optimizer == OffloadDevice::nvme) c.offload.optimizer.path = nvme_dir;
-  if (k.param == OffloadDevice::nvme) c.offload.param.path = nvme_dir;
+  if (k.optimizer == OffloadDevice::nvme) c.offload.optimizer.paths = {nvme_dir};
+  if (k.param == OffloadDevice::nvme) c.offload.param.paths = {nvme_dir};
   c.offload.sub_group_bytes = 12 * 256;  // several sub-groups per group
   c.offload.optimizer.buffer_count = 3;
   return c;
@@ -155,7 +155,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Estimate, NvmeAlignmentIsTheStores) {
   test::ScratchDir dir;
   offload::NvmeStoreOptions options;
-  options.directory = dir.path();
+  options.directories = {dir.path()};
   options.rank = 1000 + world_size();  // not a file an engine test of this run uses
   offload::NvmeStore store(options);
   EXPECT_EQ(store.alignment(), engine::kNvmeAlignment);

@@ -6,6 +6,7 @@
 // failure of the swap file must surface from step() naming the file and errno.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,6 +55,17 @@ bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::
   for (std::size_t t = 0; t < a.size(); ++t)
     if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
   return true;
+}
+
+int test_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+std::size_t file_bytes(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 ? static_cast<std::size_t>(info.st_size) : 0;
 }
 
 int world_size() {
@@ -149,6 +161,45 @@ TEST(OffloadPipeline, TwoBuffersStillGiveTheSameBits) {
   const TrainedRun got = train(o);
   o.offload_optimizer = OffloadDevice::none;
   EXPECT_TRUE(identical(got.params, train(o).params));
+}
+
+// The swap striped over two directories (4 KiB stripes, so every sub-group's region lands in one
+// or the other), with one and two I/O rings: the same bits as one directory, and both directories
+// hold their half of the swap while the engine runs.
+TEST(OffloadStriping, TwoDirectoriesGiveTheBitsOfOneAndHoldHalfTheSwapEach) {
+  for (const int stage : {2, 3}) {
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", io.threads " + std::to_string(threads));
+      test::ScratchDir one, a, b;
+      Options o;
+      o.stage = stage;
+      o.offload_optimizer = OffloadDevice::nvme;
+      o.offload_param = stage == 3 ? OffloadDevice::nvme : OffloadDevice::none;
+      o.sub_group_bytes = kSubGroupBytes;
+      o.io_block = 4096;
+      o.nvme_path = one.path();
+      const TrainedRun single = train(o);
+      o.nvme_dirs = {a.path(), b.path()};
+      o.io_threads = threads;
+      std::size_t in_a = 0, in_b = 0;
+      const std::string file = "/zest-rank" + std::to_string(test_rank()) + ".swap";
+      const auto sizes = [&] {
+        in_a = file_bytes(a.path() + file);
+        in_b = file_bytes(b.path() + file);
+      };
+      MpiSession session;
+      auto device = make_cpu_device(std::size_t{256} << 20);
+      auto comm = make_mpi_communicator(session, *device);
+      EngineStats stats;
+      const auto striped = train_engine(o, kSteps, *device, *comm, &stats, sizes);
+      EXPECT_TRUE(identical(striped, single.params)) << "striping changed the result";
+      EXPECT_EQ(stats.nvme_bytes, single.stats.nvme_bytes);
+      EXPECT_EQ(in_a + in_b, stats.nvme_bytes) << "the two files hold exactly the swap";
+      // 4 KiB stripes alternate: the halves differ by at most one stripe.
+      EXPECT_LE(in_a > in_b ? in_a - in_b : in_b - in_a, 4096u);
+      EXPECT_GT(in_b, 0u);
+    }
+  }
 }
 
 TEST(OffloadMemory, CpuOptimizerKeepsNoStatesOnTheDeviceAndTwelveBytesPerParameterPinned) {
