@@ -1,7 +1,7 @@
 // zest::estimate_memory against real engines, under mpirun (1 and 4 ranks): for every stage and
 // offload mode, odd tensor sizes, resident and gathered stage-3 groups, several sub-groups and a
 // tensor larger than the set_param staging, an Engine is built and trained for two steps; its
-// device peaks by category, its total peak, the pinned host memory and the NVMe swap file (its
+// device peaks by category, its total peak, the pinned host memory (by purpose) and the NVMe swap file (its
 // size on disk too) must EQUAL the estimate, byte for byte. The estimate of a large model is also
 // checked against the ZeRO paper's per-rank formulas, which it may exceed only by padding and buffers.
 #include <gtest/gtest.h>
@@ -116,6 +116,12 @@ TEST_P(EstimateEqualsEngine, DevicePinnedAndNvmeBytes) {
       EXPECT_EQ(stats.memory.peak[c], want.device[c]) << category_name(static_cast<MemoryCategory>(c));
     EXPECT_EQ(stats.memory.peak_total, want.device_total);
     EXPECT_EQ(device->pinned_stats().peak, want.pinned);
+    std::size_t by_purpose = 0;
+    for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
+      EXPECT_EQ(device->pinned_stats().peak_by[p], want.pinned_by[p]) << host_purpose_name(static_cast<HostPurpose>(p));
+      by_purpose += want.pinned_by[p];
+    }
+    EXPECT_EQ(by_purpose, want.pinned);
     EXPECT_EQ(stats.nvme_bytes, want.nvme);
     if (k.optimizer == OffloadDevice::nvme || k.param == OffloadDevice::nvme) {
       EXPECT_GT(want.nvme, 0u);

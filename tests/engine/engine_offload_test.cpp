@@ -22,6 +22,7 @@
 #include "runtime/mpi_session.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
+#include "zest/estimate.hpp"
 
 namespace zest {
 namespace {
@@ -235,6 +236,44 @@ TEST(OffloadMemory, NvmeOptimizerKeepsStatesOnDiskAndOnlyItsBuffersOnTheHost) {
   // staging: bounded by the configuration, whatever the model's size.
   EXPECT_EQ(got.stats.offload_pinned_bytes, 4u * (4096 + 2 * 512));
   EXPECT_GE(got.pinned.peak, got.stats.offload_pinned_bytes);
+}
+
+// NVMe offload holds host memory to its configured buffers (buffer_count sub-groups, and at stage 3
+// one fetch buffer per gathered layer that stage3.max_live allows): a model four times deeper (same
+// layer size) takes four times the swap and exactly the same pinned bytes, purpose by purpose, which
+// are what zest::estimate_memory says; no states or shards live in host memory.
+TEST(OffloadMemory, NvmeHostMemoryIsItsConfiguredBuffersWhateverTheModelSize) {
+  for (const int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    std::vector<HostMemoryStats> pinned;
+    std::vector<std::size_t> nvme;
+    for (const int layers : {4, 16}) {
+      test::ScratchDir dir;
+      Options o;
+      o.stage = stage;
+      o.offload_optimizer = OffloadDevice::nvme;
+      o.offload_param = stage == 3 ? OffloadDevice::nvme : OffloadDevice::none;
+      o.nvme_path = dir.path();
+      o.sub_group_bytes = 12 * 512;
+      o.max_live = 3 * 4096 * sizeof(float);  // stage 3: three gathered layers (and fetch buffers)
+      o.specs = uniform_model(static_cast<std::size_t>(layers) * 4096, layers);
+      const TrainedRun got = train(o, 2);
+      const MemoryEstimate estimate = estimate_memory(make_config(o), o.specs, world_size());
+      for (std::size_t p = 0; p < kHostPurposeCount; ++p)
+        EXPECT_EQ(got.pinned.peak_by[p], estimate.pinned_by[p]) << host_purpose_name(static_cast<HostPurpose>(p));
+      EXPECT_EQ(got.pinned.peak_of(HostPurpose::optimizer_states), 0u);
+      EXPECT_EQ(got.pinned.peak_of(HostPurpose::param_shards), 0u);
+      EXPECT_GT(got.pinned.peak_of(HostPurpose::optimizer_swap), 0u);
+      if (stage == 3) {
+        EXPECT_GT(got.pinned.peak_of(HostPurpose::param_swap), 0u);
+      }
+      pinned.push_back(got.pinned);
+      nvme.push_back(got.stats.nvme_bytes);
+    }
+    EXPECT_EQ(pinned[0].peak_by, pinned[1].peak_by) << "host memory grew with the model";
+    EXPECT_EQ(pinned[0].peak, pinned[1].peak);
+    EXPECT_GE(nvme[1], 4 * nvme[0] - 4 * 4096) << "the swap did not grow with the model";
+  }
 }
 
 TEST(OffloadMemory, OffloadedParametersLeaveOnlyResidentGroupsOnTheDevice) {
