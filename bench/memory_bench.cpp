@@ -132,18 +132,21 @@ std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::si
 }
 
 // The largest value over ranks, in KiB so that a float carries it exactly up to 16 GiB.
-// The process's peak resident memory (VmHWM), and its reset: writing 5 to clear_refs restarts the
-// peak from the current resident size (Linux 4.0+), so each row reports its own peak.
-std::size_t peak_rss() {
+// The process's resident memory now (VmRSS) or its peak (VmHWM), and the peak's reset: writing 5
+// to clear_refs restarts the peak from the current resident size (Linux 4.0+), so each row
+// reports its own peak.
+std::size_t rss_field(const char* format) {
   std::FILE* status = std::fopen("/proc/self/status", "r");
   if (status == nullptr) return 0;
   char line[256];
   std::size_t kib = 0;
   while (std::fgets(line, sizeof line, status) != nullptr)
-    if (std::sscanf(line, "VmHWM: %zu kB", &kib) == 1) break;
+    if (std::sscanf(line, format, &kib) == 1) break;
   std::fclose(status);
   return kib * 1024;
 }
+std::size_t peak_rss() { return rss_field("VmHWM: %zu kB"); }
+std::size_t current_rss() { return rss_field("VmRSS: %zu kB"); }
 
 void reset_peak_rss() {
   if (std::FILE* refs = std::fopen("/proc/self/clear_refs", "w")) {
@@ -201,6 +204,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   comm.barrier();
   device.reset_peak();
   reset_peak_rss();
+  const std::size_t start_rss = current_rss();
   MemoryRecord r;
   r.name = conf.name;
   r.stage = conf.stage;
@@ -239,6 +243,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   for (std::size_t p = 0; p < kHostPurposeCount; ++p)
     r.peak_pinned_by[p] = max_over_ranks(comm, device, stream, pinned.peak_by[p]);
   r.peak_host_rss_bytes = max_over_ranks(comm, device, stream, peak_rss());
+  r.start_host_rss_bytes = max_over_ranks(comm, device, stream, start_rss);
   r.nvme_bytes = max_over_ranks(comm, device, stream, nvme_bytes);
   r.formula_bytes = formula_bytes(conf, r.params, dtype_size(config.precision.dtype), r.ranks);
   const double model_state = static_cast<double>(r.peak_params_bytes + r.peak_grads_bytes + r.peak_optimizer_bytes);

@@ -50,14 +50,15 @@ std::string format_table(const std::vector<MemoryRecord>& records) {
 
 std::string format_host_table(const std::vector<MemoryRecord>& records) {
   std::string out = printf_string("\nhost memory per rank, MiB (measured / what the placement needs by formula):\n"
-                                  "%-38s %15s %15s", "configuration", "RSS / need", "pinned / est");
+                                  "%-38s %23s %15s", "configuration", "RSS start/peak/need", "pinned / est");
   for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
     const std::string_view name = host_purpose_name(static_cast<HostPurpose>(p));
     out += printf_string(" %19.*s", static_cast<int>(name.size()), name.data());
   }
   out += "\n";
   for (const MemoryRecord& r : records) {
-    out += printf_string("%-38s %7.1f/%-7.1f %7.1f/%-7.1f", r.name.c_str(), mib(r.peak_host_rss_bytes), mib(r.host_need_bytes),
+    out += printf_string("%-38s %7.1f/%7.1f/%-7.1f %7.1f/%-7.1f", r.name.c_str(), mib(r.start_host_rss_bytes),
+                         mib(r.peak_host_rss_bytes), mib(r.host_need_bytes),
                          mib(r.peak_host_pinned_bytes), mib(r.estimate_pinned_bytes));
     for (std::size_t p = 0; p < kHostPurposeCount; ++p)
       out += printf_string(" %9.2f/%-9.2f", mib(r.peak_pinned_by[p]), mib(r.estimate_pinned_by[p]));
@@ -92,8 +93,9 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
                          r.peak_optimizer_bytes, r.peak_buffers_bytes) +
            printf_string(", \"peak_host_pinned_bytes\": %zu, \"nvme_bytes\": %zu", r.peak_host_pinned_bytes,
                          r.nvme_bytes) +
-           printf_string(", \"peak_host_rss_bytes\": %zu, \"host_need_bytes\": %zu, \"estimate_pinned_bytes\": %zu",
-                         r.peak_host_rss_bytes, r.host_need_bytes, r.estimate_pinned_bytes) +
+           printf_string(", \"start_host_rss_bytes\": %zu, \"peak_host_rss_bytes\": %zu, \"host_need_bytes\": %zu",
+                         r.start_host_rss_bytes, r.peak_host_rss_bytes, r.host_need_bytes) +
+           printf_string(", \"estimate_pinned_bytes\": %zu", r.estimate_pinned_bytes) +
            ", \"peak_pinned_by_purpose\": " + purposes_json(r.peak_pinned_by) +
            ", \"estimate_pinned_by_purpose\": " + purposes_json(r.estimate_pinned_by) +
            printf_string(", \"ratio_to_ddp\": %.6f, \"formula_bytes\": %zu, \"formula_deviation\": %.6f",
@@ -120,7 +122,7 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
       "name,stage,offload_optimizer,offload_param,ranks,params,peak_device_bytes,peak_params_bytes,"
       "peak_grads_bytes,peak_optimizer_states_bytes,peak_buffers_bytes,peak_host_pinned_bytes,nvme_bytes,"
       "ratio_to_ddp,formula_bytes,formula_deviation,step_seconds,step_time_ratio_to_ddp,final_loss,"
-      "loss_matches_ddp,peak_host_rss_bytes,host_need_bytes,estimate_pinned_bytes";
+      "loss_matches_ddp,start_host_rss_bytes,peak_host_rss_bytes,host_need_bytes,estimate_pinned_bytes";
   for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
     const std::string name(host_purpose_name(static_cast<HostPurpose>(p)));
     out += ",peak_pinned_" + name + "_bytes,estimate_pinned_" + name + "_bytes";
@@ -133,7 +135,8 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
                          r.peak_optimizer_bytes, r.peak_buffers_bytes, r.peak_host_pinned_bytes, r.nvme_bytes,
                          r.ratio_to_ddp, r.formula_bytes, r.formula_deviation, r.step_seconds,
                          r.step_time_ratio_to_ddp, r.final_loss, r.loss_matches_ddp ? "true" : "false");
-    out += printf_string(",%zu,%zu,%zu", r.peak_host_rss_bytes, r.host_need_bytes, r.estimate_pinned_bytes);
+    out += printf_string(",%zu,%zu,%zu,%zu", r.start_host_rss_bytes, r.peak_host_rss_bytes, r.host_need_bytes,
+                         r.estimate_pinned_bytes);
     for (std::size_t p = 0; p < kHostPurposeCount; ++p)
       out += printf_string(",%zu,%zu", r.peak_pinned_by[p], r.estimate_pinned_by[p]);
     out += "\n";

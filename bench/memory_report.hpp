@@ -33,6 +33,7 @@ struct MemoryRecord {
   // the cpu backend it holds the device memory too), and what the placement needs in host memory
   // by formula: the estimate's pinned bytes, plus its device bytes where the device is host memory.
   std::size_t peak_host_rss_bytes = 0;
+  std::size_t start_host_rss_bytes = 0;  // resident before the row's engine: MPI, libraries, corpus
   std::size_t host_need_bytes = 0;
   std::size_t nvme_bytes = 0;
   std::size_t formula_bytes = 0;      // the ZeRO formula for params + grads + optimizer states
