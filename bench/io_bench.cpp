@@ -30,11 +30,12 @@ namespace {
 using bench::store_pass;
 
 constexpr const char* kIoUsage =
-    "usage: zest bench io --path DIR [--size GiB] [--reps N] [--config FILE]\n"
-    "                     [--block-size SIZE] [--queue-depth N] [--no-fixed-buffers] [--json]\n"
+    "usage: zest bench io --path DIR [--path DIR2 ...] [--size GiB] [--reps N] [--config FILE]\n"
+    "                     [--block-size SIZE] [--queue-depth N] [--threads N] [--no-fixed-buffers] [--json]\n"
     "  Writes then reads --size GiB (default 4) sequentially in DIR with the NVMe store and with a\n"
     "  synchronous O_DIRECT pwrite/pread loop; needs twice --size free in DIR. The io settings\n"
-    "  come from the config's io: section (defaults: 1MiB blocks, queue depth 8), then the flags.\n";
+    "  come from the config's io: section (defaults: 1MiB blocks, queue depth 8 per ring, 1 ring),\n"
+    "  then the flags. Several --path: the store stripes across them (the sync loop uses the first).\n";
 
 constexpr std::size_t kRegionBytes = std::size_t{64} << 20;
 constexpr std::size_t kBuffers = 4;
@@ -101,7 +102,7 @@ struct Figures {
 }  // namespace
 
 int bench_io(int argc, char** argv) {
-  std::string path;
+  std::vector<std::string> paths;
   std::string config_path;
   double size_gib = 4.0;
   long long reps = 3;
@@ -109,12 +110,13 @@ int bench_io(int argc, char** argv) {
   bool register_buffers = true;
   std::size_t block_size = 0;  // 0: the config's
   long long queue_depth = 0;   // 0: the config's
+  long long threads = 0;       // 0: the config's
   try {
     for (int i = 0; i < argc; ++i) {
       const std::string_view arg = argv[i];
       if (arg == "--json") json = true;
       else if (arg == "--no-fixed-buffers") register_buffers = false;  // what registering the buffers is worth
-      else if (arg == "--path") path = args::value_of(argc, argv, i);
+      else if (arg == "--path") paths.emplace_back(args::value_of(argc, argv, i));
       else if (arg == "--config") config_path = args::value_of(argc, argv, i);
       // From 1MiB (about one region) to 16TiB, past any disk this measures.
       else if (arg == "--size") size_gib = args::parse_number(arg, args::value_of(argc, argv, i), 0.001, 16384);
@@ -123,10 +125,11 @@ int bench_io(int argc, char** argv) {
       else if (arg == "--block-size")
         block_size = args::parse_size(arg, args::value_of(argc, argv, i), std::size_t{4} << 10, std::size_t{1} << 30);
       else if (arg == "--queue-depth") queue_depth = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 4096);
+      else if (arg == "--threads") threads = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 64);
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
-    if (path.empty()) throw args::UsageError("--path DIR is required");
-    args::check_output_directory("--path", path);
+    if (paths.empty()) throw args::UsageError("--path DIR is required");
+    for (const std::string& path : paths) args::check_output_directory("--path", path);
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest bench io: %s\n%s", error.what(), kIoUsage);
     return 2;
@@ -137,6 +140,7 @@ int bench_io(int argc, char** argv) {
     if (!config_path.empty()) io = load_config(config_path).io;
     if (block_size > 0) io.block_size = block_size;
     if (queue_depth > 0) io.queue_depth = static_cast<int>(queue_depth);
+    if (threads > 0) io.threads = static_cast<int>(threads);
     io.checksum = false;  // bandwidth of the I/O path; the checksum costs CPU, measured elsewhere
 
     const auto requested = static_cast<std::size_t>(size_gib * static_cast<double>(std::size_t{1} << 30));
@@ -145,7 +149,7 @@ int bench_io(int argc, char** argv) {
     const std::size_t total = region_count * region_bytes;
 
     offload::NvmeStoreOptions options;
-    options.directory = path;
+    options.directories = paths;
     options.io = io;
     const Topology topology = Topology::detect();
     options.cpus = topology.cpus_for_rank(DeviceType::cpu, 0, 0, 1);
@@ -169,7 +173,7 @@ int bench_io(int argc, char** argv) {
       fixed = false;  // still a valid run, with per-request page pinning; said in the output
       std::fprintf(stderr, "zest bench io: buffers not registered (%s)\n", e.what());
     }
-    SyncLoop sync(path, total, io.block_size);
+    SyncLoop sync(paths.front(), total, io.block_size);
 
     Figures f;
     const auto rate = [&](double seconds) { return static_cast<double>(total) / seconds; };
@@ -194,19 +198,19 @@ int bench_io(int argc, char** argv) {
       };
       std::printf(
           "{\"path\": \"%s\", \"direct\": %s, \"fixed_buffers\": %s, \"size_bytes\": %zu, \"block_size\": %zu, "
-          "\"queue_depth\": %d, \"reps\": %lld,\n"
+          "\"queue_depth\": %d, \"threads\": %d, \"directories\": %zu, \"reps\": %lld,\n"
           " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g,\n"
           " \"sync_write_bytes_per_s\": %.4g, \"sync_read_bytes_per_s\": %.4g,\n"
           " \"write_ratio_vs_sync\": %.3f, \"read_ratio_vs_sync\": %.3f,\n"
           " \"write_samples\": %s, \"read_samples\": %s,\n"
           " \"sync_write_samples\": %s, \"sync_read_samples\": %s}\n",
           store.path().c_str(), store.direct() ? "true" : "false", fixed ? "true" : "false", total, io.block_size,
-          io.queue_depth, reps, w, r, sw, sr, w / sw, r / sr, list(f.ours_write).c_str(), list(f.ours_read).c_str(),
+          io.queue_depth, io.threads, paths.size(), reps, w, r, sw, sr, w / sw, r / sr, list(f.ours_write).c_str(), list(f.ours_read).c_str(),
           list(f.sync_write).c_str(), list(f.sync_read).c_str());
     } else {
-      std::printf("zest bench io: %s, %.2f GiB, %s blocks, queue depth %d, %s%s, median of %lld\n",
-                  store.path().c_str(), static_cast<double>(total) / static_cast<double>(std::size_t{1} << 30),
-                  format_size(io.block_size).c_str(), io.queue_depth, store.direct() ? "O_DIRECT" : "buffered (O_DIRECT refused)",
+      std::printf("zest bench io: %s, %.2f GiB, %s blocks, queue depth %d x %d ring(s), %s%s, median of %lld\n",
+                  store.location().c_str(), static_cast<double>(total) / static_cast<double>(std::size_t{1} << 30),
+                  format_size(io.block_size).c_str(), io.queue_depth, io.threads, store.direct() ? "O_DIRECT" : "buffered (O_DIRECT refused)",
                   fixed ? ", registered buffers" : "", reps);
       std::printf("  %-28s %12s %12s\n", "", "write GB/s", "read GB/s");
       std::printf("  %-28s %12.3f %12.3f\n", "NvmeStore (io_uring)", w / 1e9, r / 1e9);

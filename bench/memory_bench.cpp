@@ -132,6 +132,29 @@ std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::si
 }
 
 // The largest value over ranks, in KiB so that a float carries it exactly up to 16 GiB.
+// The process's resident memory now (VmRSS) or its peak (VmHWM), and the peak's reset: writing 5
+// to clear_refs restarts the peak from the current resident size (Linux 4.0+), so each row
+// reports its own peak.
+std::size_t rss_field(const char* format) {
+  std::FILE* status = std::fopen("/proc/self/status", "r");
+  if (status == nullptr) return 0;
+  char line[256];
+  std::size_t kib = 0;
+  while (std::fgets(line, sizeof line, status) != nullptr)
+    if (std::sscanf(line, format, &kib) == 1) break;
+  std::fclose(status);
+  return kib * 1024;
+}
+std::size_t peak_rss() { return rss_field("VmHWM: %zu kB"); }
+std::size_t current_rss() { return rss_field("VmRSS: %zu kB"); }
+
+void reset_peak_rss() {
+  if (std::FILE* refs = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", refs);
+    std::fclose(refs);
+  }
+}
+
 std::size_t max_over_ranks(Communicator& comm, Device& device, Stream& stream, std::size_t bytes) {
   DeviceBuffer buffer = device.allocate(sizeof(float), MemoryCategory::buffers);
   *buffer.as<float>() = static_cast<float>((bytes + 1023) / 1024);
@@ -165,8 +188,10 @@ Config configured(const Configuration& conf, Config config, const std::string& n
   config.stage = conf.stage;
   config.offload.optimizer.device = conf.optimizer;
   config.offload.param.device = conf.param;
-  config.offload.optimizer.path = conf.optimizer == OffloadDevice::nvme ? nvme_path : "";
-  config.offload.param.path = conf.param == OffloadDevice::nvme ? nvme_path : "";
+  config.offload.optimizer.paths.clear();
+  config.offload.param.paths.clear();
+  if (conf.optimizer == OffloadDevice::nvme) config.offload.optimizer.paths = {nvme_path};
+  if (conf.param == OffloadDevice::nvme) config.offload.param.paths = {nvme_path};
   return config;
 }
 
@@ -178,6 +203,8 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   Communicator& comm = runtime.comm();
   comm.barrier();
   device.reset_peak();
+  reset_peak_rss();
+  const std::size_t start_rss = current_rss();
   MemoryRecord r;
   r.name = conf.name;
   r.stage = conf.stage;
@@ -192,7 +219,11 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
     r.params = trainer.engine().numel();
     std::vector<ParamSpec> specs;
     for (std::size_t t = 0; t < trainer.engine().tensor_count(); ++t) specs.push_back(trainer.engine().spec(t));
-    r.estimate_device_bytes = estimate_memory(config, specs, comm.size()).device_total;
+    const MemoryEstimate estimate = estimate_memory(config, specs, comm.size());
+    r.estimate_device_bytes = estimate.device_total;
+    r.estimate_pinned_by = estimate.pinned_by;
+    r.estimate_pinned_bytes = estimate.pinned;
+    r.host_need_bytes = estimate.pinned + (device.host_accessible() ? estimate.device_total : 0);
     for (int step = 1; step <= steps; ++step) {
       comm.barrier();
       const auto start = std::chrono::steady_clock::now();
@@ -207,7 +238,12 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   r.peak_optimizer_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::optimizer_states));
   r.peak_buffers_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::buffers));
   r.peak_device_bytes = max_over_ranks(comm, device, stream, stats.peak_total);
-  r.peak_host_pinned_bytes = max_over_ranks(comm, device, stream, device.pinned_stats().peak);
+  const HostMemoryStats pinned = device.pinned_stats();
+  r.peak_host_pinned_bytes = max_over_ranks(comm, device, stream, pinned.peak);
+  for (std::size_t p = 0; p < kHostPurposeCount; ++p)
+    r.peak_pinned_by[p] = max_over_ranks(comm, device, stream, pinned.peak_by[p]);
+  r.peak_host_rss_bytes = max_over_ranks(comm, device, stream, peak_rss());
+  r.start_host_rss_bytes = max_over_ranks(comm, device, stream, start_rss);
   r.nvme_bytes = max_over_ranks(comm, device, stream, nvme_bytes);
   r.formula_bytes = formula_bytes(conf, r.params, dtype_size(config.precision.dtype), r.ranks);
   const double model_state = static_cast<double>(r.peak_params_bytes + r.peak_grads_bytes + r.peak_optimizer_bytes);
@@ -377,7 +413,8 @@ int bench_memory(int argc, char** argv) {
                   "each; stage 3 prefetches 1 layer and keeps at most 3 gathered\n\n",
                   records.front().params, train.model.layers, train.model.hidden,
                   std::string(dtype_name(config.precision.dtype)).c_str(), runtime.world_size(), o.steps);
-      std::printf("%s%s", bench::format_table(records).c_str(), bench::format_fit_table(fit_records).c_str());
+      std::printf("%s%s%s", bench::format_table(records).c_str(), bench::format_host_table(records).c_str(),
+                  bench::format_fit_table(fit_records).c_str());
       write_file(o.json, bench::to_json(records, fit_records));
       write_file(o.csv, bench::to_csv(records));
       write_file(o.chart, bench::to_svg(records));

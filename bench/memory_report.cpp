@@ -24,6 +24,14 @@ std::string json_string(const std::string& text) {
   return out + "\"";
 }
 
+std::string purposes_json(const std::array<std::size_t, kHostPurposeCount>& bytes) {
+  std::string out = "{";
+  for (std::size_t p = 0; p < kHostPurposeCount; ++p)
+    out += (p ? ", " : "") + json_string(std::string(host_purpose_name(static_cast<HostPurpose>(p)))) +
+           printf_string(": %zu", bytes[p]);
+  return out + "}";
+}
+
 }  // namespace
 
 std::string format_table(const std::vector<MemoryRecord>& records) {
@@ -36,6 +44,25 @@ std::string format_table(const std::vector<MemoryRecord>& records) {
                          mib(r.peak_optimizer_bytes), mib(r.peak_buffers_bytes), r.ratio_to_ddp, mib(r.formula_bytes),
                          100 * r.formula_deviation, mib(r.peak_host_pinned_bytes), mib(r.nvme_bytes),
                          1000 * r.step_seconds, r.step_time_ratio_to_ddp, r.loss_matches_ddp ? "yes" : "NO");
+  }
+  return out;
+}
+
+std::string format_host_table(const std::vector<MemoryRecord>& records) {
+  std::string out = printf_string("\nhost memory per rank, MiB (measured / what the placement needs by formula):\n"
+                                  "%-38s %23s %15s", "configuration", "RSS start/peak/need", "pinned / est");
+  for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
+    const std::string_view name = host_purpose_name(static_cast<HostPurpose>(p));
+    out += printf_string(" %19.*s", static_cast<int>(name.size()), name.data());
+  }
+  out += "\n";
+  for (const MemoryRecord& r : records) {
+    out += printf_string("%-38s %7.1f/%7.1f/%-7.1f %7.1f/%-7.1f", r.name.c_str(), mib(r.start_host_rss_bytes),
+                         mib(r.peak_host_rss_bytes), mib(r.host_need_bytes),
+                         mib(r.peak_host_pinned_bytes), mib(r.estimate_pinned_bytes));
+    for (std::size_t p = 0; p < kHostPurposeCount; ++p)
+      out += printf_string(" %9.2f/%-9.2f", mib(r.peak_pinned_by[p]), mib(r.estimate_pinned_by[p]));
+    out += "\n";
   }
   return out;
 }
@@ -66,6 +93,11 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
                          r.peak_optimizer_bytes, r.peak_buffers_bytes) +
            printf_string(", \"peak_host_pinned_bytes\": %zu, \"nvme_bytes\": %zu", r.peak_host_pinned_bytes,
                          r.nvme_bytes) +
+           printf_string(", \"start_host_rss_bytes\": %zu, \"peak_host_rss_bytes\": %zu, \"host_need_bytes\": %zu",
+                         r.start_host_rss_bytes, r.peak_host_rss_bytes, r.host_need_bytes) +
+           printf_string(", \"estimate_pinned_bytes\": %zu", r.estimate_pinned_bytes) +
+           ", \"peak_pinned_by_purpose\": " + purposes_json(r.peak_pinned_by) +
+           ", \"estimate_pinned_by_purpose\": " + purposes_json(r.estimate_pinned_by) +
            printf_string(", \"ratio_to_ddp\": %.6f, \"formula_bytes\": %zu, \"formula_deviation\": %.6f",
                          r.ratio_to_ddp, r.formula_bytes, r.formula_deviation) +
            printf_string(", \"estimate_device_bytes\": %zu, \"estimate_deviation\": %.6f",
@@ -90,14 +122,25 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
       "name,stage,offload_optimizer,offload_param,ranks,params,peak_device_bytes,peak_params_bytes,"
       "peak_grads_bytes,peak_optimizer_states_bytes,peak_buffers_bytes,peak_host_pinned_bytes,nvme_bytes,"
       "ratio_to_ddp,formula_bytes,formula_deviation,step_seconds,step_time_ratio_to_ddp,final_loss,"
-      "loss_matches_ddp\n";
-  for (const MemoryRecord& r : records)
-    out += printf_string("\"%s\",%d,%s,%s,%d,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%.6f,%zu,%.6f,%.6f,%.6f,%.6f,%s\n",
+      "loss_matches_ddp,start_host_rss_bytes,peak_host_rss_bytes,host_need_bytes,estimate_pinned_bytes";
+  for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
+    const std::string name(host_purpose_name(static_cast<HostPurpose>(p)));
+    out += ",peak_pinned_" + name + "_bytes,estimate_pinned_" + name + "_bytes";
+  }
+  out += "\n";
+  for (const MemoryRecord& r : records) {
+    out += printf_string("\"%s\",%d,%s,%s,%d,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%.6f,%zu,%.6f,%.6f,%.6f,%.6f,%s",
                          r.name.c_str(), r.stage, r.offload_optimizer.c_str(), r.offload_param.c_str(), r.ranks,
                          r.params, r.peak_device_bytes, r.peak_params_bytes, r.peak_grads_bytes,
                          r.peak_optimizer_bytes, r.peak_buffers_bytes, r.peak_host_pinned_bytes, r.nvme_bytes,
                          r.ratio_to_ddp, r.formula_bytes, r.formula_deviation, r.step_seconds,
                          r.step_time_ratio_to_ddp, r.final_loss, r.loss_matches_ddp ? "true" : "false");
+    out += printf_string(",%zu,%zu,%zu,%zu", r.start_host_rss_bytes, r.peak_host_rss_bytes, r.host_need_bytes,
+                         r.estimate_pinned_bytes);
+    for (std::size_t p = 0; p < kHostPurposeCount; ++p)
+      out += printf_string(",%zu,%zu", r.peak_pinned_by[p], r.estimate_pinned_by[p]);
+    out += "\n";
+  }
   return out;
 }
 

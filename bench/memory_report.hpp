@@ -2,9 +2,12 @@
 // the terminal, JSON and CSV files, and an SVG bar chart of memory per rank by category.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include "zest/device.hpp"
 
 namespace zest::bench {
 
@@ -21,6 +24,17 @@ struct MemoryRecord {
   std::size_t peak_buffers_bytes = 0;
   std::size_t peak_device_bytes = 0;  // the peak of the total, not the sum of the peaks
   std::size_t peak_host_pinned_bytes = 0;
+  // Pinned host memory by purpose (Device::pinned_stats, each purpose's peak, the largest rank's)
+  // and what zest::estimate_memory says the placement needs, purpose by purpose.
+  std::array<std::size_t, kHostPurposeCount> peak_pinned_by{};
+  std::array<std::size_t, kHostPurposeCount> estimate_pinned_by{};
+  std::size_t estimate_pinned_bytes = 0;
+  // Peak resident memory of the rank's process during the row (VmHWM, reset before the row; on
+  // the cpu backend it holds the device memory too), and what the placement needs in host memory
+  // by formula: the estimate's pinned bytes, plus its device bytes where the device is host memory.
+  std::size_t peak_host_rss_bytes = 0;
+  std::size_t start_host_rss_bytes = 0;  // resident before the row's engine: MPI, libraries, corpus
+  std::size_t host_need_bytes = 0;
   std::size_t nvme_bytes = 0;
   std::size_t formula_bytes = 0;      // the ZeRO formula for params + grads + optimizer states
   double ratio_to_ddp = 0;            // peak_device_bytes / stage 0's
@@ -40,6 +54,8 @@ struct FitRecord {
 };
 
 std::string format_table(const std::vector<MemoryRecord>& records);
+// Per row: peak RSS and pinned bytes (by purpose) next to what the placement needs by formula.
+std::string format_host_table(const std::vector<MemoryRecord>& records);
 std::string format_fit_table(const std::vector<FitRecord>& fits);
 std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<FitRecord>& fits);
 std::string to_csv(const std::vector<MemoryRecord>& records);

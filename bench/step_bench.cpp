@@ -181,7 +181,7 @@ int bench_step(int argc, char** argv) {
       config.offload.optimizer.device = OffloadDevice::cpu;
     } else if (!o.on_device) {
       config.offload.optimizer.device = OffloadDevice::nvme;
-      config.offload.optimizer.path = o.path;
+      config.offload.optimizer.paths = {o.path};
     }
     if (o.sub_group > 0) config.offload.sub_group_bytes = o.sub_group;
     if (o.buffers > 0) config.offload.optimizer.buffer_count = o.buffers;

@@ -56,7 +56,7 @@ StoreBandwidth measure_store_bandwidth(const std::string& directory, int rank, c
   io.checksum = false;
   const std::size_t region_count = std::max<std::size_t>(bytes / kRegionBytes, 1);
   offload::NvmeStoreOptions options;
-  options.directory = directory;
+  options.directories = {directory};
   options.rank = rank;
   options.io = io;
   options.cpus = cpus;

@@ -84,7 +84,9 @@ struct PrecisionConfig {
 
 struct OffloadTarget {
   OffloadDevice device = OffloadDevice::none;
-  std::string path;        // nvme: an existing, writable directory for this rank's swap file
+  // nvme: existing, writable, distinct directories for this rank's swap (YAML `path`: one
+  // directory, or a list of them, one per drive: the swap is striped across them).
+  std::vector<std::string> paths;
   bool pinned = true;      // cpu: page-locked host memory
   int buffer_count = 4;    // host staging buffers in the swap pipeline
 };
@@ -97,8 +99,8 @@ struct OffloadConfig {
 
 struct IoConfig {
   std::size_t block_size = std::size_t{1} << 20;
-  int queue_depth = 8;
-  int threads = 1;
+  int queue_depth = 8;     // requests in flight per ring
+  int threads = 1;         // io_uring rings per NVMe store, each with its own I/O thread
   bool direct = true;      // O_DIRECT; falls back to buffered I/O only where the filesystem refuses
   bool checksum = false;   // per-region checksum, verified on read-back
 };

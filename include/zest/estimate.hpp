@@ -25,9 +25,11 @@ struct MemoryEstimate {
   std::array<std::size_t, kMemoryCategoryCount> device{};  // per rank, by MemoryCategory
   std::size_t device_total = 0;  // per rank
   std::size_t pinned = 0;        // pinned host memory per rank
+  std::array<std::size_t, kHostPurposeCount> pinned_by{};  // the same, by HostPurpose
   std::size_t nvme = 0;          // NVMe swap file per rank (offload device nvme)
 
   std::size_t device_of(MemoryCategory c) const { return device[static_cast<std::size_t>(c)]; }
+  std::size_t pinned_of(HostPurpose p) const { return pinned_by[static_cast<std::size_t>(p)]; }
 };
 
 // Throws Error for a parameter list the Engine refuses (empty, a group not one contiguous run, a

@@ -139,27 +139,87 @@ void check_directory(const std::string& key, const std::string& directory, Probl
   }
 }
 
+// The key of item `i` of a target's paths: the key itself for one directory (YAML may give it as
+// a string), "key[i]" in a list, where the reader recorded each item's position.
+std::string path_item_key(const std::string& path_key, const OffloadTarget& target, std::size_t i) {
+  if (target.paths.size() == 1) return path_key;
+  return std::string(path_key).append("[").append(std::to_string(i)).append("]");
+}
+
+// Two names of one directory (a link, "a" and "a/"): the same device and inode. Names that do not
+// exist are compared as text (check_directory reports them).
+bool same_directory(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  return a == b;
+}
+
+std::string joined(const std::vector<std::string>& paths) {
+  std::string text;
+  for (const std::string& p : paths) text.append(text.empty() ? "" : ", ").append(quoted(p));
+  return text;
+}
+
 void check_offload_target(const std::string& prefix, const OffloadTarget& target,
                           ProblemSink& sink) {
   const std::string device_key = prefix + ".device";
   const std::string path_key = prefix + ".path";
   if (!sink.valid(device_key) || !sink.valid(path_key)) return;
   if (target.device == OffloadDevice::nvme) {
-    if (target.path.empty()) {
+    if (target.paths.empty()) {
       sink.report(path_key,
              "device nvme needs a path: an existing, writable directory for this rank's swap "
-             "files",
+             "files (or a list of them, one per drive)",
              {path_key, device_key});
-    } else {
-      check_directory(path_key, target.path, sink);
+      return;
     }
-  } else if (!target.path.empty()) {
-    std::string message = "path ";
-    message.append(quoted(target.path)).append(" is set but ").append(device_key).append(" is ");
+    for (std::size_t i = 0; i < target.paths.size(); ++i) {
+      const std::string key = path_item_key(path_key, target, i);
+      if (target.paths[i].empty()) {
+        sink.report(key, "an empty directory name; name a directory or remove the item");
+        continue;
+      }
+      check_directory(key, target.paths[i], sink);
+      for (std::size_t j = 0; j < i; ++j) {
+        if (!same_directory(target.paths[j], target.paths[i])) continue;
+        std::string message = "directory ";
+        message.append(quoted(target.paths[i])).append(" is listed twice (item ").append(std::to_string(j))
+            .append(" is ").append(quoted(target.paths[j])).append(", the same directory); zest stripes the swap across "
+                                                                    "the listed directories, one per drive: list each once");
+        sink.report(key, std::move(message));
+        break;
+      }
+    }
+  } else if (!target.paths.empty()) {
+    std::string message = target.paths.size() == 1 ? "path " : "paths ";
+    message.append(joined(target.paths)).append(target.paths.size() == 1 ? " is" : " are").append(" set but ")
+        .append(device_key).append(" is ");
     message.append(quoted(detail::enum_name(detail::kOffloadDeviceNames, target.device)));
     message.append("; only nvme uses a path, so it would be silently ignored. Remove path, or set "
                    "device: nvme");
     sink.report(path_key, std::move(message));
+  }
+}
+
+// The optimizer and the parameters share one swap (one store, one file per directory) when they
+// name the same directories in the same order; lists that only overlap would put two swap files of
+// the rank on one path.
+void check_shared_swap(const Config& c, ProblemSink& sink) {
+  const OffloadTarget& opt = c.offload.optimizer;
+  const OffloadTarget& par = c.offload.param;
+  if (opt.device != OffloadDevice::nvme || par.device != OffloadDevice::nvme) return;
+  if (!sink.valid("offload.optimizer.path") || !sink.valid("offload.param.path") || opt.paths == par.paths) return;
+  for (const std::string& a : opt.paths) {
+    for (const std::string& b : par.paths) {
+      if (!same_directory(a, b)) continue;
+      std::string message = "directory ";
+      message.append(quoted(b)).append(" is in both offload.param.path (").append(joined(par.paths))
+          .append(") and offload.optimizer.path (").append(joined(opt.paths))
+          .append("), which are not the same list: the two share one swap only when they list the same directories "
+                  "in the same order. Give both the same list, or directories apart");
+      sink.report("offload.param.path", std::move(message));
+      return;
+    }
   }
 }
 
@@ -182,6 +242,7 @@ void check_combinations(const Config& c, ProblemSink& sink) {
   }
   check_offload_target("offload.optimizer", c.offload.optimizer, sink);
   check_offload_target("offload.param", c.offload.param, sink);
+  check_shared_swap(c, sink);
 
   if (sink.valid("comm.backend") && sink.valid("device.type")) {
     if (c.comm.backend == CommBackend::nccl && c.device.type == DeviceType::cpu)

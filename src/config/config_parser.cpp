@@ -199,7 +199,7 @@ class ConfigReader final : public detail::ProblemSink {
   Reader size(std::size_t& out, SizeRule rule = SizeRule::any);
   Reader flag(bool& out);
   Reader duration(std::chrono::milliseconds& out);
-  Reader text(std::string& out);
+  Reader directories(std::vector<std::string>& out);
   Reader param_groups(std::vector<OptimizerParamGroup>& out);
   template <typename Enum, std::size_t N>
   Reader choice(const std::array<EnumName<Enum>, N>& names, Enum& out);
@@ -469,11 +469,37 @@ ConfigReader::Reader ConfigReader::flag(bool& out) {
   };
 }
 
-ConfigReader::Reader ConfigReader::text(std::string& out) {
+// offload.*.path: one directory (a string), or a list of them, one per drive. An empty string is
+// "no path" (what to_yaml writes for a target without one); an empty list is a mistake.
+ConfigReader::Reader ConfigReader::directories(std::vector<std::string>& out) {
   return [this, &out](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
-    const std::string* path_text = scalar(*value, path, "a path (text)");
-    if (path_text != nullptr) out = *path_text;
+    constexpr std::string_view kExpected = "a directory, or a list of directories (one per drive)";
+    if (value->IsSequence()) {
+      if (value->size() == 0) {
+        report(path, std::string("expected ").append(kExpected).append(", found an empty list; list at least one directory"));
+        return;
+      }
+      std::vector<std::string> items;
+      for (std::size_t i = 0; i < value->size(); ++i) {
+        const YAML::Node item = (*value)[i];
+        const std::string item_path = std::string(path).append("[").append(std::to_string(i)).append("]");
+        marks_[item_path] = item.Mark();
+        const std::string* text = scalar(item, path, "a directory (text)");
+        if (text == nullptr) return;
+        if (text->empty()) {
+          report(item_path, "expected a directory, found an empty string; remove the item or name a directory");
+          return;
+        }
+        items.push_back(*text);
+      }
+      out = std::move(items);
+      return;
+    }
+    const std::string* text = scalar(*value, path, kExpected);
+    if (text == nullptr) return;
+    out.clear();
+    if (!text->empty()) out.push_back(*text);
   };
 }
 
@@ -551,7 +577,7 @@ Config ConfigReader::read(const YAML::Node* root) {
   const auto offload_target = [this](OffloadTarget& target) {
     return section({
         {"device", choice(detail::kOffloadDeviceNames, target.device)},
-        {"path", text(target.path)},
+        {"path", directories(target.paths)},
         {"pinned", flag(target.pinned)},
         {"buffer_count", integer(target.buffer_count, detail::kBufferCountRange)},
     });

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <yaml-cpp/yaml.h>
 
@@ -34,6 +35,14 @@ class YamlWriter {
     // The emitter quotes and escapes whatever a path may hold (spaces, '#', ':', non-ASCII).
     YAML::Emitter emitter;
     emitter << YAML::DoubleQuoted << text;
+    plain(key, emitter.c_str());
+  }
+
+  void quoted_list(std::string_view key, const std::vector<std::string>& texts) {
+    YAML::Emitter emitter;
+    emitter << YAML::Flow << YAML::BeginSeq;
+    for (const std::string& text : texts) emitter << YAML::DoubleQuoted << text;
+    emitter << YAML::EndSeq;
     plain(key, emitter.c_str());
   }
 
@@ -85,7 +94,10 @@ std::string param_groups_text(const OptimizerConfig& o) {
 void write_target(YamlWriter& out, std::string_view key, const OffloadTarget& target) {
   out.section(key);
   out.plain("device", detail::enum_name(detail::kOffloadDeviceNames, target.device));
-  out.quoted("path", target.path);
+  // One directory as a string, as most configs write it; several as a list.
+  if (target.paths.size() == 1) out.quoted("path", target.paths.front());
+  else if (target.paths.size() > 1) out.quoted_list("path", target.paths);
+  else out.quoted("path", "");
   out.flag("pinned", target.pinned);
   out.integer("buffer_count", target.buffer_count);
   out.end_section();

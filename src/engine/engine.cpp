@@ -31,18 +31,20 @@
 namespace zest {
 namespace {
 
-// The rank's swap file for `target` (nvme), shared by the optimizer and the parameters when both
-// name the same directory: one store per directory keeps one file per rank there.
+// The rank's swap for `target` (nvme): a file per listed directory, striped. Shared by the
+// optimizer and the parameters when both list the same directories (validate refuses lists that
+// only overlap): one store per directory list keeps one file per rank in each directory.
 std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTarget& target, int rank,
-                                           std::shared_ptr<offload::Store>& shared, std::string& shared_path) {
+                                           std::shared_ptr<offload::Store>& shared,
+                                           std::vector<std::string>& shared_paths) {
   if (target.device != OffloadDevice::nvme) return nullptr;
-  if (shared && shared_path == target.path) return shared;
+  if (shared && shared_paths == target.paths) return shared;
   offload::NvmeStoreOptions options;
-  options.directory = target.path;
+  options.directories = target.paths;
   options.rank = rank;
   options.io = config.io;
   shared = std::make_shared<offload::NvmeStore>(std::move(options));
-  shared_path = target.path;
+  shared_paths = target.paths;
   return shared;
 }
 
@@ -137,7 +139,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   const auto groups = static_cast<std::size_t>(s.layout.group_count());
   // One NVMe store per directory: the optimizer's and the parameters' share a file when they agree.
   std::shared_ptr<offload::Store> shared_store;
-  std::string store_path;
+  std::vector<std::string> store_path;
   std::shared_ptr<offload::Store> optimizer_store, param_store;
   if (s.plan.offload_optimizer) optimizer_store = nvme_store(config, config.offload.optimizer, comm.rank(), shared_store, store_path);
   if (s.plan.offload_params) param_store = nvme_store(config, config.offload.param, comm.rank(), shared_store, store_path);

@@ -20,6 +20,16 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
   e.device = plan.device;
   e.device_total = plan.device_total;
   e.pinned = plan.pinned_total;
+  // By purpose, as the engine's allocations are labelled (Device::allocate_pinned).
+  const auto set = [&e](HostPurpose p, std::size_t bytes) { e.pinned_by[static_cast<std::size_t>(p)] = bytes; };
+  const engine::OptimizerOffloadPlan& opt = plan.optimizer_offload;
+  const engine::ParamOffloadPlan& par = plan.param_offload;
+  set(HostPurpose::engine, plan.engine_pinned);
+  set(HostPurpose::optimizer_states, opt.states_bytes);
+  set(HostPurpose::optimizer_staging, 2 * opt.staging_bytes);
+  set(HostPurpose::optimizer_swap, opt.state_slots_bytes);
+  set(HostPurpose::param_shards, par.shards_bytes);
+  set(HostPurpose::param_swap, par.staging_bytes + par.updates_bytes);
   e.nvme = plan.nvme_total;
   return e;
 }

@@ -50,8 +50,8 @@ struct OffloadedOptimizer::Impl {
     }
     largest = plan.largest;
     grad_slot_bytes = plan.grad_slot_bytes;
-    grad_staging = device.allocate_pinned(plan.staging_bytes);
-    out_staging = device.allocate_pinned(plan.staging_bytes);
+    grad_staging = device.allocate_pinned(plan.staging_bytes, HostPurpose::optimizer_staging);
+    out_staging = device.allocate_pinned(plan.staging_bytes, HostPurpose::optimizer_staging);
     for (std::size_t i = 0; i < slots; ++i) {
       grad_ready.push_back(device.create_event());
       out_done.push_back(device.create_event());
@@ -59,7 +59,7 @@ struct OffloadedOptimizer::Impl {
     reads.resize(slots);
     writes.resize(slots);
     if (!store) {
-      states = device.allocate_pinned(plan.states_bytes);
+      states = device.allocate_pinned(plan.states_bytes, HostPurpose::optimizer_states);
       std::memset(states.data(), 0, states.bytes());
       return;
     }
@@ -67,7 +67,7 @@ struct OffloadedOptimizer::Impl {
       throw Error(std::string("offloaded optimizer: the store's alignment is ").append(std::to_string(store->alignment()))
                       .append(" bytes, the memory plan's ").append(std::to_string(kNvmeAlignment)));
     state_slot_bytes = plan.state_slot_bytes;
-    state_slots = device.allocate_pinned(plan.state_slots_bytes);
+    state_slots = device.allocate_pinned(plan.state_slots_bytes, HostPurpose::optimizer_swap);
     std::memset(state_slots.data(), 0, state_slots.bytes());
     // Every region starts as zeros (master weights until set, moments, padding), so every read
     // finds data. Writes of zeros from every slot in turn keep `slots` writes in flight.

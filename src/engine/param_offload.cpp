@@ -14,7 +14,7 @@ ParamOffload::ParamOffload(Device& device, const Layout& layout, const ParamOffl
     : device_(device), layout_(layout), dtype_(dtype), offloaded_(plan.offloaded), store_(std::move(store)) {
   const std::size_t element = dtype_size(dtype_);
   if (!store_) {
-    shards_ = device_.allocate_pinned(plan.shards_bytes);
+    shards_ = device_.allocate_pinned(plan.shards_bytes, HostPurpose::param_shards);
     std::memset(shards_.data(), 0, shards_.bytes());
     return;
   }
@@ -23,8 +23,8 @@ ParamOffload::ParamOffload(Device& device, const Layout& layout, const ParamOffl
     throw Error(std::string("offloaded parameters: the store's alignment is ").append(std::to_string(store_->alignment()))
                     .append(" bytes, the memory plan's ").append(std::to_string(kNvmeAlignment)));
   slot_bytes_ = plan.slot_bytes;
-  staging_ = device_.allocate_pinned(plan.staging_bytes);
-  updates_ = device_.allocate_pinned(plan.updates_bytes);
+  staging_ = device_.allocate_pinned(plan.staging_bytes, HostPurpose::param_swap);
+  updates_ = device_.allocate_pinned(plan.updates_bytes, HostPurpose::param_swap);
   std::memset(updates_.data(), 0, updates_.bytes());
   regions_.assign(static_cast<std::size_t>(layout_.group_count()), 0);
   // Zeros (padding included) in every region, so each holds data before set_param fills it.

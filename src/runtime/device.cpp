@@ -18,6 +18,19 @@ std::string_view category_name(MemoryCategory category) {
   return "unknown";
 }
 
+std::string_view host_purpose_name(HostPurpose purpose) {
+  switch (purpose) {
+    case HostPurpose::engine: return "engine";
+    case HostPurpose::optimizer_states: return "optimizer_states";
+    case HostPurpose::optimizer_staging: return "optimizer_staging";
+    case HostPurpose::optimizer_swap: return "optimizer_swap";
+    case HostPurpose::param_shards: return "param_shards";
+    case HostPurpose::param_swap: return "param_swap";
+    case HostPurpose::other: return "other";
+  }
+  return "unknown";
+}
+
 Device::Device(std::size_t budget)
     : device_ledger_(std::make_unique<MemoryLedger>(budget)),
       pinned_ledger_(std::make_unique<MemoryLedger>(0)) {}
@@ -44,7 +57,7 @@ DeviceBuffer Device::allocate(std::size_t bytes, MemoryCategory category) {
   return DeviceBuffer(this, data, bytes, category);
 }
 
-HostBuffer Device::allocate_pinned(std::size_t bytes) {
+HostBuffer Device::allocate_pinned(std::size_t bytes, HostPurpose purpose) {
   if (bytes == 0) return HostBuffer();
   bool locked = false;
   void* data = allocate_pinned_bytes(bytes, locked);
@@ -56,8 +69,8 @@ HostBuffer Device::allocate_pinned(std::size_t bytes) {
                           .append(": the system has no memory left; lower the offload buffer sizes "
                                   "(offload.sub_group_bytes, offload.*.buffer_count)"));
   }
-  pinned_ledger_->reserve_host(bytes, locked);
-  return HostBuffer(this, data, bytes, locked);
+  pinned_ledger_->reserve_host(bytes, locked, purpose);
+  return HostBuffer(this, data, bytes, locked, purpose);
 }
 
 void Device::release(DeviceBuffer& buffer) noexcept {
@@ -67,7 +80,7 @@ void Device::release(DeviceBuffer& buffer) noexcept {
 
 void Device::release(HostBuffer& buffer) noexcept {
   free_pinned_bytes(buffer.data_, buffer.bytes_);
-  pinned_ledger_->release_host(buffer.bytes_, buffer.locked_);
+  pinned_ledger_->release_host(buffer.bytes_, buffer.locked_, buffer.purpose_);
 }
 
 MemoryStats Device::memory_stats() const {
@@ -117,7 +130,8 @@ HostBuffer::HostBuffer(HostBuffer&& other) noexcept
     : owner_(std::exchange(other.owner_, nullptr)),
       data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
-      locked_(std::exchange(other.locked_, false)) {}
+      locked_(std::exchange(other.locked_, false)),
+      purpose_(other.purpose_) {}
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   if (this != &other) {
@@ -126,6 +140,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     locked_ = std::exchange(other.locked_, false);
+    purpose_ = other.purpose_;
   }
   return *this;
 }

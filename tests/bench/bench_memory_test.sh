@@ -3,7 +3,8 @@
 # carry the promised fields, the sharded stages use less memory than DDP in the order the ZeRO
 # formulas say, each within 5% of its formula, with the same loss as DDP; offloaded optimizer states
 # leave the device (pinned host or NVMe bytes instead) and offloading uses less device memory than
-# its stage alone; the chart is an SVG.
+# its stage alone; pinned host memory by purpose equals the estimate's, and NVMe rows pin only swap
+# buffers; the chart is an SVG.
 # usage: bench_memory_test.sh ZEST MPIRUN
 set -euo pipefail
 zest=$1 mpirun=$2
@@ -50,6 +51,14 @@ for stage, r in records.items():
     if abs(r["estimate_deviation"]) > 0.05:
         problems.append(f"{stage}: measured {r['peak_device_bytes']} is {r['estimate_deviation']:+.3f} off zest estimate's {r['estimate_device_bytes']}")
     if not r["loss_matches_ddp"]: problems.append(f"{stage}: loss differs from DDP")
+    # Host memory: pinned bytes by purpose equal what the placement needs by formula (the measured
+    # figures are rounded up to KiB across ranks), and the peak RSS is measured.
+    for purpose, want in r["estimate_pinned_by_purpose"].items():
+        got = r["peak_pinned_by_purpose"][purpose]
+        if not want <= got <= want + 1024:
+            problems.append(f"{stage}: {got} pinned bytes for {purpose}, the estimate says {want}")
+    if not r["peak_host_rss_bytes"] >= r["start_host_rss_bytes"] > 0:
+        problems.append(f"{stage}: host RSS start {r['start_host_rss_bytes']}, peak {r['peak_host_rss_bytes']}")
 for name, (base, optimizer, param) in offloads.items():
     r, b = records[name], records[base]
     if (r["offload_optimizer"], r["offload_param"]) != (optimizer, param):
@@ -69,6 +78,12 @@ for name, (base, optimizer, param) in offloads.items():
         problems.append(f"{name}: the states are not in pinned host memory")
     if (optimizer == "nvme") != (r["nvme_bytes"] > 0):
         problems.append(f"{name}: nvme_bytes {r['nvme_bytes']}")
+    # NVMe keeps the states (and shards) off the host: only the swap buffers are pinned for them.
+    pinned = r["peak_pinned_by_purpose"]
+    if optimizer == "nvme" and (pinned["optimizer_states"] != 0 or pinned["optimizer_swap"] == 0):
+        problems.append(f"{name}: pinned by purpose {pinned}")
+    if param == "nvme" and (pinned["param_shards"] != 0 or pinned["param_swap"] == 0):
+        problems.append(f"{name}: pinned by purpose {pinned}")
 ratios = [records[s]["ratio_to_ddp"] for s in stages]
 if not (ratios[0] == 1 and ratios[0] > ratios[1] > ratios[2] > ratios[3]):
     problems.append(f"ratios to DDP not decreasing with the stage: {ratios}")

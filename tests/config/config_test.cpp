@@ -118,7 +118,7 @@ void expect_same(const Config& a, const Config& b) {
     const OffloadTarget& ta = a.offload.*member;
     const OffloadTarget& tb = b.offload.*member;
     EXPECT_EQ(ta.device, tb.device);
-    EXPECT_EQ(ta.path, tb.path);
+    EXPECT_EQ(ta.paths, tb.paths);
     EXPECT_EQ(ta.pinned, tb.pinned);
     EXPECT_EQ(ta.buffer_count, tb.buffer_count);
   }
@@ -210,7 +210,7 @@ TEST(ConfigValid, EveryKeyResolvesToTheValueWritten) {
   EXPECT_EQ(c.gradient_clipping, 1.0);
   EXPECT_EQ(c.gradient_accumulation_steps, 8);
   EXPECT_EQ(c.offload.optimizer.device, OffloadDevice::cpu);
-  EXPECT_EQ(c.offload.optimizer.path, "");
+  EXPECT_TRUE(c.offload.optimizer.paths.empty());
   EXPECT_FALSE(c.offload.optimizer.pinned);
   EXPECT_EQ(c.offload.optimizer.buffer_count, 3);
   EXPECT_EQ(c.offload.param.device, OffloadDevice::cpu);
@@ -250,8 +250,43 @@ TEST(ConfigValid, NvmeWithAWritableDirectory) {
                                 dir.path() + "'}\n  param: {device: nvme, path: '" + dir.path() +
                                 "'}\n");
   EXPECT_EQ(c.offload.optimizer.device, OffloadDevice::nvme);
-  EXPECT_EQ(c.offload.optimizer.path, dir.path());
-  EXPECT_EQ(c.offload.param.path, dir.path());
+  EXPECT_EQ(c.offload.optimizer.paths, std::vector<std::string>{dir.path()});
+  EXPECT_EQ(c.offload.param.paths, std::vector<std::string>{dir.path()});
+}
+
+// One directory per drive: the swap is striped across a list; a single string still works.
+TEST(ConfigValid, NvmePathTakesAListOfDirectories) {
+  TempDir dir;
+  const std::string a = dir.make_child("a"), b = dir.make_child("b");
+  const Config c = parse_config("stage: 3\noffload:\n  optimizer: {device: nvme, path: ['" + a + "', '" + b +
+                                "']}\n  param:\n    device: nvme\n    path:\n      - '" + a + "'\n      - '" + b +
+                                "'\nio: {threads: 2}\n");
+  EXPECT_EQ(c.offload.optimizer.paths, (std::vector<std::string>{a, b}));
+  EXPECT_EQ(c.offload.param.paths, (std::vector<std::string>{a, b}));
+  EXPECT_EQ(c.io.threads, 2);
+  expect_same(parse_config(to_yaml(c)), c);
+  EXPECT_NE(to_yaml(c).find("path: [\"" + a + "\", \"" + b + "\"]"), std::string::npos) << to_yaml(c);
+}
+
+TEST(ConfigCombinations, NvmePathListsAreChecked) {
+  TempDir dir;
+  const std::string a = dir.make_child("a"), b = dir.make_child("b");
+  // An empty list, a missing directory, the same directory twice (under two names).
+  const auto empty = problems_in_text("stage: 1\noffload: {optimizer: {device: nvme, path: []}}\n");
+  ASSERT_EQ(empty.size(), 1u) << dump(empty);
+  expect_problem(empty, "offload.optimizer.path", 2, 43, {"found an empty list", "at least one directory"});
+
+  const auto problems = problems_in_text("stage: 1\noffload:\n  optimizer:\n    device: nvme\n    path:\n      - '" + a +
+                                         "'\n      - /nonexistent/zest-config-test\n      - '" + a + "/'\n");
+  ASSERT_EQ(problems.size(), 2u) << dump(problems);
+  expect_problem(problems, "offload.optimizer.path[1]", 7, 9, {"'/nonexistent/zest-config-test'", "does not exist"});
+  expect_problem(problems, "offload.optimizer.path[2]", 8, 9, {"'" + a + "/'", "listed twice", "item 0"});
+
+  // The optimizer and the parameters share one swap only with the same list.
+  const auto overlap = problems_in_text("stage: 3\noffload:\n  optimizer: {device: nvme, path: ['" + a + "', '" + b +
+                                        "']}\n  param: {device: nvme, path: '" + b + "'}\n");
+  ASSERT_EQ(overlap.size(), 1u) << dump(overlap);
+  expect_problem(overlap, "offload.param.path", 4, 31, {"'" + b + "' is in both", "not the same list"});
 }
 
 TEST(ConfigValid, BoundaryValuesAreAccepted) {
@@ -693,9 +728,9 @@ TEST(ConfigYaml, RoundTripsDefaultsAndAwkwardValues) {
   Config c = resolved_defaults("<string>");
   c.stage = 3;
   c.offload.optimizer.device = OffloadDevice::nvme;
-  c.offload.optimizer.path = awkward;
+  c.offload.optimizer.paths = {awkward};
   c.offload.param.device = OffloadDevice::nvme;
-  c.offload.param.path = awkward;
+  c.offload.param.paths = {awkward};
   c.optimizer.lr = 0.1 + 0.2;  // 0.30000000000000004: needs all 17 digits
   c.optimizer.beta2 = 1.0 - 1e-12;
   c.optimizer.eps = 5e-324;  // the smallest subnormal

@@ -1,7 +1,7 @@
 // zest::estimate_memory against real engines, under mpirun (1 and 4 ranks): for every stage and
 // offload mode, odd tensor sizes, resident and gathered stage-3 groups, several sub-groups and a
 // tensor larger than the set_param staging, an Engine is built and trained for two steps; its
-// device peaks by category, its total peak, the pinned host memory and the NVMe swap file (its
+// device peaks by category, its total peak, the pinned host memory (by purpose) and the NVMe swap file (its
 // size on disk too) must EQUAL the estimate, byte for byte. The estimate of a large model is also
 // checked against the ZeRO paper's per-rank formulas, which it may exceed only by padding and buffers.
 #include <gtest/gtest.h>
@@ -66,8 +66,8 @@ Config make_config(const Case& k, const std::string& nvme_dir) {
   c.stage3.max_live_bytes = k.max_live;
   c.offload.optimizer.device = k.optimizer;
   c.offload.param.device = k.param;
-  if (k.optimizer == OffloadDevice::nvme) c.offload.optimizer.path = nvme_dir;
-  if (k.param == OffloadDevice::nvme) c.offload.param.path = nvme_dir;
+  if (k.optimizer == OffloadDevice::nvme) c.offload.optimizer.paths = {nvme_dir};
+  if (k.param == OffloadDevice::nvme) c.offload.param.paths = {nvme_dir};
   c.offload.sub_group_bytes = 12 * 256;  // several sub-groups per group
   c.offload.optimizer.buffer_count = 3;
   return c;
@@ -116,6 +116,12 @@ TEST_P(EstimateEqualsEngine, DevicePinnedAndNvmeBytes) {
       EXPECT_EQ(stats.memory.peak[c], want.device[c]) << category_name(static_cast<MemoryCategory>(c));
     EXPECT_EQ(stats.memory.peak_total, want.device_total);
     EXPECT_EQ(device->pinned_stats().peak, want.pinned);
+    std::size_t by_purpose = 0;
+    for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
+      EXPECT_EQ(device->pinned_stats().peak_by[p], want.pinned_by[p]) << host_purpose_name(static_cast<HostPurpose>(p));
+      by_purpose += want.pinned_by[p];
+    }
+    EXPECT_EQ(by_purpose, want.pinned);
     EXPECT_EQ(stats.nvme_bytes, want.nvme);
     if (k.optimizer == OffloadDevice::nvme || k.param == OffloadDevice::nvme) {
       EXPECT_GT(want.nvme, 0u);
@@ -155,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Estimate, NvmeAlignmentIsTheStores) {
   test::ScratchDir dir;
   offload::NvmeStoreOptions options;
-  options.directory = dir.path();
+  options.directories = {dir.path()};
   options.rank = 1000 + world_size();  // not a file an engine test of this run uses
   offload::NvmeStore store(options);
   EXPECT_EQ(store.alignment(), engine::kNvmeAlignment);

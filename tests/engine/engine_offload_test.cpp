@@ -6,6 +6,7 @@
 // failure of the swap file must surface from step() naming the file and errno.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "runtime/mpi_session.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
+#include "zest/estimate.hpp"
 
 namespace zest {
 namespace {
@@ -54,6 +56,17 @@ bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::
   for (std::size_t t = 0; t < a.size(); ++t)
     if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
   return true;
+}
+
+int test_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+std::size_t file_bytes(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 ? static_cast<std::size_t>(info.st_size) : 0;
 }
 
 int world_size() {
@@ -151,6 +164,45 @@ TEST(OffloadPipeline, TwoBuffersStillGiveTheSameBits) {
   EXPECT_TRUE(identical(got.params, train(o).params));
 }
 
+// The swap striped over two directories (4 KiB stripes, so every sub-group's region lands in one
+// or the other), with one and two I/O rings: the same bits as one directory, and both directories
+// hold their half of the swap while the engine runs.
+TEST(OffloadStriping, TwoDirectoriesGiveTheBitsOfOneAndHoldHalfTheSwapEach) {
+  for (const int stage : {2, 3}) {
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", io.threads " + std::to_string(threads));
+      test::ScratchDir one, a, b;
+      Options o;
+      o.stage = stage;
+      o.offload_optimizer = OffloadDevice::nvme;
+      o.offload_param = stage == 3 ? OffloadDevice::nvme : OffloadDevice::none;
+      o.sub_group_bytes = kSubGroupBytes;
+      o.io_block = 4096;
+      o.nvme_path = one.path();
+      const TrainedRun single = train(o);
+      o.nvme_dirs = {a.path(), b.path()};
+      o.io_threads = threads;
+      std::size_t in_a = 0, in_b = 0;
+      const std::string file = "/zest-rank" + std::to_string(test_rank()) + ".swap";
+      const auto sizes = [&] {
+        in_a = file_bytes(a.path() + file);
+        in_b = file_bytes(b.path() + file);
+      };
+      MpiSession session;
+      auto device = make_cpu_device(std::size_t{256} << 20);
+      auto comm = make_mpi_communicator(session, *device);
+      EngineStats stats;
+      const auto striped = train_engine(o, kSteps, *device, *comm, &stats, sizes);
+      EXPECT_TRUE(identical(striped, single.params)) << "striping changed the result";
+      EXPECT_EQ(stats.nvme_bytes, single.stats.nvme_bytes);
+      EXPECT_EQ(in_a + in_b, stats.nvme_bytes) << "the two files hold exactly the swap";
+      // 4 KiB stripes alternate: the halves differ by at most one stripe.
+      EXPECT_LE(in_a > in_b ? in_a - in_b : in_b - in_a, 4096u);
+      EXPECT_GT(in_b, 0u);
+    }
+  }
+}
+
 TEST(OffloadMemory, CpuOptimizerKeepsNoStatesOnTheDeviceAndTwelveBytesPerParameterPinned) {
   Options o;
   o.stage = 2;
@@ -184,6 +236,44 @@ TEST(OffloadMemory, NvmeOptimizerKeepsStatesOnDiskAndOnlyItsBuffersOnTheHost) {
   // staging: bounded by the configuration, whatever the model's size.
   EXPECT_EQ(got.stats.offload_pinned_bytes, 4u * (4096 + 2 * 512));
   EXPECT_GE(got.pinned.peak, got.stats.offload_pinned_bytes);
+}
+
+// NVMe offload holds host memory to its configured buffers (buffer_count sub-groups, and at stage 3
+// one fetch buffer per gathered layer that stage3.max_live allows): a model four times deeper (same
+// layer size) takes four times the swap and exactly the same pinned bytes, purpose by purpose, which
+// are what zest::estimate_memory says; no states or shards live in host memory.
+TEST(OffloadMemory, NvmeHostMemoryIsItsConfiguredBuffersWhateverTheModelSize) {
+  for (const int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    std::vector<HostMemoryStats> pinned;
+    std::vector<std::size_t> nvme;
+    for (const int layers : {4, 16}) {
+      test::ScratchDir dir;
+      Options o;
+      o.stage = stage;
+      o.offload_optimizer = OffloadDevice::nvme;
+      o.offload_param = stage == 3 ? OffloadDevice::nvme : OffloadDevice::none;
+      o.nvme_path = dir.path();
+      o.sub_group_bytes = 12 * 512;
+      o.max_live = 3 * 4096 * sizeof(float);  // stage 3: three gathered layers (and fetch buffers)
+      o.specs = uniform_model(static_cast<std::size_t>(layers) * 4096, layers);
+      const TrainedRun got = train(o, 2);
+      const MemoryEstimate estimate = estimate_memory(make_config(o), o.specs, world_size());
+      for (std::size_t p = 0; p < kHostPurposeCount; ++p)
+        EXPECT_EQ(got.pinned.peak_by[p], estimate.pinned_by[p]) << host_purpose_name(static_cast<HostPurpose>(p));
+      EXPECT_EQ(got.pinned.peak_of(HostPurpose::optimizer_states), 0u);
+      EXPECT_EQ(got.pinned.peak_of(HostPurpose::param_shards), 0u);
+      EXPECT_GT(got.pinned.peak_of(HostPurpose::optimizer_swap), 0u);
+      if (stage == 3) {
+        EXPECT_GT(got.pinned.peak_of(HostPurpose::param_swap), 0u);
+      }
+      pinned.push_back(got.pinned);
+      nvme.push_back(got.stats.nvme_bytes);
+    }
+    EXPECT_EQ(pinned[0].peak_by, pinned[1].peak_by) << "host memory grew with the model";
+    EXPECT_EQ(pinned[0].peak, pinned[1].peak);
+    EXPECT_GE(nvme[1], 4 * nvme[0] - 4 * 4096) << "the swap did not grow with the model";
+  }
 }
 
 TEST(OffloadMemory, OffloadedParametersLeaveOnlyResidentGroupsOnTheDevice) {

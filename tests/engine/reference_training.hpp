@@ -54,6 +54,9 @@ struct Options {
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;
   std::string nvme_path;              // the directory for nvme
+  std::vector<std::string> nvme_dirs; // several directories (striped); when set, nvme_path is unused
+  std::size_t io_block = 0;           // io.block_size (the stripe); 0: the default
+  int io_threads = 1;                 // io.threads
   std::size_t sub_group_bytes = 0;    // 0: the default
   int buffer_count = 4;
   std::vector<ParamSpec> specs;       // empty: model()
@@ -61,6 +64,8 @@ struct Options {
   std::size_t allgather_bucket = 0;   // buckets.allgather; 0: the default
   std::vector<OptimizerParamGroup> param_groups;  // optimizer.param_groups
   std::function<double(int step)> lr_factor;      // a schedule: every group's lr times this at `step`
+
+  std::vector<std::string> nvme_paths() const { return nvme_dirs.empty() ? std::vector<std::string>{nvme_path} : nvme_dirs; }
 };
 
 inline std::vector<ParamSpec> specs_of(const Options& o) { return o.specs.empty() ? model() : o.specs; }
@@ -85,9 +90,11 @@ inline Config make_config(const Options& o) {
   c.offload.optimizer.device = o.offload_optimizer;
   c.offload.param.device = o.offload_param;
   c.offload.optimizer.buffer_count = c.offload.param.buffer_count = o.buffer_count;
-  if (o.offload_optimizer == OffloadDevice::nvme) c.offload.optimizer.path = o.nvme_path;
-  if (o.offload_param == OffloadDevice::nvme) c.offload.param.path = o.nvme_path;
+  if (o.offload_optimizer == OffloadDevice::nvme) c.offload.optimizer.paths = o.nvme_paths();
+  if (o.offload_param == OffloadDevice::nvme) c.offload.param.paths = o.nvme_paths();
   if (o.sub_group_bytes > 0) c.offload.sub_group_bytes = o.sub_group_bytes;
+  if (o.io_block > 0) c.io.block_size = o.io_block;
+  c.io.threads = o.io_threads;
   if (o.reduce_bucket > 0) c.buckets.reduce_bytes = o.reduce_bucket;
   if (o.allgather_bucket > 0) c.buckets.allgather_bytes = o.allgather_bucket;
   c.optimizer.param_groups = o.param_groups;

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     char line[1024];
     std::snprintf(line, sizeof line, "rank %d local %d/%d pinned %zu nvme %zu files %s", rank, runtime.local_rank(),
                   runtime.local_size(), runtime.device().pinned_stats().peak, stats.nvme_bytes,
-                  listing(config.offload.optimizer.path).c_str());
+                  listing(config.offload.optimizer.paths.front()).c_str());
     std::vector<char> all(rank == 0 ? sizeof line * static_cast<std::size_t>(runtime.world_size()) : 0);
     MPI_Gather(line, sizeof line, MPI_CHAR, all.data(), sizeof line, MPI_CHAR, 0, MPI_COMM_WORLD);
     if (rank == 0)

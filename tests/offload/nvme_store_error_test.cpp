@@ -22,7 +22,7 @@ namespace {
 
 NvmeStoreOptions options_for(const std::string& directory, bool checksum = false) {
   NvmeStoreOptions options;
-  options.directory = directory;
+  options.directories = {directory};
   options.io.block_size = 1 << 14;
   options.io.queue_depth = 4;
   options.io.checksum = checksum;

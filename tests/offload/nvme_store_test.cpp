@@ -22,7 +22,7 @@ namespace {
 
 NvmeStoreOptions options_for(const test::ScratchDir& dir, std::size_t block_size, int queue_depth) {
   NvmeStoreOptions options;
-  options.directory = dir.path();
+  options.directories = {dir.path()};
   options.rank = 3;
   options.io.block_size = block_size;
   options.io.queue_depth = queue_depth;
