@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -120,14 +121,35 @@ std::vector<std::uint32_t> gather_words(Device& device, Communicator& comm, Stre
 
 // Every rank learns whether any failed; a failed rank rethrows its own error, the others say which
 // rank failed (and `consequence`), so that no rank goes on to the next collective phase alone.
+// When one failed, every rank first runs `undo` (collective: all ranks run it, or none).
 void agree(Device& device, Communicator& comm, Stream& stream, const std::exception_ptr& failure,
-                  const std::string& operation, const std::string& consequence = "nothing was changed") {
+           const std::string& operation, const std::string& consequence = "nothing was changed",
+           const std::function<void()>& undo = {}) {
   const auto flags = gather_words(device, comm, stream, {failure ? 1u : 0u});
+  if (undo && std::find(flags.begin(), flags.end(), 1u) != flags.end()) undo();
   if (failure) std::rethrow_exception(failure);
   for (std::size_t r = 0; r < flags.size(); ++r)
     if (flags[r])
       throw Error(std::string(operation).append(": rank ").append(std::to_string(r))
                       .append(" failed (its error says why); ").append(consequence));
+}
+
+// A save that fails once its temporary directory exists removes what it wrote there, so that a
+// failed save leaves nothing behind: each rank its own state files, then (once every rank has)
+// rank 0 the manifest and the directory. Only names this save writes are unlinked, and rmdir removes
+// the directory only when that emptied it. A failure here must not hide the save's own error: it
+// leaves the directory, which the next save skips (create_temp_dir never reuses one).
+void discard_temp(const EngineParts& e, const std::string& temp) {
+  try {
+    const int rank = e.comm.rank();
+    for (int k = 0; k < kStates; ++k) ::unlink(join(temp, state_file_name(rank, StateKind(k))).c_str());
+    gather_words(e.device, e.comm, e.stream, {0u});  // every rank's files are gone
+    if (rank == 0) {
+      ::unlink(join(temp, kManifestName).c_str());
+      ::rmdir(temp.c_str());
+    }
+  } catch (...) {
+  }
 }
 
 }  // namespace
@@ -180,7 +202,8 @@ void save(const EngineParts& e, const std::string& dir) {
   } catch (...) {
     failure = std::current_exception();
   }
-  agree(e.device, e.comm, stream, failure, op, std::string(target).append(" is unchanged"));
+  const auto discard = [&] { discard_temp(e, temp); };
+  agree(e.device, e.comm, stream, failure, op, std::string(target).append(" is unchanged"), discard);
 
   // Rank 0 writes the manifest: every rank's chunk checksums travel to it as 32-bit words.
   std::vector<std::uint32_t> crcs;
@@ -216,12 +239,22 @@ void save(const EngineParts& e, const std::string& dir) {
       const std::string text = serialize(m);
       write_file_synced(join(temp, kManifestName), text.data(), text.size());
       fsync_directory(temp);
-      publish(temp, target);
-    } catch (const std::filesystem::filesystem_error& error) {
-      failure = std::make_exception_ptr(IoError(std::string(op).append(": ").append(error.what()), target, 0, 0,
-                                                error.code().value()));
     } catch (...) {
       failure = std::current_exception();
+    }
+  }
+  agree(e.device, e.comm, stream, failure, op, std::string(target).append(" is unchanged"), discard);
+
+  // The new checkpoint is complete: a failure to put it in place keeps it, and says where it is.
+  if (rank == 0) {
+    const std::string kept = std::string("; the new checkpoint is complete in ").append(temp)
+                                 .append(": move it into place yourself, or save again");
+    try {
+      publish(temp, target);
+    } catch (const Error& error) {
+      failure = std::make_exception_ptr(Error(std::string(error.what()).append(kept)));
+    } catch (const std::exception& error) {  // std::filesystem's
+      failure = std::make_exception_ptr(Error(std::string(op).append(": ").append(error.what()).append(kept)));
     }
   }
   agree(e.device, e.comm, stream, failure, op);

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <stdlib.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -454,6 +456,36 @@ TEST_F(SaveTarget, NeverRemovesAPathItDidNotCreate) {
     EXPECT_EQ(contents(aside + "/keep"), "mine");
     EXPECT_EQ(names(), (std::set<std::string>{"ckpt", fs::path(temp).filename().string(), fs::path(aside).filename().string()}));
   }
+}
+
+TEST_F(SaveTarget, AFailedWriteKeepsThePreviousCheckpointAndLeavesNoTemporaryDirectory) {
+  engine->save(path("ckpt"));
+  train_steps(*engine, o, 2, 2, *comm);
+  // Rank 0 cannot write a byte (as on a full disk: write fails, EFBIG here); the other ranks'
+  // files are written, then removed with rank 0's.
+  struct rlimit saved {};
+  ::getrlimit(RLIMIT_FSIZE, &saved);
+  const auto previous_handler = ::signal(SIGXFSZ, SIG_IGN);
+  if (rank() == 0) {
+    struct rlimit none = saved;
+    none.rlim_cur = 0;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &none), 0);
+  }
+  std::string error;
+  try {
+    engine->save(path("ckpt"));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  ::signal(SIGXFSZ, previous_handler);
+  EXPECT_NE(error.find(rank() == 0 ? "File too large" : "rank 0 failed"), std::string::npos) << error;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank() == 0) {
+    EXPECT_EQ(names(), std::set<std::string>{"ckpt"});
+  }
+  Engine other(make_config(o), *device, *comm, model());
+  EXPECT_EQ(other.load(path("ckpt")).steps, 1);
 }
 
 TEST_F(SaveTarget, RefusesNamesThatAreNoDirectory) {
