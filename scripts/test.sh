@@ -33,14 +33,12 @@ run_tests() {
   skipped=$((skipped + $(count "Skipped")))
 }
 
-# The across-hosts test (suite multihost) still hangs in about one run in three; it runs on its own
-# (meson test --suite multihost) until that is found.
 configure_build "$ZEST_BUILD"
-run_tests "$ZEST_BUILD" --no-suite multihost
+run_tests "$ZEST_BUILD"
 if ((sanitize)); then
   configure_build "$ZEST_BUILD-sanitize" -Dbuildtype=debugoptimized -Db_sanitize=address,undefined \
     -Db_lundef=false
-  run_tests "$ZEST_BUILD-sanitize" --no-suite multihost
+  run_tests "$ZEST_BUILD-sanitize"
 fi
 if ((tsan)); then
   configure_build "$ZEST_BUILD-tsan" -Dbuildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false
