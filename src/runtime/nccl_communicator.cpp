@@ -7,15 +7,18 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
 #include "runtime/cuda_check.hpp"
 #include "runtime/cuda_device.hpp"
 #include "runtime/nccl_check.hpp"
+#include "runtime/pending_watchdog.hpp"
 #include "zest/error.hpp"
 #include "zest/nccl.hpp"
 
@@ -86,10 +89,18 @@ ncclComm_t start_nccl(int ordinal, int rank, int size, const BroadcastFromRankZe
 // communicator's own, so the trainer's all_reduce_host needs neither (and barrier() is one).
 constexpr std::size_t kHostScratchBytes = 1024;
 
+// A CUDA event that ends with the last copy of its handle (the watchdog's poll holds one).
+using SharedEvent = std::shared_ptr<CUevent_st>;
+
+// How long the watchdog's abort waits for a collective being enqueued (NCCL may block in the
+// enqueue itself, connecting to a peer) before it aborts under it.
+constexpr auto kEnqueueGrace = std::chrono::seconds(5);
+
 class NcclCommunicator final : public Communicator {
  public:
   // `owned`: zest made `comm` and ends it; otherwise the program does, after this is destroyed.
-  NcclCommunicator(ncclComm_t comm, bool owned, int ordinal)
+  // `timeout` (comm.timeout; 0 = none): a collective not complete after it aborts `comm`.
+  NcclCommunicator(ncclComm_t comm, bool owned, int ordinal, std::chrono::milliseconds timeout)
       : ordinal_(ordinal), comm_(comm), owned_(owned) {
     try {
       ZEST_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
@@ -97,6 +108,9 @@ class NcclCommunicator final : public Communicator {
       ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
       ZEST_CUDA_CHECK(cudaStreamCreateWithFlags(&host_stream_, cudaStreamNonBlocking));
       ZEST_CUDA_CHECK(cudaMalloc(&host_scratch_, kHostScratchBytes));
+      watchdog_ = std::make_unique<PendingWatchdog>(
+          std::string("nccl rank ").append(std::to_string(rank_)), timeout, [this] { return async_error(); },
+          [this] { abort_under_watchdog(); });
     } catch (...) {
       release();
       throw;
@@ -114,21 +128,23 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override {
-    const cudaStream_t handle = prepare(stream);
-    ZEST_NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, handle));
+    enqueue("all_reduce", cuda_stream_handle(stream), [&](cudaStream_t handle) {
+      ZEST_NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, handle));
+    });
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                       ReduceOp op, Stream& stream) override {
-    const cudaStream_t handle = prepare(stream);
-    ZEST_NCCL_CHECK(
-        ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_, handle));
+    enqueue("reduce_scatter", cuda_stream_handle(stream), [&](cudaStream_t handle) {
+      ZEST_NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_, handle));
+    });
   }
 
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype,
                   Stream& stream) override {
-    const cudaStream_t handle = prepare(stream);
-    ZEST_NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, handle));
+    enqueue("all_gather", cuda_stream_handle(stream), [&](cudaStream_t handle) {
+      ZEST_NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, handle));
+    });
   }
 
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
@@ -139,8 +155,9 @@ class NcclCommunicator final : public Communicator {
                           .append(std::to_string(size_))
                           .append("; pass a root in [0, size())"));
     }
-    const cudaStream_t handle = prepare(stream);
-    ZEST_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, handle));
+    enqueue("broadcast", cuda_stream_handle(stream), [&](cudaStream_t handle) {
+      ZEST_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, handle));
+    });
   }
 
   // No rank gets the result of an all-reduce before every rank has contributed to it.
@@ -157,12 +174,31 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  cudaStream_t prepare(Stream& stream) {
-    const cudaStream_t handle = cuda_stream_handle(stream);
+  // Launches one collective on `stream` and has the watchdog track it to completion (an event
+  // recorded after it). Refuses once the watchdog aborted the communicator; the lock keeps the
+  // abort from freeing the communicator under a collective being enqueued.
+  template <class Launch>
+  void enqueue(const char* name, cudaStream_t stream, Launch launch) {
+    std::unique_lock lock(enqueue_mutex_);
+    watchdog_->check();
     check_async_error();
     // NCCL launches its kernels on the current device.
     ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
-    return handle;
+    launch(stream);
+    cudaEvent_t raw = nullptr;
+    ZEST_CUDA_CHECK(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming));
+    const SharedEvent done(raw, [](cudaEvent_t e) { static_cast<void>(cudaEventDestroy(e)); });
+    ZEST_CUDA_CHECK(cudaEventRecord(done.get(), stream));
+    // A failed query counts as complete: its error reaches the host through the stream.
+    watchdog_->track(name, [done] { return cudaEventQuery(done.get()) != cudaErrorNotReady; });
+  }
+
+  // The watchdog's abort: ncclCommAbort makes this rank's pending NCCL kernels return, so a host
+  // blocked on them (a stream synchronize) goes on and its next collective throws.
+  void abort_under_watchdog() {
+    std::unique_lock lock(enqueue_mutex_, std::defer_lock);
+    static_cast<void>(lock.try_lock_for(kEnqueueGrace));
+    static_cast<void>(ncclCommAbort(comm_));
   }
 
   // Through the scratch buffer in pieces on the communicator's own stream, waited for here.
@@ -172,20 +208,21 @@ class NcclCommunicator final : public Communicator {
       throw CommError("all_reduce_host: values is null while count is " + std::to_string(count) +
                       " (pass host values, or count 0)");
     }
-    check_async_error();
-    ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
     const std::size_t per_piece = kHostScratchBytes / element;
     auto* bytes = static_cast<unsigned char*>(values);
     for (std::size_t done = 0; done < count;) {
       const std::size_t n = std::min(per_piece, count - done);
       unsigned char* piece = bytes + done * element;
+      ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
       ZEST_CUDA_CHECK(cudaMemcpyAsync(host_scratch_, piece, n * element, cudaMemcpyHostToDevice,
                                       host_stream_));
-      ZEST_NCCL_CHECK(ncclAllReduce(host_scratch_, host_scratch_, n, type, nccl_op(op), comm_,
-                                    host_stream_));
+      enqueue("all_reduce_host", host_stream_, [&](cudaStream_t handle) {
+        ZEST_NCCL_CHECK(ncclAllReduce(host_scratch_, host_scratch_, n, type, nccl_op(op), comm_, handle));
+      });
       ZEST_CUDA_CHECK(cudaMemcpyAsync(piece, host_scratch_, n * element, cudaMemcpyDeviceToHost,
                                       host_stream_));
       ZEST_CUDA_CHECK(cudaStreamSynchronize(host_stream_));
+      watchdog_->check();  // the wait ended because the watchdog aborted: the values are not sums
       done += n;
     }
   }
@@ -193,22 +230,29 @@ class NcclCommunicator final : public Communicator {
   // A failure inside NCCL's own threads (a peer died, the network broke) is reported here, before
   // the next collective would wait for it forever.
   void check_async_error() {
+    const std::string failure = async_error();
+    if (!failure.empty()) throw CommError(std::string("rank ").append(std::to_string(rank_)).append(": ").append(failure));
+  }
+
+  // NCCL's asynchronous failure ("" while none); the watchdog asks too, from its thread.
+  std::string async_error() const {
     ncclResult_t async_error = ncclSuccess;
-    ZEST_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async_error));
-    if (async_error != ncclSuccess) {
-      throw CommError(std::string("NCCL reported an asynchronous failure on rank ")
-                          .append(std::to_string(rank_))
-                          .append(": ")
-                          .append(ncclGetErrorString(async_error))
-                          .append(" (")
-                          .append(ncclGetLastError(comm_))
-                          .append("); a peer rank or the network failed, see that rank's error, "
-                                  "and rerun with NCCL_DEBUG=WARN"));
-    }
+    const ncclResult_t queried = ncclCommGetAsyncError(comm_, &async_error);
+    if (queried != ncclSuccess) async_error = queried;
+    if (async_error == ncclSuccess || async_error == ncclInProgress) return "";
+    return std::string("NCCL reported an asynchronous failure: ")
+        .append(ncclGetErrorString(async_error))
+        .append(" (")
+        .append(ncclGetLastError(comm_))
+        .append("); a peer rank or the network failed, see that rank's error, and rerun with NCCL_DEBUG=WARN");
   }
 
   // Errors are ignored: a destructor (or a constructor that failed) cannot report them.
   void release() noexcept {
+    // First the watchdog's thread ends; if it aborted the communicator, that ended it.
+    const bool aborted = watchdog_ && watchdog_->broken();
+    watchdog_.reset();
+    if (aborted) comm_ = nullptr;
     static_cast<void>(cudaSetDevice(ordinal_));
     if (host_scratch_ != nullptr) static_cast<void>(cudaFree(host_scratch_));
     if (host_stream_ != nullptr) static_cast<void>(cudaStreamDestroy(host_stream_));
@@ -235,6 +279,8 @@ class NcclCommunicator final : public Communicator {
   int size_ = 1;
   cudaStream_t host_stream_ = nullptr;
   void* host_scratch_ = nullptr;
+  std::timed_mutex enqueue_mutex_;
+  std::unique_ptr<PendingWatchdog> watchdog_;  // last: its thread uses the members above
 };
 
 int checked_ordinal(const Device& device) {
@@ -251,18 +297,19 @@ int checked_ordinal(const Device& device) {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(Device& device, int rank, int size,
-                                                     const BroadcastFromRankZero& broadcast) {
+                                                     const BroadcastFromRankZero& broadcast,
+                                                     std::chrono::milliseconds timeout) {
   const int ordinal = checked_ordinal(device);
   ncclComm_t comm = start_nccl(ordinal, rank, size, broadcast);
   try {
-    return std::make_unique<NcclCommunicator>(comm, true, ordinal);
+    return std::make_unique<NcclCommunicator>(comm, true, ordinal, timeout);
   } catch (...) {
     static_cast<void>(ncclCommAbort(comm));
     throw;
   }
 }
 
-std::unique_ptr<Communicator> make_communicator(ncclComm_t comm, Device& device) {
+std::unique_ptr<Communicator> make_communicator(ncclComm_t comm, Device& device, std::chrono::milliseconds timeout) {
   if (comm == nullptr) {
     throw CommError(
         "make_communicator: the ncclComm_t is null; pass one made by ncclCommInitRank (or "
@@ -276,7 +323,7 @@ std::unique_ptr<Communicator> make_communicator(ncclComm_t comm, Device& device)
                     std::to_string(comm_device) + " but the device is " + device.name() +
                     "; pass the zest Device of the GPU the communicator was made on");
   }
-  return std::make_unique<NcclCommunicator>(comm, false, ordinal);
+  return std::make_unique<NcclCommunicator>(comm, false, ordinal, timeout);
 }
 
 }  // namespace zest

@@ -3,6 +3,7 @@
 // communicator over the program's own ncclComm_t: zest/nccl.hpp.)
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -20,8 +21,11 @@ using BroadcastFromRankZero = std::function<void(void* data, std::size_t bytes)>
 // caller picks the GPU, one per rank). NCCL's unique id travels from rank 0 through `broadcast`.
 // Collectives run on the CUDA stream of the Stream they are given, which must come from `device`.
 // Throws CommError when `device` is not a cuda Device or NCCL cannot start, and SystemError when
-// zest was built without CUDA. `device` must outlive the communicator.
+// zest was built without CUDA. `device` must outlive the communicator. `timeout` (comm.timeout;
+// 0 = none): a collective not complete after it aborts NCCL on this rank and raises CommError at
+// the communicator's next operation (runtime/pending_watchdog.hpp).
 std::unique_ptr<Communicator> make_nccl_communicator(Device& device, int rank, int size,
-                                                     const BroadcastFromRankZero& broadcast);
+                                                     const BroadcastFromRankZero& broadcast,
+                                                     std::chrono::milliseconds timeout);
 
 }  // namespace zest

@@ -17,7 +17,7 @@ Runtime::Runtime(const Config& config) : world_(make_world()), topology_(Topolog
   const int ordinal = world_->local_rank();
   device_ = config.device.type == DeviceType::cuda ? make_cuda_device(ordinal, config.device.memory)
                                                    : make_cpu_device(config.device.memory);
-  comm_ = resolve_backend(config) == CommBackend::nccl ? world_->make_nccl_communicator(*device_)
+  comm_ = resolve_backend(config) == CommBackend::nccl ? world_->make_nccl_communicator(*device_, config.comm.timeout)
                                                        : world_->make_host_communicator(*device_, config.comm.timeout);
   cpus_ = topology_.cpus_for_rank(config.device.type, ordinal, world_->local_rank(),
                                   world_->local_size());

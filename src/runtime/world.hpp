@@ -33,8 +33,13 @@ class World {
     return make_host_communicator(device, Config{}.comm.timeout);
   }
   // Collective over the world: NCCL on `device` (cuda), its unique id carried over MPI, or made
-  // here in a world of one. Throws SystemError in a build without CUDA.
-  virtual std::unique_ptr<Communicator> make_nccl_communicator(Device& device) = 0;
+  // here in a world of one. Throws SystemError in a build without CUDA. `timeout` (comm.timeout;
+  // 0 = forever): a collective not complete after it aborts NCCL on this rank, and the
+  // communicator's next operation raises CommError naming it.
+  virtual std::unique_ptr<Communicator> make_nccl_communicator(Device& device, std::chrono::milliseconds timeout) = 0;
+  std::unique_ptr<Communicator> make_nccl_communicator(Device& device) {
+    return make_nccl_communicator(device, Config{}.comm.timeout);
+  }
 };
 
 // The world this build knows: MPI's (initialized unless the program did, finalized with the World

@@ -23,13 +23,14 @@ class MpiWorld final : public World {
     return make_mpi_communicator(session_, device, timeout);
   }
 
-  std::unique_ptr<Communicator> make_nccl_communicator(Device& device) override {
+  std::unique_ptr<Communicator> make_nccl_communicator(Device& device, std::chrono::milliseconds timeout) override {
     MPI_Comm world = session_.world();
     return zest::make_nccl_communicator(device, session_.rank(), session_.size(),
                                         [world](void* data, std::size_t bytes) {
                                           ZEST_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes),
                                                                    MPI_BYTE, 0, world));
-                                        });
+                                        },
+                                        timeout);
   }
 
  private:
