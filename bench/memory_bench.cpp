@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,11 +33,13 @@ using bench::MemoryRecord;
 
 constexpr const char* kUsage =
     "usage: zest bench memory [--config FILE] [--params N] [--steps N] [--device-memory SIZE]\n"
-    "                         [--json FILE] [--csv FILE] [--chart FILE.svg] [--no-fit] [--nvme-path DIR]\n"
+    "                         [--json FILE] [--csv FILE] [--chart FILE.svg] [--no-fit] [--fit-cap N]\n"
+    "                         [--nvme-path DIR]\n"
     "  Run under mpirun -np N (or alone: a world of one). Defaults: the built-in config (cpu device,\n"
     "  bf16, AdamW, 1 MiB buckets: one layer each), --params 4000000, --steps 4, --device-memory\n"
-    "  128MiB for the largest-model search, outputs zest-memory.json, zest-memory.csv and\n"
-    "  zest-memory.svg in the current directory.\n"
+    "  128MiB for the largest-model search, which grows depth with width and stops at --fit-cap\n"
+    "  parameters (1e9; a row that reaches it says \">=\"), outputs zest-memory.json,\n"
+    "  zest-memory.csv and zest-memory.svg in the current directory.\n"
     "  The nvme offload rows keep their swap files in --nvme-path (default: a fresh directory in the\n"
     "  current directory, removed afterwards).\n";
 
@@ -46,6 +49,7 @@ struct Options {
   int steps = 4;
   std::size_t fit_budget = std::size_t{128} << 20;
   bool fit = true;
+  std::size_t fit_cap = 1'000'000'000;  // parameters: the largest model a search tries
   std::string json = "zest-memory.json", csv = "zest-memory.csv", chart = "zest-memory.svg";
   std::string nvme_path;
 };
@@ -255,56 +259,130 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   return r;
 }
 
-// True when a model of `params_wanted` parameters can take a step within `budget` bytes per rank,
-// on every rank. Only the engine runs (gradients of zero): the question is memory, not learning.
-bool fits(Config config, const charlm::CharMlpShape& shape, std::size_t budget, Communicator& comm,
-          Runtime& runtime, Stream& stream) {
-  bool ok = true;
-  try {
-    auto device = make_cpu_device(budget);
-    charlm::CharMlp model(shape, 1, 1);
-    fit_stage3_to(config, model);
-    Engine engine(config, *device, comm, train::engine_params(model));
-    for (int g = engine.group_count() - 1; g >= 0; --g) {
-      auto lease = engine.acquire(g);
-      for (std::size_t t = 0; t < engine.tensor_count(); ++t)
-        if (engine.spec(t).group == g) lease.grad(t);
-      engine.grads_ready(g);
+// The search grows the model as model families grow, in depth as well as in width: a hidden width
+// of h has max(L0, h / kWidthPerLayer) layers (L0: the measured model's), so a layer's share of the
+// model falls as it grows (1/8 at 4M parameters, 1/26 at 200M, 1/55 at 2B), as it does from
+// GPT-2's 124M (12 layers) to GPT-3's 175B (96). Growing the width alone would make one layer an
+// eighth of any model, and stage 3's gathered layers a fixed share of the device.
+constexpr std::size_t kWidthPerLayer = 64;
+
+charlm::CharMlpShape grown(charlm::CharMlpShape shape, std::size_t hidden, std::size_t min_layers) {
+  shape.hidden = hidden;
+  shape.layers = std::max(min_layers, hidden / kWidthPerLayer);
+  return shape;
+}
+
+// What a trial's model was too large for (the order: the codes the ranks agree on by max).
+enum class Bound { none = 0, device = 1, host = 2, nvme = 3, cap = 4 };
+
+const char* bound_name(Bound b) {
+  switch (b) {
+    case Bound::device: return "device memory";
+    case Bound::host: return "host RAM";
+    case Bound::nvme: return "NVMe space";
+    case Bound::cap: return "the search's cap";
+    case Bound::none: break;
+  }
+  return "nothing";
+}
+
+// What the host can give each rank: pinned memory (half of what the kernel says is available,
+// split among this host's ranks: pinned pages cannot be swapped, and a trial beyond RAM would meet
+// the OOM killer, not an exception) and NVMe space (90% of the swap directory's file system's free
+// space, split likewise). Read once, before the search.
+struct HostLimits {
+  std::size_t pinned = 0, nvme = 0;
+  std::size_t params_cap = 0;
+};
+
+std::size_t available_ram() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+HostLimits host_limits(const std::string& nvme_path, int local_ranks, std::size_t params_cap) {
+  const auto share = [&](double bytes) { return static_cast<std::size_t>(bytes / std::max(1, local_ranks)); };
+  std::error_code error;
+  const auto space = std::filesystem::space(nvme_path, error);
+  return {share(0.5 * static_cast<double>(available_ram())),
+          error ? 0 : share(0.9 * static_cast<double>(space.available)), params_cap};
+}
+
+// Whether a model of `shape` can take a step within `budget` bytes of device memory per rank and
+// the host's limits, on every rank, and if not, what it is too large for. Host RAM and NVMe space
+// are judged by zest's estimate (exact for the pinned memory and the swap file an engine takes,
+// tests/engine/estimate_test.cpp) before anything is allocated; the device by building the engine
+// and taking a step (gradients of zero: the question is memory, not learning).
+Bound fits(Config config, const charlm::CharMlpShape& shape, std::size_t budget, const HostLimits& limits,
+           Runtime& runtime, Stream& stream) {
+  Communicator& comm = runtime.comm();
+  Bound bound = Bound::none;
+  charlm::CharMlp model(shape, 1, 1);
+  fit_stage3_to(config, model);
+  const std::vector<ParamSpec> params = train::engine_params(model);
+  const MemoryEstimate need = estimate_memory(config, params, comm.size());
+  if (charlm::CharMlp::parameter_count(shape) > limits.params_cap) bound = Bound::cap;
+  else if (need.pinned > limits.pinned) bound = Bound::host;
+  else if (need.nvme > limits.nvme) bound = Bound::nvme;
+  if (bound == Bound::none) {
+    try {
+      auto device = make_cpu_device(budget);
+      Engine engine(config, *device, comm, params);
+      for (int g = engine.group_count() - 1; g >= 0; --g) {
+        auto lease = engine.acquire(g);
+        for (std::size_t t = 0; t < engine.tensor_count(); ++t)
+          if (engine.spec(t).group == g) lease.grad(t);
+        engine.grads_ready(g);
+      }
+      engine.step();
+    } catch (const OutOfDeviceMemory&) {
+      bound = Bound::device;
     }
-    engine.step();
-  } catch (const OutOfDeviceMemory&) {
-    ok = false;
   }
   // Every rank must agree, or the next trial's collectives would not match.
   DeviceBuffer flag = runtime.device().allocate(sizeof(float), MemoryCategory::buffers);
-  *flag.as<float>() = ok ? 0.0f : 1.0f;
+  *flag.as<float>() = static_cast<float>(bound);
   comm.all_reduce(flag.data(), flag.data(), 1, DType::f32, ReduceOp::max, stream);
   stream.synchronize();
-  return *flag.as<float>() == 0.0f;
+  return static_cast<Bound>(static_cast<int>(*flag.as<float>()));
 }
 
-FitRecord largest_fit(const Configuration& conf, Config config, charlm::CharMlpShape shape, std::size_t budget,
-                      Runtime& runtime, Stream& stream) {
-  config.stage = conf.stage;
-  config.offload.optimizer.device = conf.optimizer;
-  config.offload.param.device = conf.param;
+FitRecord largest_fit(const Configuration& conf, const Config& config, charlm::CharMlpShape shape,
+                      std::size_t budget, const HostLimits& limits, const std::string& nvme_path, Runtime& runtime,
+                      Stream& stream) {
+  const Config tried = configured(conf, config, nvme_path);
+  const std::size_t min_layers = shape.layers;
+  const auto trial = [&](std::size_t hidden) {
+    return fits(tried, grown(shape, hidden, min_layers), budget, limits, runtime, stream);
+  };
   // Bisect the hidden width: the largest that fits, within 2%.
   std::size_t lo = 1, hi = 2;
   // With a budget that holds no model at all the search would report 0 parameters as a result.
-  shape.hidden = lo;
-  if (!fits(config, shape, budget, runtime.comm(), runtime, stream))
+  if (trial(lo) != Bound::none)
     throw Error("--device-memory " + format_size(budget) + " holds no model under " + conf.name +
                 ", not even one of hidden width 1 (buckets and working space come first); raise "
                 "--device-memory");
-  shape.hidden = hi;
-  while (fits(config, shape, budget, runtime.comm(), runtime, stream)) shape.hidden = hi *= 2;
+  Bound bound = Bound::none;
+  while ((bound = trial(hi)) == Bound::none) lo = hi, hi *= 2;
   while (hi - lo > std::max<std::size_t>(1, lo / 50)) {
-    shape.hidden = (lo + hi) / 2;
-    if (fits(config, shape, budget, runtime.comm(), runtime, stream)) lo = shape.hidden;
-    else hi = shape.hidden;
+    const std::size_t mid = (lo + hi) / 2;
+    const Bound b = trial(mid);
+    if (b == Bound::none) lo = mid;
+    else hi = mid, bound = b;
   }
-  shape.hidden = lo;
-  return FitRecord{conf.name, budget, charlm::CharMlp::parameter_count(shape)};
+  const charlm::CharMlpShape largest = grown(shape, lo, min_layers);
+  Config sized = tried;
+  const charlm::CharMlp model(largest, 1, 1);
+  fit_stage3_to(sized, model);
+  return FitRecord{conf.name,         budget, charlm::CharMlp::parameter_count(largest), largest.layers,
+                   bound_name(bound), bound == Bound::cap,
+                   estimate_memory(sized, train::engine_params(model), runtime.world_size())};
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -343,6 +421,7 @@ int bench_memory(int argc, char** argv) {
       else if (arg == "--chart") o.chart = args::value_of(argc, argv, i);
       else if (arg == "--nvme-path") o.nvme_path = args::value_of(argc, argv, i);
       else if (arg == "--no-fit") o.fit = false;
+      else if (arg == "--fit-cap") o.fit_cap = args::parse_count(arg, args::value_of(argc, argv, i), 1000, 100'000'000'000);
       else throw args::UsageError(std::string("invalid argument '").append(arg).append("'"));
     }
     // Every output is checked before the benchmark runs, not after.
@@ -366,9 +445,8 @@ int bench_memory(int argc, char** argv) {
     fit_stage3_to(tuned, charlm::CharMlp(train.model, 1, 1));
     auto stream = runtime.device().create_stream();
 
-    // The stages first, then the offloads. The largest-model search runs over the stages and the
-    // headline offload (stage 3 with the optimizer on the host); the NVMe rows would write gigabytes
-    // per trial.
+    // The stages first, then the offloads. The largest-model search runs over the stages and stage
+    // 3's offloads.
     const std::vector<Configuration> configurations = {
         {"stage 0 (DDP)", 0},
         {"stage 1", 1},
@@ -382,7 +460,7 @@ int bench_memory(int argc, char** argv) {
         {"stage 3 + offload optimizer nvme", 3, OffloadDevice::nvme},
         {"stage 3 + offload optimizer+param cpu", 3, OffloadDevice::cpu, OffloadDevice::cpu},
         {"stage 3 + offload optimizer+param nvme", 3, OffloadDevice::nvme, OffloadDevice::nvme}};
-    const std::vector<std::size_t> searched = {0, 1, 2, 3, 8};  // ... and stage 3 + optimizer cpu
+    const std::vector<std::size_t> searched = {0, 1, 2, 3, 8, 9, 10, 11};  // ... and stage 3's offloads
     const SwapDirectory swap(o.nvme_path);
     Progress progress(leader, static_cast<int>(configurations.size() + (o.fit ? searched.size() : 0)));
     int done = 0;
@@ -400,11 +478,12 @@ int bench_memory(int argc, char** argv) {
       r.loss_matches_ddp = std::abs(r.final_loss - ddp.final_loss) <= tolerance * std::abs(ddp.final_loss);
     }
     std::vector<FitRecord> fit_records;
+    const HostLimits limits = host_limits(swap.path(), runtime.local_size(), o.fit_cap);
     if (o.fit) {
       for (const std::size_t i : searched) {
         const Configuration& conf = configurations[i];
         progress.show(done++, "largest model for " + conf.name);
-        fit_records.push_back(largest_fit(conf, tuned, train.model, o.fit_budget, runtime, *stream));
+        fit_records.push_back(largest_fit(conf, tuned, train.model, o.fit_budget, limits, swap.path(), runtime, *stream));
       }
     }
     progress.show(done, "done");

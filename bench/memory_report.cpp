@@ -72,10 +72,16 @@ std::string format_fit_table(const std::vector<FitRecord>& fits) {
   std::string out = printf_string("\nlargest model that trains within %.0f MiB of device memory per rank:\n",
                                   mib(fits.front().device_budget));
   const double base = static_cast<double>(fits.front().largest_params);
-  for (const FitRecord& f : fits)
-    out += printf_string("  %-32s %8.2fM parameters  (%.1fx %s)\n", f.name.c_str(),
-                         static_cast<double>(f.largest_params) / 1e6,
-                         base > 0 ? static_cast<double>(f.largest_params) / base : 0.0, fits.front().name.c_str());
+  out += printf_string("  %-40s %12s %8s %8s   %-16s %s\n", "configuration", "parameters", "layers", "vs DDP",
+                       "bound by", "device MiB per rank: params grads optim buffers");
+  for (const FitRecord& f : fits) {
+    const auto device_mib = [&](MemoryCategory c) { return mib(f.device.device_of(c)); };
+    out += printf_string("  %-40s %s%9.2fM %8zu %7.1fx   %-16s %6.1f %5.1f %5.1f %5.1f\n", f.name.c_str(),
+                         f.at_least ? ">=" : "  ", static_cast<double>(f.largest_params) / 1e6, f.layers,
+                         base > 0 ? static_cast<double>(f.largest_params) / base : 0.0, f.bound.c_str(),
+                         device_mib(MemoryCategory::params), device_mib(MemoryCategory::grads),
+                         device_mib(MemoryCategory::optimizer_states), device_mib(MemoryCategory::buffers));
+  }
   return out;
 }
 
@@ -111,8 +117,9 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
   out += "  ],\n  \"largest_model_that_fits\": [\n";
   for (std::size_t i = 0; i < fits.size(); ++i)
     out += "    {\"name\": " + json_string(fits[i].name) +
-           printf_string(", \"device_budget_bytes\": %zu, \"params\": %zu}", fits[i].device_budget,
-                         fits[i].largest_params) +
+           printf_string(", \"device_budget_bytes\": %zu, \"params\": %zu, \"layers\": %zu", fits[i].device_budget,
+                         fits[i].largest_params, fits[i].layers) +
+           ", \"bound_by\": " + json_string(fits[i].bound) + ", \"at_least\": " + (fits[i].at_least ? "true" : "false") + "}" +
            (i + 1 < fits.size() ? ",\n" : "\n");
   return out + "  ]\n}\n";
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "zest/device.hpp"
+#include "zest/estimate.hpp"
 
 namespace zest::bench {
 
@@ -51,6 +52,10 @@ struct FitRecord {
   std::string name;
   std::size_t device_budget = 0;
   std::size_t largest_params = 0;  // the largest model that trained within the budget
+  std::size_t layers = 0;          // its layer count
+  std::string bound;               // what the next larger model was too large for
+  bool at_least = false;           // the search stopped at its cap: the largest is at least this
+  MemoryEstimate device;           // what the largest model takes per rank (zest's estimate)
 };
 
 std::string format_table(const std::vector<MemoryRecord>& records);
