@@ -151,6 +151,65 @@ INSTANTIATE_TEST_SUITE_P(
                     Mode{3, OffloadDevice::cpu, OffloadDevice::nvme}),
     mode_name);
 
+// Partial offload (offload.optimizer.ratio): the first part of each rank's shard keeps its states on
+// the device, the rest is offloaded, and the boundary cuts a group (and, at stage 3 with offloaded
+// parameters, a group whose updates go to the host through both parts): the same bits as without
+// offload, the device holding exactly the states of its part.
+struct PartialMode {
+  int stage;
+  OffloadDevice optimizer;
+  double ratio;
+  OffloadDevice param = OffloadDevice::none;
+};
+
+std::string partial_mode_name(const testing::TestParamInfo<PartialMode>& info) {
+  const PartialMode& m = info.param;
+  return "stage" + std::to_string(m.stage) + "_optimizer_" + device_name(m.optimizer) + "_ratio_" +
+         std::to_string(static_cast<int>(m.ratio * 100)) + "_param_" + device_name(m.param);
+}
+
+class PartialOffload : public testing::TestWithParam<PartialMode> {};
+
+TEST_P(PartialOffload, MatchesTheRunWithoutOffloadBitForBit) {
+  const PartialMode& m = GetParam();
+  test::ScratchDir dir;
+  Options o;
+  o.stage = m.stage;
+  o.offload_optimizer = m.optimizer;
+  o.offload_param = m.param;
+  o.offload_ratio = m.ratio;
+  o.nvme_path = dir.path();
+  o.sub_group_bytes = kSubGroupBytes;
+  o.clip = 0.05;
+  const TrainedRun got = train(o);
+  Options none = o;
+  none.offload_optimizer = none.offload_param = OffloadDevice::none;
+  none.offload_ratio = 1;
+  EXPECT_TRUE(identical(got.params, train(none).params));
+  // The device holds the states of the first (1 - ratio) of the shard, rounded down to 64 elements.
+  const std::size_t shard = shard_numel(m.stage);
+  const std::size_t kept = static_cast<std::size_t>((1 - m.ratio) * static_cast<double>(shard)) / 64 * 64;
+  ASSERT_GT(kept, 0u);
+  EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 12 * kept);
+  if (m.optimizer == OffloadDevice::nvme) EXPECT_GE(got.stats.nvme_bytes, 12 * (shard - kept));
+  else EXPECT_GE(got.stats.offload_pinned_bytes, 12 * (shard - kept));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ratios, PartialOffload,
+    testing::Values(PartialMode{1, OffloadDevice::cpu, 0.25}, PartialMode{1, OffloadDevice::cpu, 0.5},
+                    PartialMode{1, OffloadDevice::cpu, 0.75}, PartialMode{1, OffloadDevice::nvme, 0.25},
+                    PartialMode{1, OffloadDevice::nvme, 0.5}, PartialMode{1, OffloadDevice::nvme, 0.75},
+                    PartialMode{2, OffloadDevice::cpu, 0.25}, PartialMode{2, OffloadDevice::cpu, 0.5},
+                    PartialMode{2, OffloadDevice::cpu, 0.75}, PartialMode{2, OffloadDevice::nvme, 0.25},
+                    PartialMode{2, OffloadDevice::nvme, 0.5}, PartialMode{2, OffloadDevice::nvme, 0.75},
+                    PartialMode{3, OffloadDevice::cpu, 0.25}, PartialMode{3, OffloadDevice::cpu, 0.5},
+                    PartialMode{3, OffloadDevice::cpu, 0.75}, PartialMode{3, OffloadDevice::nvme, 0.25},
+                    PartialMode{3, OffloadDevice::nvme, 0.5}, PartialMode{3, OffloadDevice::nvme, 0.75},
+                    PartialMode{3, OffloadDevice::cpu, 0.5, OffloadDevice::cpu},
+                    PartialMode{3, OffloadDevice::nvme, 0.5, OffloadDevice::nvme}),
+    partial_mode_name);
+
 TEST(OffloadPipeline, TwoBuffersStillGiveTheSameBits) {
   test::ScratchDir dir;
   Options o;
