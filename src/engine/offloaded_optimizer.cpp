@@ -279,6 +279,8 @@ void OffloadedOptimizer::step(std::span<const StepGroup> groups, const optim::Ad
   impl_->step(groups, args, sink);
 }
 
+void OffloadedOptimizer::check_usable() const { impl_->check_usable(); }
+
 std::size_t OffloadedOptimizer::sub_group_count() const { return impl_->subs.size(); }
 std::size_t OffloadedOptimizer::sub_group_elements() const { return impl_->largest; }
 std::size_t OffloadedOptimizer::nvme_bytes() const {

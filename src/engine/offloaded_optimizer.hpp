@@ -68,6 +68,9 @@ class OffloadedOptimizer final : public OptimizerStates {
   // `sink`) and the states are stored. Throws IoError (then the optimizer is unusable, see above).
   void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) override;
 
+  // Throws the Error every call throws after an I/O failure (see above); nothing otherwise.
+  void check_usable() const;
+
   std::size_t sub_group_count() const;
   std::size_t sub_group_elements() const;  // the largest sub-group
   std::size_t nvme_bytes() const override;    // bytes of the store taken by the states

@@ -81,6 +81,7 @@ void SplitOptimizerStates::visit_states(std::size_t offset, std::size_t count, b
 
 void SplitOptimizerStates::step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args,
                                 HostParamSink* sink) {
+  offloaded_->check_usable();  // before the device part moves on a step the other would refuse
   JoinedSink joined(sink, cut_group_);
   HostParamSink* const parts_sink = sink ? &joined : nullptr;
   on_device_->step(groups, args, parts_sink);  // launched on the stream

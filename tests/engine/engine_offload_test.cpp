@@ -362,8 +362,11 @@ TEST(OffloadMemory, OffloadedParametersLeaveOnlyResidentGroupsOnTheDevice) {
 }
 
 // Every rank's swap file loses its data behind the engine's back (truncated): the next step's
-// read fails on every rank, so every rank throws and none waits in a collective.
-TEST(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
+// read fails on every rank, so every rank throws and none waits in a collective. The same with half
+// the states on the device (offload.optimizer.ratio 0.5).
+class OffloadErrors : public testing::TestWithParam<double> {};
+
+TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   test::ScratchDir dir;
   MpiSession session;
   auto device = make_cpu_device(std::size_t{64} << 20);
@@ -373,6 +376,7 @@ TEST(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   o.offload_optimizer = OffloadDevice::nvme;
   o.nvme_path = dir.path();
   o.sub_group_bytes = kSubGroupBytes;
+  o.offload_ratio = GetParam();
   Engine engine(make_config(o), *device, *comm, model());
   const std::string path = dir.path() + "/zest-rank" + std::to_string(comm->rank()) + ".swap";
   ASSERT_EQ(::access(path.c_str(), F_OK), 0) << path;
@@ -408,6 +412,8 @@ TEST(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
     EXPECT_NE(std::string(error.what()).find("earlier I/O failure"), std::string::npos) << error.what();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(AllOrHalfOffloaded, OffloadErrors, testing::Values(1.0, 0.5));
 
 }  // namespace
 }  // namespace zest
