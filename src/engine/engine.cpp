@@ -1,8 +1,8 @@
 // The orchestration of a step over the engine's parts (one concern each, see src/engine/):
 // GradBuckets (where backward writes gradients, their reduction), ParamGather (where parameters
 // live, stage-3 leases and prefetch, the all-gather after a step), OptimizerStates (on the device,
-// offloaded, or split between them; the Adam step), LossScaler; and the public API's checks. Checkpoints are in
-// src/checkpoint/engine_io.cpp.
+// offloaded, or split between them; the Adam step), LossScaler; and the public API's checks.
+// Checkpoints are in src/checkpoint/engine_io.cpp.
 #include "zest/engine.hpp"
 
 #include <algorithm>
@@ -23,9 +23,9 @@
 #include "engine/loss_scaler.hpp"
 #include "engine/memory_plan.hpp"
 #include "engine/offloaded_optimizer.hpp"
-#include "engine/split_optimizer_states.hpp"
 #include "engine/optimizer_groups.hpp"
 #include "engine/param_gather.hpp"
+#include "engine/split_optimizer_states.hpp"
 #include "offload/nvme_store.hpp"
 #include "zest/error.hpp"
 

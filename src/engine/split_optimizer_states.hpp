@@ -1,9 +1,10 @@
 // Partial optimizer offload (offload.optimizer.ratio < 1): the states of the first part of the
 // shard stay on the device (DeviceOptimizerStates over plan.device_states), those of the rest are
 // offloaded (OffloadedOptimizer over plan.optimizer_offload.range), and this forwards each call to
-// the one that holds the elements, cutting ranges at the boundary. A step launches the device's
-// Adam on the stream first, runs the offloaded pipeline on the host meanwhile, then waits for the
-// stream, so the two updates overlap.
+// the one that holds the elements, cutting ranges at the boundary (where it falls and why:
+// device_kept_numel in memory_plan.cpp). A step launches the device's Adam on the stream first,
+// runs the offloaded pipeline on the host meanwhile, then waits for the stream, so the two updates
+// overlap.
 // Threading: the engine's host thread.
 #pragma once
 
@@ -21,7 +22,8 @@ namespace zest::engine {
 
 class SplitOptimizerStates final : public OptimizerStates {
  public:
-  // `stream`: the one `on_device` steps on. Both parts are non-empty.
+  // `stream`: the one `on_device` steps on. `boundary`: the first offloaded element of the shard
+  // buffer; `on_device` holds [0, boundary), `offloaded` the rest, neither empty.
   SplitOptimizerStates(const Layout& layout, Stream& stream, std::unique_ptr<DeviceOptimizerStates> on_device,
                        std::unique_ptr<OffloadedOptimizer> offloaded, std::size_t boundary);
 
