@@ -15,13 +15,15 @@ static_assert(sizeof(GradStatsScalars) <= kScalarsBytes);
 // (1 - offload.optimizer.ratio) of it. The split is by element, not by group, because groups are
 // the trainer's layers (often one for the whole model), so group boundaries could not honour the
 // ratio; it is rounded down to Layout::kAlign so the offloaded part starts aligned as every shard
-// does, and at least the ratio is offloaded. The device part comes first only by convention.
+// does, and at least the ratio is offloaded, and never less than kAlign elements (a shard has at
+// least that many; a ratio so small that 1 - ratio rounds to 1 would otherwise offload nothing).
+// The device part comes first only by convention.
 std::size_t device_kept_numel(const Config& config, const Layout& layout) {
   if (config.offload.optimizer.device == OffloadDevice::none) return layout.shard_numel();
   const double ratio = config.offload.optimizer_ratio;
   if (!(ratio > 0 && ratio < 1)) return 0;  // everything offloaded (validate refuses the rest)
   const auto kept = static_cast<std::size_t>((1.0 - ratio) * static_cast<double>(layout.shard_numel()));
-  return std::min(kept, layout.shard_numel()) / Layout::kAlign * Layout::kAlign;
+  return std::min(kept / Layout::kAlign * Layout::kAlign, layout.shard_numel() - Layout::kAlign);
 }
 
 void plan_optimizer_offload(const Config& config, const Layout& layout, DType dtype, ShardRange range,

@@ -210,6 +210,20 @@ INSTANTIATE_TEST_SUITE_P(
                     PartialMode{3, OffloadDevice::nvme, 0.5, OffloadDevice::nvme}),
     partial_mode_name);
 
+// A ratio so small that 1 - ratio is 1 in double still offloads one aligned block of 64 elements.
+TEST(PartialOffloadEdges, ATinyRatioOffloadsOneBlock) {
+  Options o;
+  o.stage = 2;
+  o.offload_optimizer = OffloadDevice::cpu;
+  o.offload_ratio = 1e-17;
+  o.sub_group_bytes = kSubGroupBytes;
+  const TrainedRun got = train(o);
+  EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 12 * (shard_numel(2) - 64));
+  o.offload_optimizer = OffloadDevice::none;
+  o.offload_ratio = 1;
+  EXPECT_TRUE(identical(got.params, train(o).params));
+}
+
 TEST(OffloadPipeline, TwoBuffersStillGiveTheSameBits) {
   test::ScratchDir dir;
   Options o;
