@@ -59,6 +59,7 @@ struct Configuration {
   int stage;
   OffloadDevice optimizer = OffloadDevice::none;
   OffloadDevice param = OffloadDevice::none;
+  double ratio = 1;  // offload.optimizer.ratio
 };
 
 std::string offload_name(OffloadDevice d) {
@@ -120,13 +121,14 @@ void fit_stage3_to(Config& config, const charlm::CharMlp& model) {
 
 // The ZeRO paper's per-rank bytes for params + grads + optimizer states: d bytes per parameter and
 // per gradient (2 for bf16/fp16), 12 for fp32 master, m and v; sharded over N from stage 1, 2, 3 on.
-// What is offloaded counts 0 on the device: optimizer states, and stage 3's parameters.
+// What is offloaded counts 0 on the device: optimizer states (the ratio of them), and stage 3's
+// parameters.
 std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::size_t d, int ranks) {
   const int stage = conf.stage;
   const double psi = static_cast<double>(params), n = ranks;
   const double p = conf.param == OffloadDevice::none ? static_cast<double>(d) * psi : 0.0;
   const double g = static_cast<double>(d) * psi;
-  const double os = conf.optimizer == OffloadDevice::none ? 12 * psi : 0.0;
+  const double os = conf.optimizer == OffloadDevice::none ? 12 * psi : 12 * psi * (1 - conf.ratio);
   switch (stage) {
     case 0: return static_cast<std::size_t>(p + g + os);
     case 1: return static_cast<std::size_t>(p + g + os / n);
@@ -192,6 +194,7 @@ Config configured(const Configuration& conf, Config config, const std::string& n
   config.stage = conf.stage;
   config.offload.optimizer.device = conf.optimizer;
   config.offload.param.device = conf.param;
+  config.offload.optimizer_ratio = conf.ratio;
   config.offload.optimizer.paths.clear();
   config.offload.param.paths.clear();
   if (conf.optimizer == OffloadDevice::nvme) config.offload.optimizer.paths = {nvme_path};
@@ -214,6 +217,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   r.stage = conf.stage;
   r.offload_optimizer = offload_name(conf.optimizer);
   r.offload_param = offload_name(conf.param);
+  r.offload_ratio = conf.ratio;
   r.ranks = comm.size();
   std::size_t nvme_bytes = 0;
   std::vector<double> seconds;
@@ -459,7 +463,10 @@ int bench_memory(int argc, char** argv) {
         {"stage 3 + offload optimizer cpu", 3, OffloadDevice::cpu},
         {"stage 3 + offload optimizer nvme", 3, OffloadDevice::nvme},
         {"stage 3 + offload optimizer+param cpu", 3, OffloadDevice::cpu, OffloadDevice::cpu},
-        {"stage 3 + offload optimizer+param nvme", 3, OffloadDevice::nvme, OffloadDevice::nvme}};
+        {"stage 3 + offload optimizer+param nvme", 3, OffloadDevice::nvme, OffloadDevice::nvme},
+        // Partial offload (offload.optimizer.ratio): half of the states stay on the device.
+        {"stage 2 + offload optimizer cpu ratio 0.5", 2, OffloadDevice::cpu, OffloadDevice::none, 0.5},
+        {"stage 2 + offload optimizer nvme ratio 0.5", 2, OffloadDevice::nvme, OffloadDevice::none, 0.5}};
     const std::vector<std::size_t> searched = {0, 1, 2, 3, 8, 9, 10, 11};  // ... and stage 3's offloads
     const SwapDirectory swap(o.nvme_path);
     Progress progress(leader, static_cast<int>(configurations.size() + (o.fit ? searched.size() : 0)));

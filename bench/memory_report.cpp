@@ -35,11 +35,11 @@ std::string purposes_json(const std::array<std::size_t, kHostPurposeCount>& byte
 }  // namespace
 
 std::string format_table(const std::vector<MemoryRecord>& records) {
-  std::string out = printf_string("%-38s %9s %8s %8s %8s %8s %7s %10s %8s %8s %8s %8s %7s %s\n",
+  std::string out = printf_string("%-42s %9s %8s %8s %8s %8s %7s %10s %8s %8s %8s %8s %7s %s\n",
                                   "configuration (per rank)", "peak MiB", "params", "grads", "optim", "buffers",
                                   "vs DDP", "formula", "dev", "pinned", "nvme", "step ms", "vs DDP", "loss = DDP");
   for (const MemoryRecord& r : records) {
-    out += printf_string("%-38s %9.1f %8.1f %8.1f %8.1f %8.1f %6.2fx %10.1f %+7.1f%% %8.1f %8.1f %8.1f %6.2fx %s\n",
+    out += printf_string("%-42s %9.1f %8.1f %8.1f %8.1f %8.1f %6.2fx %10.1f %+7.1f%% %8.1f %8.1f %8.1f %6.2fx %s\n",
                          r.name.c_str(), mib(r.peak_device_bytes), mib(r.peak_params_bytes), mib(r.peak_grads_bytes),
                          mib(r.peak_optimizer_bytes), mib(r.peak_buffers_bytes), r.ratio_to_ddp, mib(r.formula_bytes),
                          100 * r.formula_deviation, mib(r.peak_host_pinned_bytes), mib(r.nvme_bytes),
@@ -50,14 +50,14 @@ std::string format_table(const std::vector<MemoryRecord>& records) {
 
 std::string format_host_table(const std::vector<MemoryRecord>& records) {
   std::string out = printf_string("\nhost memory per rank, MiB (measured / what the placement needs by formula):\n"
-                                  "%-38s %23s %15s", "configuration", "RSS start/peak/need", "pinned / est");
+                                  "%-42s %23s %15s", "configuration", "RSS start/peak/need", "pinned / est");
   for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
     const std::string_view name = host_purpose_name(static_cast<HostPurpose>(p));
     out += printf_string(" %19.*s", static_cast<int>(name.size()), name.data());
   }
   out += "\n";
   for (const MemoryRecord& r : records) {
-    out += printf_string("%-38s %7.1f/%7.1f/%-7.1f %7.1f/%-7.1f", r.name.c_str(), mib(r.start_host_rss_bytes),
+    out += printf_string("%-42s %7.1f/%7.1f/%-7.1f %7.1f/%-7.1f", r.name.c_str(), mib(r.start_host_rss_bytes),
                          mib(r.peak_host_rss_bytes), mib(r.host_need_bytes),
                          mib(r.peak_host_pinned_bytes), mib(r.estimate_pinned_bytes));
     for (std::size_t p = 0; p < kHostPurposeCount; ++p)
@@ -92,6 +92,7 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
     out += "    {\"name\": " + json_string(r.name) + printf_string(", \"stage\": %d", r.stage) +
            ", \"offload_optimizer\": " + json_string(r.offload_optimizer) +
            ", \"offload_param\": " + json_string(r.offload_param) +
+           printf_string(", \"offload_ratio\": %g", r.offload_ratio) +
            printf_string(", \"ranks\": %d, \"params\": %zu", r.ranks, r.params) +
            printf_string(", \"peak_device_bytes\": %zu, \"peak_params_bytes\": %zu, \"peak_grads_bytes\": %zu",
                          r.peak_device_bytes, r.peak_params_bytes, r.peak_grads_bytes) +
@@ -126,7 +127,7 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
 
 std::string to_csv(const std::vector<MemoryRecord>& records) {
   std::string out =
-      "name,stage,offload_optimizer,offload_param,ranks,params,peak_device_bytes,peak_params_bytes,"
+      "name,stage,offload_optimizer,offload_param,offload_ratio,ranks,params,peak_device_bytes,peak_params_bytes,"
       "peak_grads_bytes,peak_optimizer_states_bytes,peak_buffers_bytes,peak_host_pinned_bytes,nvme_bytes,"
       "ratio_to_ddp,formula_bytes,formula_deviation,step_seconds,step_time_ratio_to_ddp,final_loss,"
       "loss_matches_ddp,start_host_rss_bytes,peak_host_rss_bytes,host_need_bytes,estimate_pinned_bytes";
@@ -136,8 +137,9 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
   }
   out += "\n";
   for (const MemoryRecord& r : records) {
-    out += printf_string("\"%s\",%d,%s,%s,%d,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%.6f,%zu,%.6f,%.6f,%.6f,%.6f,%s",
-                         r.name.c_str(), r.stage, r.offload_optimizer.c_str(), r.offload_param.c_str(), r.ranks,
+    out += printf_string("\"%s\",%d,%s,%s,%g,%d,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%zu,%.6f,%zu,%.6f,%.6f,%.6f,%.6f,%s",
+                         r.name.c_str(), r.stage, r.offload_optimizer.c_str(), r.offload_param.c_str(),
+                         r.offload_ratio, r.ranks,
                          r.params, r.peak_device_bytes, r.peak_params_bytes, r.peak_grads_bytes,
                          r.peak_optimizer_bytes, r.peak_buffers_bytes, r.peak_host_pinned_bytes, r.nvme_bytes,
                          r.ratio_to_ddp, r.formula_bytes, r.formula_deviation, r.step_seconds,

@@ -17,6 +17,7 @@ struct MemoryRecord {
   int stage = 0;
   std::string offload_optimizer = "none";
   std::string offload_param = "none";
+  double offload_ratio = 1;         // offload.optimizer.ratio
   int ranks = 1;
   std::size_t params = 0;
   std::size_t peak_params_bytes = 0;  // per rank (the largest rank), by category

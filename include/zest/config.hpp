@@ -95,6 +95,9 @@ struct OffloadConfig {
   OffloadTarget optimizer;
   OffloadTarget param;     // stage 3 only
   std::size_t sub_group_bytes = std::size_t{256} << 20;  // unit of the offloaded step's pipeline
+  // offload.optimizer.ratio, in (0, 1]: the fraction of this rank's optimizer states that
+  // offload.optimizer.device holds; the rest stays on the device, stepped there at the same time.
+  double optimizer_ratio = 1.0;
 };
 
 struct IoConfig {

@@ -1,5 +1,6 @@
 // zest estimate: the memory every stage and offload mode needs for a model of N parameters, per
 // device, per host and on NVMe, from the engine's own sizing (zest/estimate.hpp), before any run.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -25,7 +26,8 @@ constexpr const char* kEstimateUsage =
     "max(buckets.reduce, one layer), at most the whole model), the parameter all-gather's bucket (the\n"
     "largest run of consecutive layers that fit in buckets.allgather together; none when no two fit)\n"
     "and, under stage 3, the gathered (live) layers. Bucket, stage-3 and offload settings come from\n"
-    "FILE (marked * where its stage and offload match a row) or the defaults; --dtype overrides its\n"
+    "FILE (marked * where its stage and offload match a row; a FILE that offloads part of the\n"
+    "optimizer, offload.optimizer.ratio, adds its own row) or the defaults; --dtype overrides its\n"
     "precision (default: FILE's, else bf16). Activations and framework workspace are not included.\n";
 
 struct Options {
@@ -108,26 +110,35 @@ struct Row {
   int stage;
   OffloadDevice optimizer;
   OffloadDevice param;
+  double ratio = 1;  // offload.optimizer.ratio
 };
 
 std::string row_name(const Row& r) {
   auto name = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "cpu" : "nvme"; };
   std::string text = std::string("stage ").append(std::to_string(r.stage));
-  if (r.param != OffloadDevice::none && r.param == r.optimizer) return text.append(", optimizer+params ").append(name(r.param));
-  if (r.optimizer != OffloadDevice::none) text.append(", optimizer ").append(name(r.optimizer));
-  if (r.param != OffloadDevice::none) text.append(", params ").append(name(r.param));
+  if (r.param != OffloadDevice::none && r.param == r.optimizer) text.append(", optimizer+params ").append(name(r.param));
+  else if (r.optimizer != OffloadDevice::none) text.append(", optimizer ").append(name(r.optimizer));
+  if (r.param != OffloadDevice::none && r.param != r.optimizer) text.append(", params ").append(name(r.param));
+  if (r.ratio != 1) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, " ratio %g", r.ratio);
+    text.append(ratio);
+  }
   return text;
 }
 
 // Every configuration the engine accepts: stage 0 plain; stages 1-3 with the optimizer on the
-// device, in pinned host memory or on NVMe; stage 3 with its parameters offloaded as well.
-std::vector<Row> rows() {
+// device, in pinned host memory or on NVMe; stage 3 with its parameters offloaded as well; and the
+// config's own when it offloads part of the optimizer (offload.optimizer.ratio).
+std::vector<Row> rows(const Config& base) {
   std::vector<Row> all{{0, OffloadDevice::none, OffloadDevice::none}};
   for (int stage = 1; stage <= 3; ++stage)
     for (OffloadDevice d : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme})
       all.push_back({stage, d, OffloadDevice::none});
   all.push_back({3, OffloadDevice::cpu, OffloadDevice::cpu});
   all.push_back({3, OffloadDevice::nvme, OffloadDevice::nvme});
+  if (base.offload.optimizer.device != OffloadDevice::none && base.offload.optimizer_ratio != 1)
+    all.push_back({base.stage, base.offload.optimizer.device, base.offload.param.device, base.offload.optimizer_ratio});
   return all;
 }
 
@@ -143,18 +154,22 @@ void print_table(const Options& o, const Config& base) {
               o.config_path.empty() ? "defaults" : o.config_path.c_str(), format_size(base.buckets.reduce_bytes).c_str(),
               format_size(base.stage3.max_live_bytes).c_str(),
               format_size(base.offload.sub_group_bytes).c_str(), base.offload.optimizer.buffer_count);
-  std::printf("%-34s %12s %12s %12s %12s %12s %16s %12s\n", "configuration", "device/rank", "params", "grads",
+  // Wide enough for the longest name (a partial offload's), marked.
+  int width = 34;
+  for (const Row& r : rows(base)) width = std::max(width, static_cast<int>(row_name(r).size()) + 2);
+  std::printf("%-*s %12s %12s %12s %12s %12s %16s %12s\n", width, "configuration", "device/rank", "params", "grads",
               "optim states", "buffers", "pinned host/node", "NVMe/node");
-  for (const Row& r : rows()) {
+  for (const Row& r : rows(base)) {
     Config c = base;
     c.stage = r.stage;
     c.offload.optimizer.device = r.optimizer;
     c.offload.param.device = r.param;
+    c.offload.optimizer_ratio = r.ratio;
     const MemoryEstimate e = estimate_memory(c, model, ranks);
     const bool matches = !o.config_path.empty() && base.stage == r.stage && base.offload.optimizer.device == r.optimizer &&
-                         base.offload.param.device == r.param;
+                         base.offload.param.device == r.param && base.offload.optimizer_ratio == r.ratio;
     const std::string name = row_name(r).append(matches ? " *" : "");
-    std::printf("%-34s %12s %12s %12s %12s %12s %16s %12s\n", name.c_str(), readable(e.device_total).c_str(),
+    std::printf("%-*s %12s %12s %12s %12s %12s %16s %12s\n", width, name.c_str(), readable(e.device_total).c_str(),
                 readable(e.device_of(MemoryCategory::params)).c_str(), readable(e.device_of(MemoryCategory::grads)).c_str(),
                 readable(e.device_of(MemoryCategory::optimizer_states)).c_str(),
                 readable(e.device_of(MemoryCategory::buffers)).c_str(), readable(per_node * e.pinned).c_str(),

@@ -110,6 +110,7 @@ void check_ranges(const Config& c, ProblemSink& sink) {
     check_choice(sink, prefix + ".device", kOffloadDeviceNames, target->device);
     check_int(sink, prefix + ".buffer_count", target->buffer_count, kBufferCountRange);
   }
+  check_number(sink, "offload.optimizer.ratio", c.offload.optimizer_ratio, kOffloadRatio);
   check_size(sink, "offload.sub_group", c.offload.sub_group_bytes, SizeRule::positive);
   check_size(sink, "io.block_size", c.io.block_size, SizeRule::io_block);
   check_int(sink, "io.queue_depth", c.io.queue_depth, kQueueDepthRange);
@@ -240,6 +241,14 @@ void check_combinations(const Config& c, ProblemSink& sink) {
            "on every rank, with no partition to offload. Use stage 1+, or "
            "offload.optimizer.device: none");
   }
+  if (sink.valid("offload.optimizer.ratio") && sink.valid("offload.optimizer.device") &&
+      c.offload.optimizer.device == OffloadDevice::none && c.offload.optimizer_ratio != 1.0) {
+    std::string message = "ratio ";
+    message.append(number_text(c.offload.optimizer_ratio))
+        .append(" offloads that fraction of the optimizer states, but offload.optimizer.device is 'none', so "
+                "nothing is offloaded. Set offload.optimizer.device: cpu or nvme, or remove ratio");
+    sink.report("offload.optimizer.ratio", std::move(message));
+  }
   check_offload_target("offload.optimizer", c.offload.optimizer, sink);
   check_offload_target("offload.param", c.offload.param, sink);
   check_shared_swap(c, sink);
@@ -317,6 +326,7 @@ void check_combinations(const Config& c, ProblemSink& sink) {
 bool positive(double x) { return x > 0; }
 bool non_negative(double x) { return x >= 0; }
 bool unit_interval(double x) { return x >= 0 && x < 1; }
+bool fraction(double x) { return x > 0 && x <= 1; }
 
 }  // namespace
 
@@ -324,6 +334,9 @@ const NumberRule kPositive{"a number > 0", positive};
 const NumberRule kNonNegative{"a number >= 0", non_negative};
 const NumberRule kUnitInterval{"a number >= 0 and < 1", unit_interval};
 const NumberRule kClipping{"a number >= 0 (0 turns clipping off)", non_negative};
+const NumberRule kOffloadRatio{"a number > 0 and <= 1 (the fraction of the optimizer states offloaded; 1 offloads "
+                               "them all)",
+                               fraction};
 
 std::string expected_integer(IntRange range) {
   std::string expected = "an integer ";

@@ -56,6 +56,7 @@ extern const NumberRule kPositive;        // lr, eps, loss scales
 extern const NumberRule kNonNegative;     // weight decay
 extern const NumberRule kUnitInterval;    // betas
 extern const NumberRule kClipping;        // gradient_clipping (0 turns it off)
+extern const NumberRule kOffloadRatio;    // offload.optimizer.ratio: (0, 1]
 
 enum class SizeRule { any, positive, io_block };
 // "a size of at least 1 byte (e.g. 512KiB, 25MiB)" and the like.

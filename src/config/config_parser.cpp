@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
@@ -574,13 +575,16 @@ ConfigReader::Reader ConfigReader::param_groups(std::vector<OptimizerParamGroup>
 Config ConfigReader::read(const YAML::Node* root) {
   Config c;
   c.source = file_;
-  const auto offload_target = [this](OffloadTarget& target) {
-    return section({
+  // `more`: the keys only one of the targets has.
+  const auto offload_target = [this](OffloadTarget& target, std::vector<Field> more = {}) {
+    std::vector<Field> fields = {
         {"device", choice(detail::kOffloadDeviceNames, target.device)},
         {"path", directories(target.paths)},
         {"pinned", flag(target.pinned)},
         {"buffer_count", integer(target.buffer_count, detail::kBufferCountRange)},
-    });
+    };
+    fields.insert(fields.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    return section(std::move(fields));
   };
   LossScaleConfig& scale = c.precision.loss_scale;
   const std::vector<Field> schema = {
@@ -630,7 +634,8 @@ Config ConfigReader::read(const YAML::Node* root) {
       {"gradient_clipping", number(c.gradient_clipping, detail::kClipping)},
       {"gradient_accumulation_steps", integer(c.gradient_accumulation_steps, detail::kAtLeastOne)},
       {"offload", section({
-                      {"optimizer", offload_target(c.offload.optimizer)},
+                      {"optimizer", offload_target(c.offload.optimizer,
+                                                   {{"ratio", number(c.offload.optimizer_ratio, detail::kOffloadRatio)}})},
                       {"param", offload_target(c.offload.param)},
                       {"sub_group", size(c.offload.sub_group_bytes, SizeRule::positive)},
                   })},

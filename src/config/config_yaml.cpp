@@ -2,6 +2,7 @@
 // parse_config(to_yaml(c)) == c. Doubles print in their shortest exact form (std::to_chars), so
 // they read back bit for bit.
 #include <charconv>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,7 +92,9 @@ std::string param_groups_text(const OptimizerConfig& o) {
   return text.append("]");
 }
 
-void write_target(YamlWriter& out, std::string_view key, const OffloadTarget& target) {
+// `ratio`: the optimizer's offload.optimizer.ratio (the parameters' target has none).
+void write_target(YamlWriter& out, std::string_view key, const OffloadTarget& target,
+                  std::optional<double> ratio = std::nullopt) {
   out.section(key);
   out.plain("device", detail::enum_name(detail::kOffloadDeviceNames, target.device));
   // One directory as a string, as most configs write it; several as a list.
@@ -100,6 +103,7 @@ void write_target(YamlWriter& out, std::string_view key, const OffloadTarget& ta
   else out.quoted("path", "");
   out.flag("pinned", target.pinned);
   out.integer("buffer_count", target.buffer_count);
+  if (ratio) out.number("ratio", *ratio);
   out.end_section();
 }
 
@@ -161,7 +165,7 @@ std::string to_yaml(const Config& c) {
   out.integer("gradient_accumulation_steps", c.gradient_accumulation_steps);
 
   out.section("offload");
-  write_target(out, "optimizer", c.offload.optimizer);
+  write_target(out, "optimizer", c.offload.optimizer, c.offload.optimizer_ratio);
   write_target(out, "param", c.offload.param);
   out.size("sub_group", c.offload.sub_group_bytes);
   out.end_section();

@@ -8,7 +8,14 @@ namespace zest::engine {
 DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout,
                                              const MemoryPlan& plan, DType dtype, HostStaging& staging,
                                              const HyperRuns& runs)
-    : device_(device), stream_(stream), math_(math), layout_(layout), dtype_(dtype), staging_(staging), runs_(runs) {
+    : device_(device),
+      stream_(stream),
+      math_(math),
+      layout_(layout),
+      dtype_(dtype),
+      staging_(staging),
+      runs_(runs),
+      range_(plan.device_states) {
   master_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
   m_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
   v_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
@@ -23,7 +30,7 @@ void DeviceOptimizerStates::write_master(std::size_t offset, const float* values
   for (std::size_t first = 0; first < count; first += staging_.elements()) {
     const std::size_t n = std::min(staging_.elements(), count - first);
     std::memcpy(staging_.f32(), values + first, n * sizeof(float));
-    device_.copy_async(master_.as<float>() + offset + first, staging_.f32(), n * sizeof(float), stream_);
+    device_.copy_async(at(master_, offset + first), staging_.f32(), n * sizeof(float), stream_);
     stream_.synchronize();  // the staging is refilled next
   }
 }
@@ -31,7 +38,7 @@ void DeviceOptimizerStates::write_master(std::size_t offset, const float* values
 void DeviceOptimizerStates::read_master(std::size_t offset, float* values, std::size_t count) {
   for (std::size_t first = 0; first < count; first += staging_.elements()) {
     const std::size_t n = std::min(staging_.elements(), count - first);
-    device_.copy_async(staging_.f32(), master_.as<float>() + offset + first, n * sizeof(float), stream_);
+    device_.copy_async(staging_.f32(), at(master_, offset + first), n * sizeof(float), stream_);
     stream_.synchronize();
     std::memcpy(values + first, staging_.f32(), n * sizeof(float));
   }
@@ -42,47 +49,48 @@ void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, 
   // The three states of a piece side by side in the fp32 staging.
   const std::size_t piece = staging_.elements() / 3;
   float* const host[] = {staging_.f32(), staging_.f32() + piece, staging_.f32() + 2 * piece};
-  float* const states[] = {master_.as<float>(), m_.as<float>(), v_.as<float>()};
+  float* const states[] = {at(master_, offset), at(m_, offset), at(v_, offset)};
   for (std::size_t first = 0; first < count; first += piece) {
     const std::size_t n = std::min(piece, count - first);
-    for (int k = 0; k < 3; ++k) device_.copy_async(host[k], states[k] + offset + first, n * sizeof(float), stream_);
+    for (int k = 0; k < 3; ++k) device_.copy_async(host[k], states[k] + first, n * sizeof(float), stream_);
     stream_.synchronize();
     visit(host[0], host[1], host[2], first, n);
     if (!write_back) continue;
-    for (int k = 0; k < 3; ++k) device_.copy_async(states[k] + offset + first, host[k], n * sizeof(float), stream_);
+    for (int k = 0; k < 3; ++k) device_.copy_async(states[k] + first, host[k], n * sizeof(float), stream_);
     stream_.synchronize();
   }
 }
 
-void DeviceOptimizerStates::add_shard(int g, const void* grad, void* out) {
-  const auto& place = layout_.group(g);
-  for_each_run(runs_, place.shard_offset, place.shard_offset + place.shard,
-               [&](std::size_t lo, std::size_t hi, const optim::AdamHyperParams& hyper) {
-                 const std::size_t in = (lo - place.shard_offset) * dtype_size(dtype_);
-                 shards_.push_back({master_.as<float>() + lo, m_.as<float>() + lo, v_.as<float>() + lo,
-                                    static_cast<const char*>(grad) + in, static_cast<char*>(out) + in, hi - lo, &hyper});
-               });
+void DeviceOptimizerStates::add_shard(ShardRange part, const char* grad, char* out) {
+  for_each_run(runs_, part.begin, part.end, [&](std::size_t lo, std::size_t hi, const optim::AdamHyperParams& hyper) {
+    const std::size_t in = (lo - part.begin) * dtype_size(dtype_);
+    shards_.push_back({at(master_, lo), at(m_, lo), at(v_, lo), grad + in, out + in, hi - lo, &hyper});
+  });
 }
 
 void DeviceOptimizerStates::step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args,
                                  HostParamSink* sink) {
+  // Group g's part in range_, and where that part starts in the group's shard (bytes).
+  const auto part = [&](int g) { return group_part(layout_, g, range_); };
+  const auto in_group = [&](int g) { return (part(g).begin - layout_.group(g).shard_offset) * dtype_size(dtype_); };
+  const auto grad = [&](int g) { return static_cast<const char*>(groups[static_cast<std::size_t>(g)].grad) + in_group(g); };
   shards_.clear();
   for (int g = 0; g < layout_.group_count(); ++g) {
-    const StepGroup& group = groups[static_cast<std::size_t>(g)];
-    if (group.device_out) add_shard(g, group.grad, group.device_out);
+    char* const out = static_cast<char*>(groups[static_cast<std::size_t>(g)].device_out);
+    if (out && part(g).count() > 0) add_shard(part(g), grad(g), out + in_group(g));
   }
   math_.adam_step(shards_, dtype_, dtype_, args, stream_);
   if (!sink) return;
   stream_.synchronize();  // the stream has read shards_, refilled below
-  // Offloaded parameters: each group's updated shard passes through one device buffer on its way
-  // to the host.
+  // Offloaded parameters: each group's updated part passes through one device buffer on its way to
+  // its place in the group's host shard.
   for (int g = 0; g < layout_.group_count(); ++g) {
-    const StepGroup& group = groups[static_cast<std::size_t>(g)];
-    if (group.device_out) continue;
+    if (groups[static_cast<std::size_t>(g)].device_out || part(g).count() == 0) continue;
     shards_.clear();
-    add_shard(g, group.grad, update_out_.data());
+    add_shard(part(g), grad(g), update_out_.as<char>());
     math_.adam_step(shards_, dtype_, dtype_, args, stream_);
-    device_.copy_async(sink->begin_update(g), update_out_.data(), dtype_size(dtype_) * layout_.group(g).shard, stream_);
+    device_.copy_async(static_cast<char*>(sink->begin_update(g)) + in_group(g), update_out_.data(),
+                       dtype_size(dtype_) * part(g).count(), stream_);
     stream_.synchronize();
     sink->end_update(g);
   }

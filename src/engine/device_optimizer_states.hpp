@@ -1,6 +1,8 @@
-// Optimizer states on the device: fp32 master weights, m and v of this rank's shard in three
-// device buffers, stepped by the device's Adam (DeviceMath) on the comm stream. Host access
-// (set_param, get_param, checkpoints) goes through the engine's pinned staging in chunks.
+// Optimizer states on the device: fp32 master weights, m and v of this rank's shard (of
+// plan.device_states, the part a partial offload keeps on the device) in three device buffers,
+// stepped by the device's Adam (DeviceMath) on the comm stream. Host access (set_param, get_param,
+// checkpoints) goes through the engine's pinned staging in chunks. Offsets are of the shard buffer
+// and must lie in plan.device_states.
 #pragma once
 
 #include <vector>
@@ -16,8 +18,8 @@ namespace zest::engine {
 
 class DeviceOptimizerStates final : public OptimizerStates {
  public:
-  // Allocates master, m and v (plan.optimizer_state each, zeroed) and, where stage 3's parameters
-  // are offloaded, the buffer their updates pass through (plan.update_out).
+  // Allocates master, m and v of plan.device_states (plan.optimizer_state each, zeroed) and, where
+  // stage 3's parameters are offloaded, the buffer their updates pass through (plan.update_out).
   DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout, const MemoryPlan& plan,
                         DType dtype, HostStaging& staging, const HyperRuns& runs);
 
@@ -29,8 +31,10 @@ class DeviceOptimizerStates final : public OptimizerStates {
   std::size_t pinned_bytes() const override { return 0; }
 
  private:
-  // Appends the group's shard to shards_, one piece per optimizer parameter group in it.
-  void add_shard(int g, const void* grad, void* out);
+  // Appends `part` (of a group's shard, in range_) to shards_, one piece per optimizer parameter
+  // group in it; `grad` and `out` hold the part's first element.
+  void add_shard(ShardRange part, const char* grad, char* out);
+  float* at(const DeviceBuffer& state, std::size_t offset) const { return state.as<float>() + (offset - range_.begin); }
 
   Device& device_;
   Stream& stream_;
@@ -39,6 +43,7 @@ class DeviceOptimizerStates final : public OptimizerStates {
   const DType dtype_;
   HostStaging& staging_;
   const HyperRuns& runs_;
+  const ShardRange range_;
   DeviceBuffer master_, m_, v_;
   DeviceBuffer update_out_;  // offloaded parameters: one group's updated shard on its way to the host
   std::vector<AdamShard> shards_;  // the stream reads them until the step's math has run

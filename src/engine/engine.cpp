@@ -1,8 +1,8 @@
 // The orchestration of a step over the engine's parts (one concern each, see src/engine/):
 // GradBuckets (where backward writes gradients, their reduction), ParamGather (where parameters
-// live, stage-3 leases and prefetch, the all-gather after a step), OptimizerStates (on the device or
-// offloaded; the Adam step), LossScaler; and the public API's checks. Checkpoints are in
-// src/checkpoint/engine_io.cpp.
+// live, stage-3 leases and prefetch, the all-gather after a step), OptimizerStates (on the device,
+// offloaded, or split between them; the Adam step), LossScaler; and the public API's checks.
+// Checkpoints are in src/checkpoint/engine_io.cpp.
 #include "zest/engine.hpp"
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include "engine/offloaded_optimizer.hpp"
 #include "engine/optimizer_groups.hpp"
 #include "engine/param_gather.hpp"
+#include "engine/split_optimizer_states.hpp"
 #include "offload/nvme_store.hpp"
 #include "zest/error.hpp"
 
@@ -147,13 +148,23 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   s.params = std::make_unique<engine::ParamGather>(config, device, comm, stream, s.layout, s.plan, *s.staging,
                                                    std::move(param_store));
   s.grads = std::make_unique<engine::GradBuckets>(config, device, comm, stream, *s.math, s.layout, s.plan);
-  if (s.plan.offload_optimizer)
-    s.states = std::make_unique<engine::OffloadedOptimizer>(config, device, s.layout, s.plan.optimizer_offload,
-                                                            config.precision.dtype, config.optimizer.threads,
-                                                            std::move(optimizer_store), s.runs);
+  // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
+  const auto on_device = [&] {
+    return std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,
+                                                           config.precision.dtype, *s.staging, s.runs);
+  };
+  const auto offloaded = [&] {
+    return std::make_unique<engine::OffloadedOptimizer>(config, device, s.plan.optimizer_offload,
+                                                        config.precision.dtype, config.optimizer.threads,
+                                                        std::move(optimizer_store), s.runs);
+  };
+  if (!s.plan.offload_optimizer)
+    s.states = on_device();
+  else if (s.plan.device_states.count() == 0)
+    s.states = offloaded();
   else
-    s.states = std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,
-                                                               config.precision.dtype, *s.staging, s.runs);
+    s.states = std::make_unique<engine::SplitOptimizerStates>(s.layout, stream, on_device(), offloaded(),
+                                                              s.plan.device_states.end);
   s.scalars = device.allocate(s.plan.scalars, MemoryCategory::buffers);
   s.grad_spans.reserve(groups);
   s.step_groups.resize(groups);

@@ -11,20 +11,37 @@ std::size_t round_up(std::size_t value, std::size_t multiple) { return (value + 
 
 static_assert(sizeof(GradStatsScalars) <= kScalarsBytes);
 
-void plan_optimizer_offload(const Config& config, const Layout& layout, DType dtype, OptimizerOffloadPlan& p) {
+// The elements at the start of the shard whose optimizer states stay on the device: the first
+// (1 - offload.optimizer.ratio) of it. The split is by element, not by group, because groups are
+// the trainer's layers (often one for the whole model), so group boundaries could not honour the
+// ratio; it is rounded down to Layout::kAlign so the offloaded part starts aligned as every shard
+// does, and at least the ratio is offloaded, and never less than kAlign elements (a shard has at
+// least that many; a ratio so small that 1 - ratio rounds to 1 would otherwise offload nothing).
+// The device part comes first only by convention.
+std::size_t device_kept_numel(const Config& config, const Layout& layout) {
+  if (config.offload.optimizer.device == OffloadDevice::none) return layout.shard_numel();
+  const double ratio = config.offload.optimizer_ratio;
+  if (!(ratio > 0 && ratio < 1)) return 0;  // everything offloaded (validate refuses the rest)
+  const auto kept = static_cast<std::size_t>((1.0 - ratio) * static_cast<double>(layout.shard_numel()));
+  return std::min(kept / Layout::kAlign * Layout::kAlign, layout.shard_numel() - Layout::kAlign);
+}
+
+void plan_optimizer_offload(const Config& config, const Layout& layout, DType dtype, ShardRange range,
+                            OptimizerOffloadPlan& p) {
+  p.range = range;
   p.slots = static_cast<std::size_t>(std::max(0, config.offload.optimizer.buffer_count));
   // Master, m and v take 12 bytes per parameter.
   const std::size_t per = std::max(Layout::kAlign, config.offload.sub_group_bytes / 12 / Layout::kAlign * Layout::kAlign);
   for (int g = 0; g < layout.group_count(); ++g) {
-    const auto& place = layout.group(g);
-    for (std::size_t first = 0; first < place.shard; first += per) {
+    const ShardRange part = group_part(layout, g, range);
+    for (std::size_t first = part.begin; first < part.end; first += per) {
       SubGroupPlace sub;
       sub.group = g;
-      sub.in_group = first;
-      sub.offset = place.shard_offset + first;
-      sub.count = std::min(per, place.shard - first);
-      sub.first_of_group = first == 0;
-      sub.last_of_group = first + sub.count == place.shard;
+      sub.offset = first;
+      sub.in_group = first - layout.group(g).shard_offset;
+      sub.count = std::min(per, part.end - first);
+      sub.first_of_group = first == part.begin;
+      sub.last_of_group = first + sub.count == part.end;
       p.largest = std::max(p.largest, sub.count);
       p.sub_groups.push_back(sub);
     }
@@ -36,7 +53,7 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
     p.state_slots_bytes = p.slots * p.state_slot_bytes;
     for (const SubGroupPlace& sub : p.sub_groups) p.nvme_bytes += round_up(3 * sub.count * sizeof(float), kNvmeAlignment);
   } else {
-    p.states_bytes = 3 * layout.shard_numel() * sizeof(float);
+    p.states_bytes = 3 * range.count() * sizeof(float);
   }
   p.pinned_bytes = 2 * p.staging_bytes + p.states_bytes + p.state_slots_bytes;
 }
@@ -90,6 +107,13 @@ void plan_gather_runs(const Config& config, const Layout& layout, DType dtype, M
 
 }  // namespace
 
+ShardRange group_part(const Layout& layout, int g, ShardRange range) {
+  const auto& place = layout.group(g);
+  const std::size_t begin = std::max(range.begin, place.shard_offset);
+  const std::size_t end = std::min(range.end, place.shard_offset + place.shard);
+  return begin < end ? ShardRange{begin, end} : ShardRange{begin, begin};
+}
+
 MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   MemoryPlan p;
   const DType dtype = config.precision.dtype;
@@ -116,7 +140,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   }
   p.grads = bytes(config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
   add(MemoryCategory::grads, p.grads);
-  if (!p.offload_optimizer) p.optimizer_state = layout.shard_numel() * sizeof(float);
+  p.device_states = {0, device_kept_numel(config, layout)};
+  p.optimizer_state = p.device_states.count() * sizeof(float);
   add(MemoryCategory::optimizer_states, 3 * p.optimizer_state);
   p.scalars = sizeof(GradStatsScalars);
   add(MemoryCategory::buffers, p.scalars);
@@ -140,12 +165,15 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   }
   plan_gather_runs(config, layout, dtype, p);
   add(MemoryCategory::buffers, p.gather_bucket);
-  if (p.offload_optimizer) plan_optimizer_offload(config, layout, dtype, p.optimizer_offload);
+  if (p.offload_optimizer)
+    plan_optimizer_offload(config, layout, dtype, {p.device_states.end, layout.shard_numel()}, p.optimizer_offload);
   if (p.offload_params) {
     p.param_offload.offloaded.resize(groups);
     for (std::size_t g = 0; g < groups; ++g) p.param_offload.offloaded[g] = p.resident[g] == 0;
     plan_param_offload(config, layout, dtype, p.gathered_count, p.param_offload);
-    if (!p.offload_optimizer) p.update_out = bytes(layout.largest_segment() / partitions);
+    // The largest part of a group's shard whose states are on the device.
+    for (int g = 0; g < layout.group_count(); ++g)
+      p.update_out = std::max(p.update_out, bytes(group_part(layout, g, p.device_states).count()));
     add(MemoryCategory::buffers, p.update_out);
   }
 

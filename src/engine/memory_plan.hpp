@@ -28,6 +28,12 @@ inline constexpr std::size_t kNvmeAlignment = 4096;
 // Offload staging slots start on 256-byte boundaries, as device allocations do.
 inline constexpr std::size_t kOffloadSlotAlign = 256;
 
+// Elements [begin, end) of the rank's shard buffer.
+struct ShardRange {
+  std::size_t begin = 0, end = 0;
+  std::size_t count() const { return end - begin; }
+};
+
 // One piece of the offloaded optimizer's pipeline: at most sub_group_bytes / 12 parameters of one
 // group's shard.
 struct SubGroupPlace {
@@ -35,17 +41,20 @@ struct SubGroupPlace {
   std::size_t offset = 0;    // in the shard buffer, elements
   std::size_t in_group = 0;  // from the start of the group's shard
   std::size_t count = 0;
+  // Of the group's part in the offloaded range (all of it, but for the group that a partial offload
+  // cuts).
   bool first_of_group = false;
   bool last_of_group = false;
 };
 
 struct OptimizerOffloadPlan {
+  ShardRange range;                      // the elements whose states are offloaded
   std::size_t slots = 0;                 // offload.optimizer.buffer_count
   std::vector<SubGroupPlace> sub_groups;
   std::size_t largest = 0;               // elements of the largest sub-group
   std::size_t grad_slot_bytes = 0;       // one gradient (and one output) staging slot
   std::size_t staging_bytes = 0;         // each of the gradient and the output staging: slots slots
-  std::size_t states_bytes = 0;          // cpu: master, m, v of the whole shard
+  std::size_t states_bytes = 0;          // cpu: master, m, v of the range
   std::size_t state_slot_bytes = 0;      // nvme: one sub-group's master, m, v, store-aligned
   std::size_t state_slots_bytes = 0;     // nvme: slots of them
   std::size_t pinned_bytes = 0;
@@ -75,7 +84,10 @@ struct MemoryPlan {
   std::size_t param_shards = 0;          // stage 3 without parameter offload
   std::vector<std::size_t> resident;     // stage 3, per group: the full segment, or 0
   std::size_t grads = 0;
-  std::size_t optimizer_state = 0;       // each of master, m, v (0 when offloaded)
+  // The optimizer states of device_states stay on the device; the rest of the shard (from
+  // device_states.end) is offloaded (offload.optimizer.ratio of it, see plan_memory).
+  ShardRange device_states;
+  std::size_t optimizer_state = 0;       // each of master, m, v of device_states
   std::size_t scalars = 0;
   // Gradient staging: kStagingSlots reduce buckets of bucket_elements each (in dtype), so backward
   // writes into one while the other reduces.
@@ -86,7 +98,7 @@ struct MemoryPlan {
   std::size_t gathered_slot = 0;         // stage 3: full parameters of one non-resident group
   std::size_t gathered_count = 0;
   std::size_t gathered_shard = 0;        // stage 3, offloaded parameters: per gathered buffer
-  std::size_t update_out = 0;            // offloaded parameters, optimizer on the device
+  std::size_t update_out = 0;            // offloaded parameters, optimizer states on the device
   // After each step (config buckets.allgather): the groups whose full parameters are rebuilt
   // (stages 1-2: every group; stage 3: the resident ones; stage 0: none) in runs of consecutive
   // groups whose gathered bytes fit in buckets.allgather (one partition: a run per group). The
@@ -98,7 +110,7 @@ struct MemoryPlan {
   std::size_t staging_elements = 0;
   std::size_t engine_pinned = 0;
 
-  bool offload_optimizer = false;
+  bool offload_optimizer = false;        // some of the optimizer states (optimizer_offload.range)
   bool offload_params = false;
   OptimizerOffloadPlan optimizer_offload;
   ParamOffloadPlan param_offload;
@@ -109,6 +121,9 @@ struct MemoryPlan {
   std::size_t pinned_total = 0;  // engine + offload
   std::size_t nvme_total = 0;
 };
+
+// The part of group g's shard inside `range` (empty where they do not meet).
+ShardRange group_part(const Layout& layout, int g, ShardRange range);
 
 // The sizes for `config` over `layout` (partitions = 1 for stage 0, the world size otherwise).
 MemoryPlan plan_memory(const Config& config, const Layout& layout);

@@ -9,9 +9,6 @@
 #include "zest/error.hpp"
 
 namespace zest::engine {
-namespace {
-
-}  // namespace
 
 struct OffloadedOptimizer::Impl {
   struct SubGroup {
@@ -24,11 +21,11 @@ struct OffloadedOptimizer::Impl {
     bool last_of_group = false;
   };
 
-  Impl(const Config& config, Device& d, const Layout& l, const OptimizerOffloadPlan& plan, DType t, int threads,
+  Impl(const Config& config, Device& d, const OptimizerOffloadPlan& plan, DType t, int threads,
        std::shared_ptr<offload::Store> s, const HyperRuns& r)
       : device(d),
-        layout(l),
         runs(r),
+        range(plan.range),
         dtype(t),
         store(std::move(s)),
         slots(static_cast<std::size_t>(config.offload.optimizer.buffer_count)),
@@ -86,15 +83,15 @@ struct OffloadedOptimizer::Impl {
   char* state_slot(std::size_t s) const { return state_slots.as<char>() + s * state_slot_bytes; }
   std::size_t bytes(std::size_t elements) const { return elements * dtype_size(dtype); }
 
-  // The sub-group's master, m and v: in the whole-shard arrays (cpu) or in a slot (nvme).
+  // The sub-group's master, m and v: in the arrays of the whole range (cpu) or in a slot (nvme).
   float* master_of(const SubGroup& sub, std::size_t slot) const {
-    return store ? reinterpret_cast<float*>(state_slot(slot)) : states.as<float>() + sub.offset;
+    return store ? reinterpret_cast<float*>(state_slot(slot)) : states.as<float>() + (sub.offset - range.begin);
   }
   float* m_of(const SubGroup& sub, std::size_t slot) const {
-    return store ? master_of(sub, slot) + sub.count : states.as<float>() + layout.shard_numel() + sub.offset;
+    return store ? master_of(sub, slot) + sub.count : master_of(sub, slot) + range.count();
   }
   float* v_of(const SubGroup& sub, std::size_t slot) const {
-    return store ? master_of(sub, slot) + 2 * sub.count : states.as<float>() + 2 * layout.shard_numel() + sub.offset;
+    return store ? master_of(sub, slot) + 2 * sub.count : master_of(sub, slot) + 2 * range.count();
   }
 
   void check_usable() const {
@@ -111,8 +108,8 @@ struct OffloadedOptimizer::Impl {
   void visit_states(std::size_t offset, std::size_t count, bool write_back, Visit visit) {
     check_usable();
     if (!store) {
-      float* master = states.as<float>() + offset;
-      return visit(master, master + layout.shard_numel(), master + 2 * layout.shard_numel(), std::size_t{0}, count);
+      float* master = states.as<float>() + (offset - range.begin);
+      return visit(master, master + range.count(), master + 2 * range.count(), std::size_t{0}, count);
     }
     const std::size_t end = offset + count;
     for (const SubGroup& sub : subs) {
@@ -232,8 +229,8 @@ struct OffloadedOptimizer::Impl {
   }
 
   Device& device;
-  const Layout& layout;
   const HyperRuns& runs;
+  const ShardRange range;  // of the shard buffer: the states this optimizer holds
   const DType dtype;
   std::shared_ptr<offload::Store> store;
   const std::size_t slots;
@@ -252,10 +249,10 @@ struct OffloadedOptimizer::Impl {
   std::unique_ptr<Stream> down, up;
 };
 
-OffloadedOptimizer::OffloadedOptimizer(const Config& config, Device& device, const Layout& layout,
-                                       const OptimizerOffloadPlan& plan, DType dtype, int threads,
-                                       std::shared_ptr<offload::Store> store, const HyperRuns& runs)
-    : impl_(std::make_unique<Impl>(config, device, layout, plan, dtype, threads, std::move(store), runs)) {}
+OffloadedOptimizer::OffloadedOptimizer(const Config& config, Device& device, const OptimizerOffloadPlan& plan,
+                                       DType dtype, int threads, std::shared_ptr<offload::Store> store,
+                                       const HyperRuns& runs)
+    : impl_(std::make_unique<Impl>(config, device, plan, dtype, threads, std::move(store), runs)) {}
 
 OffloadedOptimizer::~OffloadedOptimizer() {
   if (impl_) impl_->drain();
@@ -281,6 +278,8 @@ void OffloadedOptimizer::step(std::span<const StepGroup> groups, const optim::Ad
                               HostParamSink* sink) {
   impl_->step(groups, args, sink);
 }
+
+void OffloadedOptimizer::check_usable() const { impl_->check_usable(); }
 
 std::size_t OffloadedOptimizer::sub_group_count() const { return impl_->subs.size(); }
 std::size_t OffloadedOptimizer::sub_group_elements() const { return impl_->largest; }

@@ -9,7 +9,9 @@
 //   states of sub-group i-1    pinned slot -> NVMe          (nvme only; write previous)
 //   parameters of sub-group i  pinned staging -> device     (upload stream) or into a host sink
 //
-// cpu: master, m and v of the whole shard live in pinned host memory (12 bytes per parameter).
+// It holds the states of plan.range of the shard buffer: all of it, or the part a partial offload
+// (offload.optimizer.ratio) sends off the device; offsets are of the shard buffer, inside the range.
+// cpu: master, m and v of the range live in pinned host memory (12 bytes per parameter).
 // nvme: they live in an NvmeStore, one region per sub-group holding master, m and v; the host holds
 // only buffer_count sub-group slots, so the host memory is bounded by the configuration whatever
 // the model's size. Everything is allocated at construction; step() allocates nothing large.
@@ -40,13 +42,13 @@ namespace zest::engine {
 
 class OffloadedOptimizer final : public OptimizerStates {
  public:
-  // `plan`: its sub-groups and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be
+  // `plan`: its range, sub-groups and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be
   // shared with the parameters' offload), null for cpu. `threads`: the CPU Adam's (0 = one per cpu of
   // this rank, detail::rank_cpus). Throws OutOfDeviceMemory/SystemError from
   // the pinned allocations, IoError from the store.
   // `runs`: the optimizer parameter groups over the shard (kept by the caller).
-  OffloadedOptimizer(const Config& config, Device& device, const Layout& layout, const OptimizerOffloadPlan& plan,
-                     DType dtype, int threads, std::shared_ptr<offload::Store> store, const HyperRuns& runs);
+  OffloadedOptimizer(const Config& config, Device& device, const OptimizerOffloadPlan& plan, DType dtype,
+                     int threads, std::shared_ptr<offload::Store> store, const HyperRuns& runs);
   ~OffloadedOptimizer() override;
   OffloadedOptimizer(const OffloadedOptimizer&) = delete;
   OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;
@@ -61,10 +63,13 @@ class OffloadedOptimizer final : public OptimizerStates {
   // from the swap file into a pinned slot; nothing passes through device memory.
   void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) override;
 
-  // One Adam step over the whole shard. `groups` has one entry per layout group; the gradients
+  // One Adam step over the range. `groups` has one entry per layout group; the gradients
   // must be complete on the device. Returns when the parameters are on the device (or handed to
   // `sink`) and the states are stored. Throws IoError (then the optimizer is unusable, see above).
   void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) override;
+
+  // Throws the Error every call throws after an I/O failure (see above); nothing otherwise.
+  void check_usable() const;
 
   std::size_t sub_group_count() const;
   std::size_t sub_group_elements() const;  // the largest sub-group

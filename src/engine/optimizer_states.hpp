@@ -1,9 +1,11 @@
 // This rank's optimizer states — fp32 master weights and Adam's m and v of its shard — and the
-// Adam step over them, behind one interface with two implementations, so the engine's
-// orchestration never asks where they live:
+// Adam step over them, behind one interface, so the engine's orchestration never asks where they
+// live:
 //   DeviceOptimizerStates     on the device (the device's Adam: DeviceMath)
 //   OffloadedOptimizer        pinned host memory or an NVMe swap file, stepped by the CPU Adam in a
 //                             pipeline of sub-groups (offload.optimizer.device: cpu | nvme)
+//   SplitOptimizerStates      one of each over complementary parts of the shard
+//                             (offload.optimizer.ratio < 1), stepped at the same time
 // Offsets and counts are elements of the rank's shard buffer (Layout::shard_numel()).
 // Threading: the engine's host thread.
 #pragma once

@@ -3,8 +3,9 @@
 # carry the promised fields, the sharded stages use less memory than DDP in the order the ZeRO
 # formulas say, each within 5% of its formula, with the same loss as DDP; offloaded optimizer states
 # leave the device (pinned host or NVMe bytes instead) and offloading uses less device memory than
-# its stage alone; pinned host memory by purpose equals the estimate's, and NVMe rows pin only swap
-# buffers; the chart is an SVG.
+# its stage alone; a partial offload (ratio 0.5) keeps half the states on the device, between its
+# stage and the full offload; pinned host memory by purpose equals the estimate's, and NVMe rows pin
+# only swap buffers; the chart is an SVG.
 # usage: bench_memory_test.sh ZEST MPIRUN
 set -euo pipefail
 zest=$1 mpirun=$2
@@ -15,7 +16,7 @@ trap 'rm -rf "$work"' EXIT
   --device-memory 64MiB --json "$work/m.json" --csv "$work/m.csv" --chart "$work/m.svg" > "$work/out.txt"
 grep -q "largest model that trains within 64 MiB" "$work/out.txt" || { echo "FAIL: no fit table"; cat "$work/out.txt"; exit 1; }
 grep -q "^<svg" "$work/m.svg" || { echo "FAIL: the chart is not an SVG"; exit 1; }
-[ "$(wc -l < "$work/m.csv")" -eq 13 ] || { echo "FAIL: the CSV does not hold 12 records"; exit 1; }
+[ "$(wc -l < "$work/m.csv")" -eq 15 ] || { echo "FAIL: the CSV does not hold 14 records"; exit 1; }
 python3 - "$work/m.json" <<'PY'
 import json, sys
 data = json.load(open(sys.argv[1]))
@@ -31,11 +32,15 @@ offloads = {  # name: (its stage's row, optimizer, param)
     "stage 3 + offload optimizer+param cpu": ("stage 3", "cpu", "cpu"),
     "stage 3 + offload optimizer+param nvme": ("stage 3", "nvme", "nvme"),
 }
-keys = ["stage", "offload_optimizer", "offload_param", "ranks", "params", "peak_device_bytes",
+partial = {  # name: (its stage's row, the full offload's row, optimizer)
+    "stage 2 + offload optimizer cpu ratio 0.5": ("stage 2", "stage 2 + offload optimizer cpu", "cpu"),
+    "stage 2 + offload optimizer nvme ratio 0.5": ("stage 2", "stage 2 + offload optimizer nvme", "nvme"),
+}
+keys = ["stage", "offload_optimizer", "offload_param", "offload_ratio", "ranks", "params", "peak_device_bytes",
         "peak_host_pinned_bytes", "nvme_bytes", "ratio_to_ddp", "formula_bytes",
         "step_time_ratio_to_ddp", "loss_matches_ddp"]
 problems = []
-for name in stages + list(offloads):
+for name in stages + list(offloads) + list(partial):
     if name not in records:
         problems.append(f"no record '{name}'")
 if problems:
@@ -84,13 +89,41 @@ for name, (base, optimizer, param) in offloads.items():
         problems.append(f"{name}: pinned by purpose {pinned}")
     if param == "nvme" and (pinned["param_shards"] != 0 or pinned["param_swap"] == 0):
         problems.append(f"{name}: pinned by purpose {pinned}")
+for name, (base, full, optimizer) in partial.items():
+    r, b, f = records[name], records[base], records[full]
+    if (r["offload_optimizer"], r["offload_ratio"]) != (optimizer, 0.5):
+        problems.append(f"{name}: offload {r['offload_optimizer']} ratio {r['offload_ratio']}")
+    # Half of the states, to 64 elements per rank's shard (the figures are rounded up to KiB).
+    kept = r["peak_optimizer_states_bytes"] / b["peak_optimizer_states_bytes"]
+    if not 0.49 < kept < 0.51:
+        problems.append(f"{name}: {kept:.4f} of {base}'s optimizer states on the device, expected 0.5")
+    if not f["peak_device_bytes"] < r["peak_device_bytes"] < b["peak_device_bytes"]:
+        problems.append(f"{name}: device bytes {r['peak_device_bytes']} not between {full} and {base}")
+    pinned = r["peak_pinned_by_purpose"]
+    if optimizer == "cpu" and not 0 < pinned["optimizer_states"] < f["peak_pinned_by_purpose"]["optimizer_states"]:
+        problems.append(f"{name}: pinned by purpose {pinned}")
+    if optimizer == "nvme" and not 0 < r["nvme_bytes"] < f["nvme_bytes"]:
+        problems.append(f"{name}: nvme_bytes {r['nvme_bytes']}, {full} has {f['nvme_bytes']}")
 ratios = [records[s]["ratio_to_ddp"] for s in stages]
 if not (ratios[0] == 1 and ratios[0] > ratios[1] > ratios[2] > ratios[3]):
     problems.append(f"ratios to DDP not decreasing with the stage: {ratios}")
-fits = [f["params"] for f in data["largest_model_that_fits"]]
-# stage 0..3, then stage 3 with the optimizer offloaded: each fits a larger model than the one before.
-if len(fits) != 5 or not all(a < b for a, b in zip(fits, fits[1:])):
-    problems.append(f"the largest models do not grow with the stage and the offload: {fits}")
+searched = data["largest_model_that_fits"]
+fits = [f["params"] for f in searched]
+# stage 0..3, then stage 3 with the optimizer (cpu, nvme), then with the parameters too (cpu, nvme):
+# each step of that ladder fits a larger model, cpu and nvme the same one (both bound by the device,
+# which holds the same there); the model grows deeper as it grows, and each row says what bounds it.
+if len(fits) != 8:
+    problems.append(f"{len(fits)} searched configurations, expected 8")
+else:
+    ladder = fits[:5] + [fits[6]]
+    if not all(a < b for a, b in zip(ladder, ladder[1:])) or fits[4] != fits[5] or fits[6] != fits[7]:
+        problems.append(f"the largest models do not grow with the stage and the offload: {fits}")
+    layers = [f["layers"] for f in searched]
+    if not (layers == sorted(layers) and layers[-1] > layers[0]):
+        problems.append(f"the searched models do not grow deeper: {layers}")
+    for f in searched:
+        if f["bound_by"] != "device memory" or f["at_least"]:
+            problems.append(f"{f['name']}: bound by {f['bound_by']} (at least: {f['at_least']}), expected device memory")
 if problems:
     print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)
 print(f"bench memory: ratios to DDP {[round(x, 3) for x in ratios]}, largest models {fits}")

@@ -58,6 +58,18 @@ done
 [ "$(figures "stage 2, optimizer nvme" | cut -d' ' -f13-14)" = "11.4 MiB" ] ||
   fail "stage 2 nvme: NVMe/node '$(figures "stage 2, optimizer nvme" | cut -d' ' -f13-14)'"
 
+# --- a partial offload (offload.optimizer.ratio 0.5): its own row, marked. The device keeps the
+# states of the first half of each 500,000-element shard, rounded down to 64 elements: 249,984 x
+# 12 B = 2,999,808 B (2.9 MiB), so 4,000,000 + 2,000,000 + 2,999,808 + 8,000,024 = 16,999,832 B
+# (16.2 MiB) per device. Pinned per rank: the engine's 4,000,256 B, the other 250,016 parameters'
+# states (3,000,192 B) and 2 x 4 staging slots of one sub-group (1,000,064 B rounded to 256 =
+# 1,000,192 B): 15,001,984 B; two ranks per node: 30,003,968 B = 28.6 MiB.
+printf 'stage: 2\noffload: {optimizer: {device: cpu, ratio: 0.5}}\n' > "$work/ratio.yaml"
+run estimate --params 1000000 --layers 1 --ranks-per-node 2 --dtype fp32 --config "$work/ratio.yaml"
+expect_rc 0 "ratio"
+expect_row "stage 2, optimizer cpu ratio 0.5 *" "16.2 MiB 3.8 MiB 1.9 MiB 2.9 MiB 7.6 MiB 28.6 MiB 0 B" "ratio"
+expect_row "stage 2, optimizer cpu" "13.4 MiB 3.8 MiB 1.9 MiB 0 B 7.6 MiB 49.6 MiB 0 B" "ratio"
+
 # --- per node: the same 4 ranks as 4 per node x 1 node and 2 per node x 2 nodes: device figures
 # equal; pinned host per node (stage 1: 4 or 2 x 4,000,256 B) halves.
 run estimate --params 1000000 --layers 1 --ranks-per-node 4 --nodes 1 --dtype fp32
@@ -85,7 +97,7 @@ expect_text "$work/out" "7.00B parameters (7000000000) in 32 layers, bf16; 1 ran
 run estimate --params 350M --config "$data/config/cases/full.yaml"
 expect_rc 0 "config"
 expect_text "$work/out" "in 32 layers, fp16" "config"
-[ -n "$(grep -E '^stage 3, optimizer\+params cpu \* ' "$work/out")" ] || fail "config: its row is not marked:
+[ -n "$(grep -E '^stage 3, optimizer\+params cpu ratio 0\.5 \* ' "$work/out")" ] || fail "config: its row is not marked:
 $(cat "$work/out")"
 [ "$(grep -c ' \* ' "$work/out")" -eq 1 ] || fail "config: not exactly one row marked"
 run estimate --params 350M --config "$data/config/cases/full.yaml" --dtype bf16

@@ -122,6 +122,7 @@ void expect_same(const Config& a, const Config& b) {
     EXPECT_EQ(ta.pinned, tb.pinned);
     EXPECT_EQ(ta.buffer_count, tb.buffer_count);
   }
+  EXPECT_EQ(a.offload.optimizer_ratio, b.offload.optimizer_ratio);
   EXPECT_EQ(a.offload.sub_group_bytes, b.offload.sub_group_bytes);
   EXPECT_EQ(a.io.block_size, b.io.block_size);
   EXPECT_EQ(a.io.queue_depth, b.io.queue_depth);
@@ -213,6 +214,7 @@ TEST(ConfigValid, EveryKeyResolvesToTheValueWritten) {
   EXPECT_TRUE(c.offload.optimizer.paths.empty());
   EXPECT_FALSE(c.offload.optimizer.pinned);
   EXPECT_EQ(c.offload.optimizer.buffer_count, 3);
+  EXPECT_EQ(c.offload.optimizer_ratio, 0.5);
   EXPECT_EQ(c.offload.param.device, OffloadDevice::cpu);
   EXPECT_TRUE(c.offload.param.pinned);
   EXPECT_EQ(c.offload.param.buffer_count, 2);
@@ -773,7 +775,7 @@ TEST(ConfigReference, SetsEveryKeyToYamlPrints) {
   collect_keys(YAML::LoadFile(path), "", documented);
   collect_keys(YAML::Load(to_yaml(Config{})), "", printed);
   EXPECT_EQ(documented, printed);
-  EXPECT_EQ(printed.size(), 52u);  // every key of the schema, sections included
+  EXPECT_EQ(printed.size(), 53u);  // every key of the schema, sections included
 }
 
 }  // namespace

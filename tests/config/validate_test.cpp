@@ -28,11 +28,21 @@ struct Case {
   const char* name;
   const char* yaml;                      // the problem written in a file
   std::function<void(Config&)> in_code;  // the same problem in a Config built in code
-  const char* message;                   // what both say
+  std::string message;                   // what both say
 };
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
+
+const std::string kRatioExpected =
+    "expected a number > 0 and <= 1 (the fraction of the optimizer states offloaded; 1 offloads them all), ";
+
+// Stage 2 with the optimizer offloaded to pinned host memory, `ratio` of it.
+void partial_offload(Config& c, double ratio) {
+  c.stage = 2;
+  c.offload.optimizer.device = OffloadDevice::cpu;
+  c.offload.optimizer_ratio = ratio;
+}
 
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
@@ -46,6 +56,22 @@ const std::vector<Case>& cases() {
       {"a thousand buffers", "offload: {optimizer: {buffer_count: 1000}}",
        [](Config& c) { c.offload.optimizer.buffer_count = 1000; },
        "expected an integer from 2 to 64, found '1000'"},
+      // offload.optimizer.ratio: a fraction in (0, 1], and only where something is offloaded.
+      {"ratio 0", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 0}}",
+       [](Config& c) { partial_offload(c, 0); }, kRatioExpected + "found '0'"},
+      {"ratio -1", "stage: 2\noffload: {optimizer: {device: cpu, ratio: -1}}",
+       [](Config& c) { partial_offload(c, -1); }, kRatioExpected + "found '-1'"},
+      {"ratio 1.5", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 1.5}}",
+       [](Config& c) { partial_offload(c, 1.5); }, kRatioExpected + "found '1.5'"},
+      {"NaN ratio", "stage: 2\noffload: {optimizer: {device: cpu, ratio: nan}}",
+       [](Config& c) { partial_offload(c, kNaN); }, kRatioExpected + "found 'nan'"},
+      {"ratio without offload", "stage: 2\noffload: {optimizer: {ratio: 0.5}}",
+       [](Config& c) {
+         c.stage = 2;
+         c.offload.optimizer_ratio = 0.5;
+       },
+       "ratio 0.5 offloads that fraction of the optimizer states, but offload.optimizer.device is 'none', so "
+       "nothing is offloaded. Set offload.optimizer.device: cpu or nvme, or remove ratio"},
       {"queue depth 0", "io: {queue_depth: 0}", [](Config& c) { c.io.queue_depth = 0; },
        "expected an integer from 1 to 4096, found '0'"},
       {"block of 2GiB", "io: {block_size: 2GiB}",

@@ -1,7 +1,8 @@
 // Engine::save/load under mpirun with 1, 2 and 4 ranks: training interrupted by a checkpoint and
 // resumed in a fresh engine ends with exactly the bits of uninterrupted training (every stage,
 // fp16 loss scaling with a skipped step, offloaded optimizer states); a checkpoint loads into
-// another stage (3 -> 2 -> 0) and training goes on to the uninterrupted values; and every damaged
+// another stage (3 -> 2 -> 0), and one saved with part of the optimizer offloaded into engines that
+// offload all of it or none, and training goes on to the uninterrupted values; and every damaged
 // checkpoint is refused with an error naming the problem, leaving the engine as it was. A save
 // never deletes or overwrites what zest did not create: it refuses a target that is not a zest
 // checkpoint (or holds files zest did not write), saying what is there, and leaves it as it was.
@@ -92,6 +93,14 @@ struct TrainedRun {
   EngineStats stats;
 };
 
+void expect_same_bits(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t t = 0; t < want.size(); ++t) {
+    ASSERT_EQ(got[t].size(), want[t].size()) << "tensor " << t;
+    EXPECT_EQ(0, std::memcmp(got[t].data(), want[t].data(), want[t].size() * sizeof(float))) << "tensor " << t;
+  }
+}
+
 class Fixture : public testing::Test {
  protected:
   MpiSession session;
@@ -148,10 +157,7 @@ TEST_P(SameWorld, ResumedTrainingIsBitIdenticalToUninterrupted) {
   EXPECT_EQ(resumed.stats().steps, 4);
   train_steps(resumed, o, 5, kSteps, *comm);
   const TrainedRun got{params_of(resumed), resumed.stats()};
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (std::size_t t = 0; t < want.params.size(); ++t)
-    EXPECT_EQ(0, std::memcmp(got.params[t].data(), want.params[t].data(), want.params[t].size() * sizeof(float)))
-        << "tensor " << t;
+  expect_same_bits(got.params, want.params);
   EXPECT_EQ(got.stats.steps, want.stats.steps);
   EXPECT_EQ(got.stats.skipped_steps, want.stats.skipped_steps);
   EXPECT_EQ(got.stats.loss_scale, want.stats.loss_scale);
@@ -179,6 +185,42 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"stage3_bf16_nvme_offload_params_too", 3, DType::bf16, -1, OffloadDevice::nvme,
                          OffloadDevice::nvme}),
     [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// A checkpoint does not record where the optimizer states lived: one saved with half of them
+// offloaded (the boundary inside a group) loads into an engine that offloads them all, and into one
+// that offloads none, and both go on to the bits of uninterrupted training.
+TEST_F(Fixture, PartialOffloadLoadsWithEveryStateOffloadedOrNone) {
+  for (const OffloadDevice where : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    for (const int stage : {2, 3}) {
+      SCOPED_TRACE(std::string(where == OffloadDevice::cpu ? "cpu" : "nvme") + ", stage " + std::to_string(stage));
+      SharedDir swap, dir;
+      Options o;
+      o.stage = stage;
+      o.offload_optimizer = where;
+      o.offload_ratio = 0.5;
+      o.nvme_path = swap.path();
+      o.sub_group_bytes = 12 * 128;
+      const TrainedRun want = uninterrupted(o);
+      const std::string checkpoint = dir.path() + "/ckpt";
+      {
+        Engine first(make_config(o), *device, *comm, model());
+        set_initial(first);
+        train_steps(first, o, 1, 3, *comm);
+        first.save(checkpoint);
+      }
+      Options all = o, none = o;
+      all.offload_ratio = 1;
+      none.offload_optimizer = OffloadDevice::none;
+      none.offload_ratio = 1;
+      for (const Options& next : {all, none}) {
+        Engine resumed(make_config(next), *device, *comm, model());
+        EXPECT_TRUE(resumed.load(checkpoint).config_changes.empty());
+        train_steps(resumed, next, 4, kSteps, *comm);
+        expect_same_bits(params_of(resumed), want.params);
+      }
+    }
+  }
+}
 
 TEST_F(Fixture, LoadsIntoAnotherStage3To2To0) {
   Options o;

@@ -50,6 +50,7 @@ struct Case {
   OffloadDevice param = OffloadDevice::none;
   std::size_t max_live = std::size_t{1} << 30;  // stage 3
   bool large_tensor = false;
+  double ratio = 1;  // offload.optimizer.ratio
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) { return info.param.name; }
@@ -66,6 +67,7 @@ Config make_config(const Case& k, const std::string& nvme_dir) {
   c.stage3.max_live_bytes = k.max_live;
   c.offload.optimizer.device = k.optimizer;
   c.offload.param.device = k.param;
+  c.offload.optimizer_ratio = k.ratio;
   if (k.optimizer == OffloadDevice::nvme) c.offload.optimizer.paths = {nvme_dir};
   if (k.param == OffloadDevice::nvme) c.offload.param.paths = {nvme_dir};
   c.offload.sub_group_bytes = 12 * 256;  // several sub-groups per group
@@ -133,7 +135,7 @@ TEST_P(EstimateEqualsEngine, DevicePinnedAndNvmeBytes) {
       EXPECT_EQ(want.nvme, 0u);
     }
     // What the mode promises: nothing of what it offloads stays on the device.
-    if (k.optimizer != OffloadDevice::none) EXPECT_EQ(want.device_of(MemoryCategory::optimizer_states), 0u);
+    if (k.optimizer != OffloadDevice::none && k.ratio == 1) EXPECT_EQ(want.device_of(MemoryCategory::optimizer_states), 0u);
     else EXPECT_GT(want.device_of(MemoryCategory::optimizer_states), 0u);
   }
   EXPECT_EQ(device->memory_stats().current_total, 0u);
@@ -154,7 +156,14 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"stage3_param_nvme", 3, DType::bf16, OffloadDevice::none, OffloadDevice::nvme, 1},
                     Case{"stage3_param_cpu_fp32", 3, DType::f32, OffloadDevice::none, OffloadDevice::cpu},
                     Case{"stage2_large_tensor", 2, DType::bf16, OffloadDevice::none, OffloadDevice::none,
-                         std::size_t{1} << 30, true}),
+                         std::size_t{1} << 30, true},
+                    // Partial offload: states on the device, in pinned memory and on NVMe at once.
+                    Case{"stage2_optimizer_cpu_ratio_half", 2, DType::bf16, OffloadDevice::cpu, OffloadDevice::none,
+                         std::size_t{1} << 30, false, 0.5},
+                    Case{"stage1_fp32_optimizer_nvme_ratio_half", 1, DType::f32, OffloadDevice::nvme,
+                         OffloadDevice::none, std::size_t{1} << 30, false, 0.5},
+                    Case{"stage3_optimizer_nvme_param_nvme_ratio_half", 3, DType::f16, OffloadDevice::nvme,
+                         OffloadDevice::nvme, std::size_t{1} << 30, false, 0.5}),
     case_name);
 
 // The plan's NVMe alignment is the store's: the padding it predicts is the padding on disk.

@@ -151,6 +151,79 @@ INSTANTIATE_TEST_SUITE_P(
                     Mode{3, OffloadDevice::cpu, OffloadDevice::nvme}),
     mode_name);
 
+// Partial offload (offload.optimizer.ratio): the first part of each rank's shard keeps its states on
+// the device, the rest is offloaded, and the boundary cuts a group (and, at stage 3 with offloaded
+// parameters, a group whose updates go to the host through both parts): the same bits as without
+// offload, the device holding exactly the states of its part.
+struct PartialMode {
+  int stage;
+  OffloadDevice optimizer;
+  double ratio;
+  OffloadDevice param = OffloadDevice::none;
+};
+
+std::string partial_mode_name(const testing::TestParamInfo<PartialMode>& info) {
+  const PartialMode& m = info.param;
+  return "stage" + std::to_string(m.stage) + "_optimizer_" + device_name(m.optimizer) + "_ratio_" +
+         std::to_string(static_cast<int>(m.ratio * 100)) + "_param_" + device_name(m.param);
+}
+
+class PartialOffload : public testing::TestWithParam<PartialMode> {};
+
+TEST_P(PartialOffload, MatchesTheRunWithoutOffloadBitForBit) {
+  const PartialMode& m = GetParam();
+  test::ScratchDir dir;
+  Options o;
+  o.stage = m.stage;
+  o.offload_optimizer = m.optimizer;
+  o.offload_param = m.param;
+  o.offload_ratio = m.ratio;
+  o.nvme_path = dir.path();
+  o.sub_group_bytes = kSubGroupBytes;
+  o.clip = 0.05;
+  const TrainedRun got = train(o);
+  Options none = o;
+  none.offload_optimizer = none.offload_param = OffloadDevice::none;
+  none.offload_ratio = 1;
+  EXPECT_TRUE(identical(got.params, train(none).params));
+  // The device holds the states of the first (1 - ratio) of the shard, rounded down to 64 elements.
+  const std::size_t shard = shard_numel(m.stage);
+  const std::size_t kept = static_cast<std::size_t>((1 - m.ratio) * static_cast<double>(shard)) / 64 * 64;
+  ASSERT_GT(kept, 0u);
+  EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 12 * kept);
+  if (m.optimizer == OffloadDevice::nvme) EXPECT_GE(got.stats.nvme_bytes, 12 * (shard - kept));
+  else EXPECT_GE(got.stats.offload_pinned_bytes, 12 * (shard - kept));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ratios, PartialOffload,
+    testing::Values(PartialMode{1, OffloadDevice::cpu, 0.25}, PartialMode{1, OffloadDevice::cpu, 0.5},
+                    PartialMode{1, OffloadDevice::cpu, 0.75}, PartialMode{1, OffloadDevice::nvme, 0.25},
+                    PartialMode{1, OffloadDevice::nvme, 0.5}, PartialMode{1, OffloadDevice::nvme, 0.75},
+                    PartialMode{2, OffloadDevice::cpu, 0.25}, PartialMode{2, OffloadDevice::cpu, 0.5},
+                    PartialMode{2, OffloadDevice::cpu, 0.75}, PartialMode{2, OffloadDevice::nvme, 0.25},
+                    PartialMode{2, OffloadDevice::nvme, 0.5}, PartialMode{2, OffloadDevice::nvme, 0.75},
+                    PartialMode{3, OffloadDevice::cpu, 0.25}, PartialMode{3, OffloadDevice::cpu, 0.5},
+                    PartialMode{3, OffloadDevice::cpu, 0.75}, PartialMode{3, OffloadDevice::nvme, 0.25},
+                    PartialMode{3, OffloadDevice::nvme, 0.5}, PartialMode{3, OffloadDevice::nvme, 0.75},
+                    PartialMode{3, OffloadDevice::cpu, 0.5, OffloadDevice::cpu},
+                    PartialMode{3, OffloadDevice::nvme, 0.5, OffloadDevice::nvme}),
+    partial_mode_name);
+
+// A ratio so small that 1 - ratio is 1 in double still offloads one aligned block of 64 elements.
+TEST(PartialOffloadEdges, ATinyRatioOffloadsOneBlock) {
+  Options o;
+  o.stage = 2;
+  o.offload_optimizer = OffloadDevice::cpu;
+  o.offload_ratio = 1e-17;
+  o.sub_group_bytes = kSubGroupBytes;
+  const TrainedRun got = train(o);
+  EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 12 * (shard_numel(2) - 64));
+  o.offload_optimizer = OffloadDevice::none;
+  o.offload_ratio = 1;
+  EXPECT_TRUE(identical(got.params, train(o).params));
+}
+
 TEST(OffloadPipeline, TwoBuffersStillGiveTheSameBits) {
   test::ScratchDir dir;
   Options o;
@@ -303,8 +376,11 @@ TEST(OffloadMemory, OffloadedParametersLeaveOnlyResidentGroupsOnTheDevice) {
 }
 
 // Every rank's swap file loses its data behind the engine's back (truncated): the next step's
-// read fails on every rank, so every rank throws and none waits in a collective.
-TEST(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
+// read fails on every rank, so every rank throws and none waits in a collective. The same with half
+// the states on the device (offload.optimizer.ratio 0.5).
+class OffloadErrors : public testing::TestWithParam<double> {};
+
+TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   test::ScratchDir dir;
   MpiSession session;
   auto device = make_cpu_device(std::size_t{64} << 20);
@@ -314,6 +390,7 @@ TEST(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   o.offload_optimizer = OffloadDevice::nvme;
   o.nvme_path = dir.path();
   o.sub_group_bytes = kSubGroupBytes;
+  o.offload_ratio = GetParam();
   Engine engine(make_config(o), *device, *comm, model());
   const std::string path = dir.path() + "/zest-rank" + std::to_string(comm->rank()) + ".swap";
   ASSERT_EQ(::access(path.c_str(), F_OK), 0) << path;
@@ -349,6 +426,8 @@ TEST(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
     EXPECT_NE(std::string(error.what()).find("earlier I/O failure"), std::string::npos) << error.what();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(AllOrHalfOffloaded, OffloadErrors, testing::Values(1.0, 0.5));
 
 }  // namespace
 }  // namespace zest

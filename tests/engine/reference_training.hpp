@@ -53,6 +53,7 @@ struct Options {
   // Offload (engine_offload_test): where optimizer states and stage 3's parameter shards live.
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;
+  double offload_ratio = 1;           // offload.optimizer.ratio
   std::string nvme_path;              // the directory for nvme
   std::vector<std::string> nvme_dirs; // several directories (striped); when set, nvme_path is unused
   std::size_t io_block = 0;           // io.block_size (the stripe); 0: the default
@@ -89,6 +90,7 @@ inline Config make_config(const Options& o) {
   c.stage3.max_live_bytes = o.max_live;
   c.offload.optimizer.device = o.offload_optimizer;
   c.offload.param.device = o.offload_param;
+  c.offload.optimizer_ratio = o.offload_ratio;
   c.offload.optimizer.buffer_count = c.offload.param.buffer_count = o.buffer_count;
   if (o.offload_optimizer == OffloadDevice::nvme) c.offload.optimizer.paths = o.nvme_paths();
   if (o.offload_param == OffloadDevice::nvme) c.offload.param.paths = o.nvme_paths();
