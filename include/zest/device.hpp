@@ -45,11 +45,13 @@ struct MemoryStats {
 //   optimizer_swap     offload.optimizer nvme: buffer_count sub-groups' states, the NVMe I/O buffers
 //   param_shards       offload.param cpu: every offloaded group's shard
 //   param_swap         offload.param nvme: the fetch and update buffers the shards move through
+//   grad_shards        the whole optimizer offloaded at stages 2-3: this rank's accumulated gradient
+//                      shard, and the buffer a micro-batch's reduced gradients land in to be added
 //   other              anything else (a trainer's, a benchmark's)
 enum class HostPurpose : unsigned char {
-  engine, optimizer_states, optimizer_staging, optimizer_swap, param_shards, param_swap, other
+  engine, optimizer_states, optimizer_staging, optimizer_swap, param_shards, param_swap, grad_shards, other
 };
-inline constexpr std::size_t kHostPurposeCount = 7;
+inline constexpr std::size_t kHostPurposeCount = 8;
 std::string_view host_purpose_name(HostPurpose purpose);
 
 // Page-aligned host memory for offload staging, counted apart from device memory.

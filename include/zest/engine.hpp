@@ -111,7 +111,8 @@ struct EngineStats {
   double last_grad_norm = 0.0;
   MemoryStats memory;              // this rank's device memory by category, current and peak
   // Offload (config offload.*): bytes this rank keeps in its NVMe swap file, and the pinned host
-  // memory the offloaded optimizer and parameters hold (also counted in Device::pinned_stats).
+  // memory the offloaded optimizer and parameters hold, with the gradient shard it keeps on the host
+  // when the whole optimizer is offloaded (also counted in Device::pinned_stats).
   std::size_t nvme_bytes = 0;
   std::size_t offload_pinned_bytes = 0;
 };

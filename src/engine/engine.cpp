@@ -94,8 +94,7 @@ struct Engine::State {
   std::unique_ptr<engine::GradBuckets> grads;
   std::unique_ptr<engine::OptimizerStates> states;
   DeviceBuffer scalars;  // engine::GradStatsScalars; its two floats are reduced across ranks
-  // The step's per-group inputs, reserved at construction.
-  std::vector<engine::GradSpan> grad_spans;
+  // The step's per-group inputs, sized at construction.
   std::vector<engine::StepGroup> step_groups;
 
   std::int64_t steps = 0, skipped = 0;
@@ -147,7 +146,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   s.staging = std::make_unique<engine::HostStaging>(device, s.plan, config.precision.dtype);
   s.params = std::make_unique<engine::ParamGather>(config, device, comm, stream, s.layout, s.plan, *s.staging,
                                                    std::move(param_store));
-  s.grads = std::make_unique<engine::GradBuckets>(config, device, comm, stream, *s.math, s.layout, s.plan);
+  s.grads = std::make_unique<engine::GradBuckets>(config, device, comm, stream, *s.math, s.layout, s.plan, *s.staging);
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
     return std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,
@@ -166,7 +165,6 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     s.states = std::make_unique<engine::SplitOptimizerStates>(s.layout, stream, on_device(), offloaded(),
                                                               s.plan.device_states.end);
   s.scalars = device.allocate(s.plan.scalars, MemoryCategory::buffers);
-  s.grad_spans.reserve(groups);
   s.step_groups.resize(groups);
   stream.synchronize();
 }
@@ -344,16 +342,14 @@ StepResult Engine::step() {
   State& s = *state_;
   Stream& stream = *s.comm_stream;
   const engine::Layout& layout = s.layout;
-  const DType dtype = s.config.precision.dtype;
   s.grads->flush();
   ++s.steps;
 
-  // Statistics after the reductions (same stream), agreed across ranks, then read by the host.
-  s.grad_spans.clear();
-  for (int g = 0; g < layout.group_count(); ++g)
-    if (s.grads->has_grad(g)) s.grad_spans.push_back({s.grads->reduced(g), layout.group(g).shard});
+  // Statistics after the reductions (same stream), agreed across ranks, then read by the host. The
+  // buckets compute them where the reduced gradients live (on the device, or on the host when the
+  // optimizer is offloaded), so the orchestration is the same for every placement.
   auto* scalars = s.scalars.as<engine::GradStatsScalars>();
-  s.math->grad_stats(s.grad_spans, dtype, scalars, stream);
+  s.grads->grad_stats(scalars);
   if (layout.partitions() > 1) s.comm.all_reduce(scalars->reduced, scalars->reduced, 2, DType::f32, ReduceOp::sum, stream);
   s.device.copy_async(s.staging->scalars(), scalars, sizeof(engine::GradStatsScalars), stream);
   stream.synchronize();
@@ -394,7 +390,8 @@ StepResult Engine::step() {
 EngineStats Engine::stats() const {
   const State& s = *state_;
   return {s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats(),
-          s.states->nvme_bytes() + s.params->nvme_bytes(), s.states->pinned_bytes() + s.params->pinned_bytes()};
+          s.states->nvme_bytes() + s.params->nvme_bytes(),
+          s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes()};
 }
 
 void Engine::save(const std::string& dir) {

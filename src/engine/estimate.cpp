@@ -26,10 +26,11 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
   const engine::ParamOffloadPlan& par = plan.param_offload;
   set(HostPurpose::engine, plan.engine_pinned);
   set(HostPurpose::optimizer_states, opt.states_bytes);
-  set(HostPurpose::optimizer_staging, 2 * opt.staging_bytes);
+  set(HostPurpose::optimizer_staging, opt.grad_staging_bytes + opt.staging_bytes);
   set(HostPurpose::optimizer_swap, opt.state_slots_bytes);
   set(HostPurpose::param_shards, par.shards_bytes);
   set(HostPurpose::param_swap, par.staging_bytes + par.updates_bytes);
+  set(HostPurpose::grad_shards, plan.host_grads + plan.grad_landing);
   e.nvme = plan.nvme_total;
   return e;
 }

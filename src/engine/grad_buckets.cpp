@@ -1,8 +1,10 @@
 #include "engine/grad_buckets.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
+#include "optim/adam_math.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -15,11 +17,12 @@ constexpr const char* kRemedy = "call grads_ready(group) once a group's gradient
 }  // namespace
 
 GradBuckets::GradBuckets(const Config& config, Device& device, Communicator& comm, Stream& comm_stream,
-                         DeviceMath& math, const Layout& layout, const MemoryPlan& plan)
+                         DeviceMath& math, const Layout& layout, const MemoryPlan& plan, HostStaging& staging)
     : device_(device),
       comm_(comm),
       stream_(comm_stream),
       math_(math),
+      staging_(staging),
       layout_(layout),
       stage_(config.stage),
       rank_(comm.rank()),
@@ -28,6 +31,20 @@ GradBuckets::GradBuckets(const Config& config, Device& device, Communicator& com
       slots_("gradient bucket", kRemedy) {
   const auto groups = static_cast<std::size_t>(layout.group_count());
   grads_ = device.allocate(plan.grads, MemoryCategory::grads);
+  if (plan.grads_on_host) {
+    host_grads_ = device.allocate_pinned(plan.host_grads, HostPurpose::grad_shards);
+    landing_ = device.allocate_pinned(plan.grad_landing, HostPurpose::grad_shards);
+    std::memset(host_grads_.data(), 0, host_grads_.bytes());
+    // The same arithmetic as the cpu backend's device math (bit for bit the device's add and
+    // statistics there); on the cpu backend it is that math.
+    if (device.type() == DeviceType::cpu) {
+      host_math_ = &math;
+    } else {
+      own_host_math_ = make_cpu_device_math(optim::hyper_params_from(config.optimizer), config.optimizer.threads);
+      host_math_ = own_host_math_.get();
+    }
+  }
+  spans_.reserve(groups);
   for (std::size_t i = 0; i < MemoryPlan::kStagingSlots; ++i)
     slots_.add(Slot{device.allocate(plan.staging_slot, MemoryCategory::buffers), device.create_event(), -1, {}});
   buckets_.resize(slots_.size());
@@ -110,17 +127,19 @@ void GradBuckets::reduce(int slot) {
   } else if (comm_.size() > 1) {
     comm_.all_reduce(data, data, b.used, dtype_, ReduceOp::sum, stream_);
   }
+  std::size_t landed = 0;
   for (const Bucket::Entry& e : b.entries) {
     const auto& place = layout_.group(e.group);
     const bool first = !summed_[static_cast<std::size_t>(e.group)];
     summed_[static_cast<std::size_t>(e.group)] = true;
     char* const reduced = data + bytes(e.offset);
     if (full_grads())
-      math_.accumulate(grads_.as<char>() + bytes(place.full_offset), reduced, place.padded, dtype_, first, stream_);
+      accumulate(accumulated() + bytes(place.full_offset), reduced, place.padded, first, landed);
     else
-      math_.accumulate(grads_.as<char>() + bytes(place.shard_offset), reduced + bytes(shard_begin(e.group)),
-                       place.shard, dtype_, first, stream_);
+      accumulate(accumulated() + bytes(place.shard_offset), reduced + bytes(shard_begin(e.group)), place.shard, first,
+                 landed);
   }
+  // Ordered after the copies to the host shard: the bucket is reused only once they are done.
   device_.memset_async(data, 0, bytes(b.used), stream_);
   stream_.record(*staging.free_after);
   slots_.give_back(slot);
@@ -130,9 +149,32 @@ void GradBuckets::reduce(int slot) {
   if (!overlap_) stream_.synchronize();
 }
 
+void GradBuckets::accumulate(char* dst, const char* src, std::size_t count, bool first, std::size_t& landed) {
+  if (!host_grads_) return math_.accumulate(dst, src, count, dtype_, first, stream_);
+  if (first) return device_.copy_async(dst, src, bytes(count), stream_);
+  // The host cannot add from device memory: the part lands in pinned memory first. A bucket's parts
+  // take consecutive places, and the next bucket's copies run after these adds (same stream).
+  char* const land = landing_.as<char>() + bytes(landed);
+  landed += count;
+  device_.copy_async(land, src, bytes(count), stream_);
+  host_math_->accumulate(dst, land, count, dtype_, false, stream_);
+}
+
 const char* GradBuckets::reduced(int g) const {
   const auto& place = layout_.group(g);
-  return grads_.as<char>() + bytes(full_grads() ? place.full_offset + shard_begin(g) : place.shard_offset);
+  return accumulated() + bytes(full_grads() ? place.full_offset + shard_begin(g) : place.shard_offset);
+}
+
+void GradBuckets::grad_stats(GradStatsScalars* out) {
+  spans_.clear();
+  for (int g = 0; g < layout_.group_count(); ++g)
+    if (accumulated_[static_cast<std::size_t>(g)]) spans_.push_back({reduced(g), layout_.group(g).shard});
+  if (!host_grads_) return math_.grad_stats(spans_, dtype_, out, stream_);
+  // The ranks agree on the statistics with a collective over device memory: the host's result
+  // joins the device's scalars.
+  auto* host = static_cast<GradStatsScalars*>(staging_.scalars());
+  host_math_->grad_stats(spans_, dtype_, host, stream_);
+  device_.copy_async(out, host, sizeof(GradStatsScalars), stream_);
 }
 
 bool GradBuckets::any_grad() const {
@@ -142,7 +184,9 @@ bool GradBuckets::any_grad() const {
 void GradBuckets::end_step() {
   std::fill(accumulated_.begin(), accumulated_.end(), false);
   std::fill(summed_.begin(), summed_.end(), false);
-  device_.memset_async(grads_.data(), 0, grads_.bytes(), stream_);
+  if (!host_grads_) return device_.memset_async(grads_.data(), 0, grads_.bytes(), stream_);
+  // Ordered after the step's reads like the device's memset: a host task on the same stream.
+  stream_.host_task([data = host_grads_.data(), n = host_grads_.bytes()] { std::memset(data, 0, n); });
 }
 
 Slot& GradBuckets::borrow(int group) { return slots_[static_cast<std::size_t>(slots_.take(group))]; }

@@ -9,13 +9,22 @@
 // comm stream (while backward goes on), added to the accumulated gradient (the first reduction of
 // a step overwrites it) and zeroed for its next use. Stages 0 and 1 accumulate every group in full,
 // stages 2 and 3 only this rank's shard. Two buckets exist (MemoryPlan::kStagingSlots).
+//
+// With the whole optimizer offloaded at stages 2-3 (MemoryPlan::grads_on_host) the accumulated
+// shard lives in pinned host memory, where the CPU Adam reads it: after each bucket's reduction its
+// shard parts go device -> host on the comm stream (a second micro-batch's through a landing
+// buffer, added by the cpu math's host task, the same arithmetic as the device's add), before the
+// bucket is zeroed and freed, so the device holds only the buckets in flight. The step asks this
+// class for the statistics instead of asking where the gradients are.
 // Threading: the engine's host thread; the work runs on the comm stream.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "engine/device_math.hpp"
+#include "engine/host_staging.hpp"
 #include "engine/layout.hpp"
 #include "engine/memory_plan.hpp"
 #include "engine/slot_pool.hpp"
@@ -27,9 +36,11 @@ namespace zest::engine {
 
 class GradBuckets {
  public:
-  // Allocates the accumulated gradient and the buckets (plan.grads, plan.staging_slot each), zeroed.
+  // Allocates the accumulated gradient (plan.grads on the device, or plan.host_grads and
+  // plan.grad_landing pinned) and the buckets (plan.staging_slot each), zeroed. `staging`: its
+  // scalars are where the host computes the statistics of a host shard.
   GradBuckets(const Config& config, Device& device, Communicator& comm, Stream& comm_stream, DeviceMath& math,
-              const Layout& layout, const MemoryPlan& plan);
+              const Layout& layout, const MemoryPlan& plan, HostStaging& staging);
 
   // Where group g's gradient of this micro-batch is written (its segment, padded; overwrite it):
   // its place in the open bucket, taken on the first call after the group's last ready().
@@ -41,10 +52,14 @@ class GradBuckets {
   // open bucket is sealed (and reduced).
   void flush();
 
-  // After flush(), on the comm stream: group g's reduced, accumulated gradient of this rank's shard.
+  // After flush(), on the comm stream: group g's reduced, accumulated gradient of this rank's shard,
+  // in device memory or, with plan.grads_on_host, pinned host memory (complete once the stream is).
   const char* reduced(int g) const;
-  bool has_grad(int g) const { return accumulated_[static_cast<std::size_t>(g)]; }
   bool any_grad() const;
+  // After flush(): the statistics of this step's gradients into `out` (device memory), on the comm
+  // stream, computed where the gradients are (a host shard: by the host, then copied to `out`).
+  void grad_stats(GradStatsScalars* out);
+  std::size_t pinned_bytes() const { return host_grads_.bytes() + landing_.bytes(); }
   // Forgets this step's gradients: the next reduction of each group overwrites; the accumulated
   // gradient is zeroed on the comm stream (ordered after whatever read it).
   void end_step();
@@ -64,6 +79,11 @@ class GradBuckets {
   void place(int g);
   void seal(int slot);
   void reduce(int slot);
+  // Adds (or, when `first`, copies) `count` reduced elements at `src` in a bucket to the
+  // accumulated gradient at `dst`, on the comm stream; `landed`: what of the landing buffer this
+  // bucket took so far (host shard).
+  void accumulate(char* dst, const char* src, std::size_t count, bool first, std::size_t& landed);
+  char* accumulated() const { return host_grads_ ? host_grads_.as<char>() : grads_.as<char>(); }
 
   // The groups whose gradients share one bucket and are reduced by one collective.
   struct Bucket {
@@ -81,12 +101,20 @@ class GradBuckets {
   Communicator& comm_;
   Stream& stream_;
   DeviceMath& math_;
+  HostStaging& staging_;
   const Layout& layout_;
   const int stage_;
   const int rank_;
   const DType dtype_;
   const bool overlap_;
   DeviceBuffer grads_;  // full segments (stages 0, 1) or this rank's shards (stages 2, 3)
+  HostBuffer host_grads_;  // instead of grads_, with plan.grads_on_host
+  HostBuffer landing_;     // a bucket's shard parts that are added to host_grads_
+  // The math over host_grads_: the cpu math (the engine's own on the cpu backend), whose host tasks
+  // run in stream order after the copies they read.
+  std::unique_ptr<DeviceMath> own_host_math_;
+  DeviceMath* host_math_ = nullptr;
+  std::vector<GradSpan> spans_;  // grad_stats's, reserved
   SlotPool slots_;      // all zero while free
   std::vector<Bucket> buckets_;  // per slot
   int open_ = -1;                // the slot grad() places the next group in, or -1

@@ -27,8 +27,9 @@ std::size_t device_kept_numel(const Config& config, const Layout& layout) {
 }
 
 void plan_optimizer_offload(const Config& config, const Layout& layout, DType dtype, ShardRange range,
-                            OptimizerOffloadPlan& p) {
+                            bool grads_on_host, OptimizerOffloadPlan& p) {
   p.range = range;
+  p.grads_on_host = grads_on_host;
   p.slots = static_cast<std::size_t>(std::max(0, config.offload.optimizer.buffer_count));
   // Master, m and v take 12 bytes per parameter.
   const std::size_t per = std::max(Layout::kAlign, config.offload.sub_group_bytes / 12 / Layout::kAlign * Layout::kAlign);
@@ -48,6 +49,7 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
   }
   p.grad_slot_bytes = round_up(p.largest * dtype_size(dtype), kOffloadSlotAlign);
   p.staging_bytes = p.slots * p.grad_slot_bytes;
+  p.grad_staging_bytes = grads_on_host ? 0 : p.staging_bytes;
   if (config.offload.optimizer.device == OffloadDevice::nvme) {
     p.state_slot_bytes = round_up(3 * p.largest * sizeof(float), kNvmeAlignment);
     p.state_slots_bytes = p.slots * p.state_slot_bytes;
@@ -55,7 +57,7 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
   } else {
     p.states_bytes = 3 * range.count() * sizeof(float);
   }
-  p.pinned_bytes = 2 * p.staging_bytes + p.states_bytes + p.state_slots_bytes;
+  p.pinned_bytes = p.grad_staging_bytes + p.staging_bytes + p.states_bytes + p.state_slots_bytes;
 }
 
 void plan_param_offload(const Config& config, const Layout& layout, DType dtype, std::size_t fetch_slots,
@@ -138,9 +140,11 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
     p.full_params = bytes(layout.full_numel());
     add(MemoryCategory::params, p.full_params);
   }
-  p.grads = bytes(config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
-  add(MemoryCategory::grads, p.grads);
   p.device_states = {0, device_kept_numel(config, layout)};
+  p.grads_on_host = config.stage >= 2 && p.offload_optimizer && p.device_states.count() == 0;
+  const std::size_t grads = bytes(config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
+  (p.grads_on_host ? p.host_grads : p.grads) = grads;
+  add(MemoryCategory::grads, p.grads);
   p.optimizer_state = p.device_states.count() * sizeof(float);
   add(MemoryCategory::optimizer_states, 3 * p.optimizer_state);
   p.scalars = sizeof(GradStatsScalars);
@@ -153,6 +157,7 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   p.bucket_elements = std::max(layout.largest_segment(), p.bucket_fill);
   p.staging_slot = bytes(p.bucket_elements);
   add(MemoryCategory::buffers, MemoryPlan::kStagingSlots * p.staging_slot);
+  if (p.grads_on_host) p.grad_landing = bytes(p.bucket_elements / partitions);
   if (sharded) {
     // Gathered buffers for the groups that are not resident: as many as max_live_bytes holds, at
     // least two (one in use, one prefetched), never more than such groups.
@@ -166,7 +171,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   plan_gather_runs(config, layout, dtype, p);
   add(MemoryCategory::buffers, p.gather_bucket);
   if (p.offload_optimizer)
-    plan_optimizer_offload(config, layout, dtype, {p.device_states.end, layout.shard_numel()}, p.optimizer_offload);
+    plan_optimizer_offload(config, layout, dtype, {p.device_states.end, layout.shard_numel()}, p.grads_on_host,
+                           p.optimizer_offload);
   if (p.offload_params) {
     p.param_offload.offloaded.resize(groups);
     for (std::size_t g = 0; g < groups; ++g) p.param_offload.offloaded[g] = p.resident[g] == 0;
@@ -185,7 +191,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   p.engine_pinned = kScalarsBytes + p.staging_elements * sizeof(float) + low_bytes;
 
   for (std::size_t n : p.device) p.device_total += n;
-  p.pinned_total = p.engine_pinned + p.optimizer_offload.pinned_bytes + p.param_offload.pinned_bytes;
+  p.pinned_total = p.engine_pinned + p.host_grads + p.grad_landing + p.optimizer_offload.pinned_bytes +
+                   p.param_offload.pinned_bytes;
   p.nvme_total = p.optimizer_offload.nvme_bytes + p.param_offload.nvme_bytes;
   return p;
 }

@@ -52,8 +52,12 @@ struct OptimizerOffloadPlan {
   std::size_t slots = 0;                 // offload.optimizer.buffer_count
   std::vector<SubGroupPlace> sub_groups;
   std::size_t largest = 0;               // elements of the largest sub-group
+  // The step reads the gradients in place from MemoryPlan's host shard (grads_on_host): no
+  // gradient staging.
+  bool grads_on_host = false;
   std::size_t grad_slot_bytes = 0;       // one gradient (and one output) staging slot
-  std::size_t staging_bytes = 0;         // each of the gradient and the output staging: slots slots
+  std::size_t staging_bytes = 0;         // the output staging: slots slots
+  std::size_t grad_staging_bytes = 0;    // the gradient staging: as many, or 0 with grads_on_host
   std::size_t states_bytes = 0;          // cpu: master, m, v of the range
   std::size_t state_slot_bytes = 0;      // nvme: one sub-group's master, m, v, store-aligned
   std::size_t state_slots_bytes = 0;     // nvme: slots of them
@@ -83,7 +87,17 @@ struct MemoryPlan {
   std::size_t full_params = 0;           // stages 0-2: every segment
   std::size_t param_shards = 0;          // stage 3 without parameter offload
   std::vector<std::size_t> resident;     // stage 3, per group: the full segment, or 0
-  std::size_t grads = 0;
+  // The accumulated gradient: full segments (stages 0, 1) or this rank's shards (stages 2, 3), on
+  // the device, or, when the whole optimizer is offloaded at stages 2-3 (grads_on_host), in pinned
+  // host memory: the CPU Adam reads it there, so the device keeps only the reduce buckets, and each
+  // bucket's shard part goes to the host as soon as it is reduced. Where offload.optimizer.ratio
+  // keeps some states on the device, the device's Adam needs its gradients there: the shard stays.
+  std::size_t grads = 0;                 // device
+  bool grads_on_host = false;
+  std::size_t host_grads = 0;            // pinned: the shard
+  // Pinned: where a bucket's shard parts land to be added to the host shard (a gradient's second
+  // micro-batch); a bucket's shard parts are at most bucket_elements / partitions elements.
+  std::size_t grad_landing = 0;
   // The optimizer states of device_states stay on the device; the rest of the shard (from
   // device_states.end) is offloaded (offload.optimizer.ratio of it, see plan_memory).
   ShardRange device_states;

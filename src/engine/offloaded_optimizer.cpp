@@ -47,7 +47,8 @@ struct OffloadedOptimizer::Impl {
     }
     largest = plan.largest;
     grad_slot_bytes = plan.grad_slot_bytes;
-    grad_staging = device.allocate_pinned(plan.staging_bytes, HostPurpose::optimizer_staging);
+    grads_on_host = plan.grads_on_host;
+    grad_staging = device.allocate_pinned(plan.grad_staging_bytes, HostPurpose::optimizer_staging);
     out_staging = device.allocate_pinned(plan.staging_bytes, HostPurpose::optimizer_staging);
     for (std::size_t i = 0; i < slots; ++i) {
       grad_ready.push_back(device.create_event());
@@ -144,10 +145,15 @@ struct OffloadedOptimizer::Impl {
     // leaves a slot for the update and one for the write of the previous sub-group.
     const std::size_t grads_ahead = slots - 1;
     const std::size_t reads_ahead = std::max<std::size_t>(1, slots - 2);
-    auto fetch_grad = [&](std::size_t j) {
+    // Sub-group j's gradient as the step passed it: on the device, or in the host shard, where the
+    // Adam reads it in place.
+    auto grad_of = [&](std::size_t j) {
       const SubGroup& sub = subs[j];
-      const char* grad = static_cast<const char*>(groups[static_cast<std::size_t>(sub.group)].grad) + bytes(sub.in_group);
-      device.copy_async(grad_slot(j % slots), grad, bytes(sub.count), *down);
+      return static_cast<const char*>(groups[static_cast<std::size_t>(sub.group)].grad) + bytes(sub.in_group);
+    };
+    auto fetch_grad = [&](std::size_t j) {
+      if (grads_on_host) return;
+      device.copy_async(grad_slot(j % slots), grad_of(j), bytes(subs[j].count), *down);
       down->record(*grad_ready[j % slots]);
     };
     auto read_states = [&](std::size_t j) {
@@ -164,7 +170,8 @@ struct OffloadedOptimizer::Impl {
       const std::size_t slot = i % slots;
       if (i + grads_ahead < n) fetch_grad(i + grads_ahead);
       if (store && i + reads_ahead < n) read_states(i + reads_ahead);
-      grad_ready[slot]->synchronize();
+      if (!grads_on_host) grad_ready[slot]->synchronize();
+      const char* const grad_in = grads_on_host ? grad_of(i) : grad_slot(slot);
       if (store) reads[slot].wait();
       float* master = master_of(sub, slot);
       const StepGroup& io = groups[static_cast<std::size_t>(sub.group)];
@@ -188,7 +195,7 @@ struct OffloadedOptimizer::Impl {
                    [&](std::size_t lo, std::size_t hi, const optim::AdamHyperParams& hyper) {
                      const std::size_t at = lo - sub.offset, n = hi - lo;
                      adam.set_hyper(hyper);
-                     const optim::ConstTensorSpan grad{grad_slot(slot) + bytes(at), dtype, n};
+                     const optim::ConstTensorSpan grad{grad_in + bytes(at), dtype, n};
                      if (dtype == DType::f32)
                        adam.step({master + at, n}, {m + at, n}, {v + at, n}, grad, args);
                      else
@@ -238,10 +245,11 @@ struct OffloadedOptimizer::Impl {
   std::vector<SubGroup> subs;
   std::size_t largest = 0;
   std::size_t grad_slot_bytes = 0;
+  bool grads_on_host = false;  // the gradients are read in place: no gradient staging
   std::size_t state_slot_bytes = 0;
   HostBuffer states;       // cpu: master, m, v of the whole shard
   HostBuffer state_slots;  // nvme: `slots` sub-groups' master, m, v
-  HostBuffer grad_staging, out_staging;
+  HostBuffer grad_staging, out_staging;  // grad_staging: empty with grads_on_host
   std::vector<std::unique_ptr<Event>> grad_ready, out_done;
   std::vector<offload::IoHandle> reads, writes;
   std::string broken_reason;

@@ -3,7 +3,8 @@
 // offload.sub_group_bytes / 12 parameters (a group's shard split further where it is larger), and
 // the step runs them through a pipeline on the host thread that calls step():
 //
-//   gradient of sub-group i+k  device -> pinned staging   (copy stream, k = buffer_count - 1 ahead)
+//   gradient of sub-group i+k  device -> pinned staging   (copy stream, k = buffer_count - 1 ahead;
+//                              none when plan.grads_on_host: the CPU Adam reads the host shard)
 //   states of sub-group i+1    NVMe -> pinned slot          (nvme only; read next)
 //   sub-group i                CPU Adam on the pinned states (update this)
 //   states of sub-group i-1    pinned slot -> NVMe          (nvme only; write previous)
@@ -63,9 +64,10 @@ class OffloadedOptimizer final : public OptimizerStates {
   // from the swap file into a pinned slot; nothing passes through device memory.
   void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) override;
 
-  // One Adam step over the range. `groups` has one entry per layout group; the gradients
-  // must be complete on the device. Returns when the parameters are on the device (or handed to
-  // `sink`) and the states are stored. Throws IoError (then the optimizer is unusable, see above).
+  // One Adam step over the range. `groups` has one entry per layout group; the gradients must be
+  // complete on the device (in pinned host memory with plan.grads_on_host). Returns when the
+  // parameters are on the device (or handed to `sink`) and the states are stored. Throws IoError
+  // (then the optimizer is unusable, see above).
   void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) override;
 
   // Throws the Error every call throws after an I/O failure (see above); nothing otherwise.

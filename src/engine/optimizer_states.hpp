@@ -31,9 +31,10 @@ class HostParamSink {
   virtual void end_update(int group) = 0;
 };
 
-// One group's part of the step: this rank's reduced gradient shard on the device (in dtype), and
-// where the updated parameters of the shard go: device memory, or (device_out null) the step's
-// HostParamSink.
+// One group's part of the step: this rank's reduced gradient shard (in dtype) where GradBuckets
+// keeps it — on the device, or in pinned host memory when the whole optimizer is offloaded
+// (MemoryPlan::grads_on_host, which OffloadedOptimizer is built from) — and where the updated
+// parameters of the shard go: device memory, or (device_out null) the step's HostParamSink.
 struct StepGroup {
   const void* grad = nullptr;
   void* device_out = nullptr;
@@ -73,7 +74,7 @@ class OptimizerStates {
   virtual void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) = 0;
 
   // One Adam step over the whole shard. `groups` has one entry per layout group; the gradients must
-  // be complete on the device (on the comm stream, which the step orders after). Returns when the
+  // be complete (on the comm stream, which the step orders after). Returns when the
   // updated parameters are on the device (or handed to `sink`) and the states are stored.
   virtual void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) = 0;
 

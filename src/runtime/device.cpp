@@ -26,6 +26,7 @@ std::string_view host_purpose_name(HostPurpose purpose) {
     case HostPurpose::optimizer_swap: return "optimizer_swap";
     case HostPurpose::param_shards: return "param_shards";
     case HostPurpose::param_swap: return "param_swap";
+    case HostPurpose::grad_shards: return "grad_shards";
     case HostPurpose::other: return "other";
   }
   return "unknown";

@@ -2,10 +2,10 @@
 # `zest bench memory` on 4 ranks: every stage and every offload configuration trains, the records
 # carry the promised fields, the sharded stages use less memory than DDP in the order the ZeRO
 # formulas say, each within 5% of its formula, with the same loss as DDP; offloaded optimizer states
-# leave the device (pinned host or NVMe bytes instead) and offloading uses less device memory than
-# its stage alone; a partial offload (ratio 0.5) keeps half the states on the device, between its
-# stage and the full offload; pinned host memory by purpose equals the estimate's, and NVMe rows pin
-# only swap buffers; the chart is an SVG.
+# leave the device (pinned host or NVMe bytes instead), at stages 2-3 with the gradient shard (pinned
+# instead), and offloading uses less device memory than its stage alone; a partial offload (ratio
+# 0.5) keeps half the states on the device, between its stage and the full offload; pinned host
+# memory by purpose equals the estimate's, and NVMe rows pin only swap buffers; the chart is an SVG.
 # usage: bench_memory_test.sh ZEST MPIRUN
 set -euo pipefail
 zest=$1 mpirun=$2
@@ -70,9 +70,17 @@ for name, (base, optimizer, param) in offloads.items():
         problems.append(f"{name}: offload {r['offload_optimizer']}/{r['offload_param']}")
     if r["peak_optimizer_states_bytes"] != 0:
         problems.append(f"{name}: {r['peak_optimizer_states_bytes']} bytes of optimizer states on the device")
-    # Offloading the optimizer leaves gradients (and, unless offloaded, parameters) as in the stage.
-    if r["peak_grads_bytes"] != b["peak_grads_bytes"]:
+    # Offloading the optimizer leaves parameters (unless offloaded) as in the stage, and gradients
+    # too at stage 1; at stages 2-3 the gradient shard moves to pinned host memory (grad_shards:
+    # the shard and a bucket's landing buffer), the device keeping only the reduce buckets.
+    pinned = r["peak_pinned_by_purpose"]
+    if base == "stage 1" and r["peak_grads_bytes"] != b["peak_grads_bytes"]:
         problems.append(f"{name}: gradients {r['peak_grads_bytes']} bytes, {base} has {b['peak_grads_bytes']}")
+    if base != "stage 1" and (r["peak_grads_bytes"] != 0 or not pinned["grad_shards"] >= b["peak_grads_bytes"]):
+        problems.append(f"{name}: gradients {r['peak_grads_bytes']} bytes on the device, {pinned['grad_shards']} "
+                        f"pinned, {base} has {b['peak_grads_bytes']} on the device")
+    if base == "stage 1" and pinned["grad_shards"] != 0:
+        problems.append(f"{name}: {pinned['grad_shards']} bytes of gradients pinned")
     if param == "none" and r["peak_params_bytes"] != b["peak_params_bytes"]:
         problems.append(f"{name}: parameters {r['peak_params_bytes']} bytes, {base} has {b['peak_params_bytes']}")
     if param != "none" and not r["peak_params_bytes"] < b["peak_params_bytes"] / 2:
@@ -84,7 +92,6 @@ for name, (base, optimizer, param) in offloads.items():
     if (optimizer == "nvme") != (r["nvme_bytes"] > 0):
         problems.append(f"{name}: nvme_bytes {r['nvme_bytes']}")
     # NVMe keeps the states (and shards) off the host: only the swap buffers are pinned for them.
-    pinned = r["peak_pinned_by_purpose"]
     if optimizer == "nvme" and (pinned["optimizer_states"] != 0 or pinned["optimizer_swap"] == 0):
         problems.append(f"{name}: pinned by purpose {pinned}")
     if param == "nvme" and (pinned["param_shards"] != 0 or pinned["param_swap"] == 0):
@@ -99,6 +106,9 @@ for name, (base, full, optimizer) in partial.items():
         problems.append(f"{name}: {kept:.4f} of {base}'s optimizer states on the device, expected 0.5")
     if not f["peak_device_bytes"] < r["peak_device_bytes"] < b["peak_device_bytes"]:
         problems.append(f"{name}: device bytes {r['peak_device_bytes']} not between {full} and {base}")
+    # The device's part of the states needs its gradients there: the shard stays on the device.
+    if r["peak_grads_bytes"] != b["peak_grads_bytes"]:
+        problems.append(f"{name}: gradients {r['peak_grads_bytes']} bytes, {base} has {b['peak_grads_bytes']}")
     pinned = r["peak_pinned_by_purpose"]
     if optimizer == "cpu" and not 0 < pinned["optimizer_states"] < f["peak_pinned_by_purpose"]["optimizer_states"]:
         problems.append(f"{name}: pinned by purpose {pinned}")

@@ -46,12 +46,15 @@ for name in "stage 1, optimizer cpu" "stage 1, optimizer nvme" "stage 2, optimiz
             "stage 3, optimizer cpu" "stage 3, optimizer+params cpu" "stage 3, optimizer+params nvme"; do
   [ -n "$(figures "$name")" ] || fail "small model: no row '$name'"
 done
-# Offloaded optimizer states leave the device for pinned host memory. Per rank: the engine's
-# 4,000,256 B, master+m+v of the 500,000-parameter shard (6,000,000 B), and gradient and output
-# staging of 4 sub-group slots each (the shard is one sub-group: 2,000,000 B rounded to 256 =
-# 2,000,128 B; 16,001,024 B): 26,001,280 B; two ranks per node: 52,002,560 B = 49.6 MiB.
-[ "$(figures "stage 2, optimizer cpu" | cut -d' ' -f7-8)" = "0 B" ] || fail "stage 2 cpu: optimizer states on the device"
-[ "$(figures "stage 2, optimizer cpu" | cut -d' ' -f11-12)" = "49.6 MiB" ] ||
+# Offloaded optimizer states leave the device for pinned host memory, and so does the gradient
+# shard (the device keeps its buckets). Per rank: the engine's 4,000,256 B, master+m+v of the
+# 500,000-parameter shard (6,000,000 B), output staging of 4 sub-group slots (the shard is one
+# sub-group: 2,000,000 B rounded to 256 = 2,000,128 B; 8,000,512 B), the gradient shard
+# (2,000,000 B) and the landing buffer of one bucket's shard (the bucket holds the layer: 2,000,000
+# B): 22,000,768 B; two ranks per node: 44,001,536 B = 42.0 MiB.
+[ "$(figures "stage 2, optimizer cpu" | cut -d' ' -f5-8)" = "0 B 0 B" ] ||
+  fail "stage 2 cpu: gradients or optimizer states on the device"
+[ "$(figures "stage 2, optimizer cpu" | cut -d' ' -f11-12)" = "42.0 MiB" ] ||
   fail "stage 2 cpu: pinned/node '$(figures "stage 2, optimizer cpu" | cut -d' ' -f11-12)'"
 [ "$(figures "stage 2, optimizer cpu" | cut -d' ' -f13-14)" = "0 B" ] || fail "stage 2 cpu: NVMe space"
 # NVMe: the shard's 6,000,000 B of states rounded up to 4 KiB (6,000,640 B) per rank, two ranks.
@@ -68,7 +71,7 @@ printf 'stage: 2\noffload: {optimizer: {device: cpu, ratio: 0.5}}\n' > "$work/ra
 run estimate --params 1000000 --layers 1 --ranks-per-node 2 --dtype fp32 --config "$work/ratio.yaml"
 expect_rc 0 "ratio"
 expect_row "stage 2, optimizer cpu ratio 0.5 *" "16.2 MiB 3.8 MiB 1.9 MiB 2.9 MiB 7.6 MiB 28.6 MiB 0 B" "ratio"
-expect_row "stage 2, optimizer cpu" "13.4 MiB 3.8 MiB 1.9 MiB 0 B 7.6 MiB 49.6 MiB 0 B" "ratio"
+expect_row "stage 2, optimizer cpu" "11.4 MiB 3.8 MiB 0 B 0 B 7.6 MiB 42.0 MiB 0 B" "ratio"
 
 # --- per node: the same 4 ranks as 4 per node x 1 node and 2 per node x 2 nodes: device figures
 # equal; pinned host per node (stage 1: 4 or 2 x 4,000,256 B) halves.

@@ -3,7 +3,8 @@
 // mode must train to the reference Adam's values AND to exactly the bits of the same run without
 // offload; the device must hold no optimizer states (and, with parameters offloaded, only the small
 // resident groups' parameters); the host and NVMe bytes must be what the mode promises; and an I/O
-// failure of the swap file must surface from step() naming the file and errno.
+// failure of the swap file must surface from step() naming the file and errno. With the whole
+// optimizer offloaded at stages 2-3, the gradient shard lives on the host, not the device.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/stat.h>
@@ -285,8 +286,12 @@ TEST(OffloadMemory, CpuOptimizerKeepsNoStatesOnTheDeviceAndTwelveBytesPerParamet
   EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 0u);
   EXPECT_EQ(got.stats.nvme_bytes, 0u);
   const std::size_t states = 12 * shard_numel(2);
-  EXPECT_GE(got.stats.offload_pinned_bytes, states);
-  EXPECT_LE(got.stats.offload_pinned_bytes, states + 2 * 4 * 512);  // + gradient and parameter staging
+  // + the gradient shard, kept on the host (fp32), the buffer a second micro-batch's gradients
+  // land in (one bucket's shard parts: here every group's) and the parameter staging.
+  const std::size_t grads = 4 * shard_numel(2);
+  EXPECT_EQ(got.pinned.peak_of(HostPurpose::grad_shards), 2 * grads);
+  EXPECT_GE(got.stats.offload_pinned_bytes, states + 2 * grads);
+  EXPECT_LE(got.stats.offload_pinned_bytes, states + 2 * grads + 4 * 512);
   EXPECT_GE(got.pinned.peak, got.stats.offload_pinned_bytes);
 
   // The same run without offload holds the states on the device.
@@ -305,17 +310,22 @@ TEST(OffloadMemory, NvmeOptimizerKeepsStatesOnDiskAndOnlyItsBuffersOnTheHost) {
   EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 0u);
   const std::size_t states = 12 * shard_numel(2);
   EXPECT_GE(got.stats.nvme_bytes, states);
-  // buffer_count slots of one sub-group's states (4 KiB-aligned) plus its gradient and parameter
-  // staging: bounded by the configuration, whatever the model's size.
-  EXPECT_EQ(got.stats.offload_pinned_bytes, 4u * (4096 + 2 * 512));
+  // buffer_count slots of one sub-group's states (4 KiB-aligned) plus its parameter staging:
+  // bounded by the configuration, whatever the model's size; besides, the gradient shard (read in
+  // place, so no gradient staging) and its landing buffer, which follow the shard.
+  const std::size_t grads = got.pinned.peak_of(HostPurpose::grad_shards);
+  EXPECT_EQ(grads, 2 * 4 * shard_numel(2));
+  EXPECT_EQ(got.stats.offload_pinned_bytes - grads, 4u * (4096 + 512));
   EXPECT_GE(got.pinned.peak, got.stats.offload_pinned_bytes);
 }
 
 // NVMe offload holds host memory to its configured buffers (buffer_count sub-groups, and at stage 3
-// one fetch buffer per gathered layer that stage3.max_live allows): a model four times deeper (same
-// layer size) takes four times the swap and exactly the same pinned bytes, purpose by purpose, which
-// are what zest::estimate_memory says; no states or shards live in host memory.
-TEST(OffloadMemory, NvmeHostMemoryIsItsConfiguredBuffersWhateverTheModelSize) {
+// one fetch buffer per gathered layer that stage3.max_live allows) and the gradient shard: a model
+// four times deeper (same layer size) takes four times the swap, four times the gradient shard
+// (grad_shards: the shard and one bucket's landing buffer, here the whole model's), and exactly the
+// same pinned bytes for every other purpose, all of which are what zest::estimate_memory says; no
+// states or parameter shards live in host memory.
+TEST(OffloadMemory, NvmeHostMemoryIsItsConfiguredBuffersAndTheGradientShard) {
   for (const int stage : {2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     std::vector<HostMemoryStats> pinned;
@@ -343,8 +353,11 @@ TEST(OffloadMemory, NvmeHostMemoryIsItsConfiguredBuffersWhateverTheModelSize) {
       pinned.push_back(got.pinned);
       nvme.push_back(got.stats.nvme_bytes);
     }
+    const auto grads = static_cast<std::size_t>(HostPurpose::grad_shards);
+    EXPECT_EQ(pinned[1].peak_by[grads], 4 * pinned[0].peak_by[grads]);
+    EXPECT_EQ(pinned[1].peak - pinned[1].peak_by[grads], pinned[0].peak - pinned[0].peak_by[grads]);
+    pinned[0].peak_by[grads] = pinned[1].peak_by[grads] = 0;
     EXPECT_EQ(pinned[0].peak_by, pinned[1].peak_by) << "host memory grew with the model";
-    EXPECT_EQ(pinned[0].peak, pinned[1].peak);
     EXPECT_GE(nvme[1], 4 * nvme[0] - 4 * 4096) << "the swap did not grow with the model";
   }
 }
@@ -372,6 +385,67 @@ TEST(OffloadMemory, OffloadedParametersLeaveOnlyResidentGroupsOnTheDevice) {
     EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::optimizer_states), 0u);
     if (where == OffloadDevice::nvme) EXPECT_GE(got.stats.nvme_bytes, 12 * shard_numel(3) + offloaded);
     else EXPECT_GE(got.stats.offload_pinned_bytes, 12 * shard_numel(3) + offloaded);
+  }
+}
+
+// With the whole optimizer offloaded (stages 2 and 3), the accumulated gradient shard lives in
+// pinned host memory: the device holds no gradient shard (its grads category is empty; its buffers,
+// the reduce buckets among them, are those of the run without offload), the host holds the shard
+// and one bucket's landing buffer, as zest::estimate_memory says, and training with two
+// micro-batches (the second added on the host), clipping and an fp16 overflow step gives the bits
+// of the run without offload. Small buckets (several per backward) and one bucket for every group.
+class GradientsOnTheHost : public EveryOffloadMode {};
+
+TEST_P(GradientsOnTheHost, TheDeviceKeepsOnlyTheBucketsAndTheBitsAreThoseWithoutOffload) {
+  for (const std::size_t bucket : {std::size_t{0}, std::size_t{2048}}) {
+    SCOPED_TRACE("buckets.reduce " + std::to_string(bucket));
+    test::ScratchDir dir;
+    Options o = options(dir);
+    o.dtype = DType::f16;
+    o.accumulation = 2;
+    o.clip = 0.05;
+    o.overflow_at_step = 3;
+    o.reduce_bucket = bucket;
+    const TrainedRun got = train(o);
+    const TrainedRun none = train(without_offload(o));
+    EXPECT_TRUE(identical(got.params, none.params));
+    EXPECT_EQ(got.stats.skipped_steps, 1);
+    EXPECT_EQ(none.stats.skipped_steps, 1);
+
+    const std::size_t shard = 2 * shard_numel(o.stage);  // fp16
+    EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::grads), 0u);
+    EXPECT_EQ(none.stats.memory.peak_of(MemoryCategory::grads), shard) << "the shard that moved to the host";
+    if (o.offload_param == OffloadDevice::none) {
+      EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::buffers), none.stats.memory.peak_of(MemoryCategory::buffers));
+    }
+    const MemoryEstimate estimate = estimate_memory(make_config(o), specs_of(o), world_size());
+    EXPECT_EQ(got.stats.memory.peak_of(MemoryCategory::buffers), estimate.device_of(MemoryCategory::buffers));
+    EXPECT_EQ(got.pinned.peak_of(HostPurpose::grad_shards), estimate.pinned_of(HostPurpose::grad_shards));
+    EXPECT_GT(got.pinned.peak_of(HostPurpose::grad_shards), shard) << "the shard and a landing buffer";
+    EXPECT_EQ(none.pinned.peak_of(HostPurpose::grad_shards), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WholeOptimizerOffloaded, GradientsOnTheHost,
+    testing::Values(Mode{2, OffloadDevice::cpu, OffloadDevice::none}, Mode{2, OffloadDevice::nvme, OffloadDevice::none},
+                    Mode{3, OffloadDevice::cpu, OffloadDevice::none}, Mode{3, OffloadDevice::nvme, OffloadDevice::none},
+                    Mode{3, OffloadDevice::cpu, OffloadDevice::cpu}),
+    mode_name);
+
+// Where some optimizer states stay on the device (offload.optimizer.ratio < 1) or the gradients are
+// kept in full (stage 1), the device's Adam or the full gradient needs them there: the device keeps
+// the accumulated gradient, the host none.
+TEST(GradientsOnTheHostEdges, PartialOffloadAndStageOneKeepTheGradientsOnTheDevice) {
+  for (const int stage : {1, 2}) {
+    Options o;
+    o.stage = stage;
+    o.offload_optimizer = OffloadDevice::cpu;
+    o.offload_ratio = stage == 1 ? 1.0 : 0.5;
+    o.sub_group_bytes = kSubGroupBytes;
+    const TrainedRun got = train(o, 2);
+    EXPECT_GT(got.stats.memory.peak_of(MemoryCategory::grads), 0u) << "stage " << stage;
+    EXPECT_EQ(got.pinned.peak_of(HostPurpose::grad_shards), 0u) << "stage " << stage;
   }
 }
 
