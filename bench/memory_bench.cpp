@@ -121,13 +121,15 @@ void fit_stage3_to(Config& config, const charlm::CharMlp& model) {
 
 // The ZeRO paper's per-rank bytes for params + grads + optimizer states: d bytes per parameter and
 // per gradient (2 for bf16/fp16), 12 for fp32 master, m and v; sharded over N from stage 1, 2, 3 on.
-// What is offloaded counts 0 on the device: optimizer states (the ratio of them), and stage 3's
-// parameters.
+// What is offloaded counts 0 on the device: optimizer states (the ratio of them), stage 3's
+// parameters, and at stages 2-3 with the whole optimizer offloaded the gradient shard (kept on the
+// host, as ZeRO-Offload does).
 std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::size_t d, int ranks) {
   const int stage = conf.stage;
   const double psi = static_cast<double>(params), n = ranks;
   const double p = conf.param == OffloadDevice::none ? static_cast<double>(d) * psi : 0.0;
-  const double g = static_cast<double>(d) * psi;
+  const bool grads_on_host = stage >= 2 && conf.optimizer != OffloadDevice::none && conf.ratio == 1;
+  const double g = grads_on_host ? 0.0 : static_cast<double>(d) * psi;
   const double os = conf.optimizer == OffloadDevice::none ? 12 * psi : 12 * psi * (1 - conf.ratio);
   switch (stage) {
     case 0: return static_cast<std::size_t>(p + g + os);
@@ -255,7 +257,9 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   r.nvme_bytes = max_over_ranks(comm, device, stream, nvme_bytes);
   r.formula_bytes = formula_bytes(conf, r.params, dtype_size(config.precision.dtype), r.ranks);
   const double model_state = static_cast<double>(r.peak_params_bytes + r.peak_grads_bytes + r.peak_optimizer_bytes);
-  r.formula_deviation = model_state / static_cast<double>(r.formula_bytes) - 1;
+  // Stage 3 with everything offloaded: the formula puts nothing on the device; what stays there (the
+  // small resident groups' parameters) shows in the params column, not as a deviation.
+  r.formula_deviation = r.formula_bytes > 0 ? model_state / static_cast<double>(r.formula_bytes) - 1 : 0.0;
   r.estimate_deviation = static_cast<double>(r.peak_device_bytes) / static_cast<double>(r.estimate_device_bytes) - 1;
   // The first step pays page faults of fresh buffers; the median of the rest is the step time.
   std::sort(seconds.begin() + (seconds.size() > 1 ? 1 : 0), seconds.end());
