@@ -18,11 +18,13 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "config/config_checks.hpp"
@@ -655,27 +657,37 @@ Config ConfigReader::read(const YAML::Node* root) {
   return c;
 }
 
-// yaml-cpp 0.7 (Debian 12) never returns from a document whose first token is ',' (found by the
-// config fuzz target: `,stage: 3` spun forever). Such a document is a syntax error in YAML anyway;
-// refuse it here, before yaml-cpp sees it. Returns the 1-based line and column of that ',' or 0.
-std::pair<int, int> leading_comma(const std::string& text) {
-  bool document_start = true;
-  int line_no = 0;
-  for (std::size_t begin = 0; begin <= text.size(); ++line_no) {
-    const std::size_t end = std::min(text.find('\n', begin), text.size());
-    std::string_view line(text.data() + begin, end - begin);
-    begin = end + 1;
-    std::size_t at = line.find_first_not_of(" \t\r");
-    if (at == std::string_view::npos || line[at] == '#') continue;
-    if (line.substr(at, 3) == "---" || line.substr(at, 3) == "...") {
-      document_start = true;
-      at = line.find_first_not_of(" \t\r", at + 3);
-      if (at == std::string_view::npos || line[at] == '#') continue;
-    }
-    if (document_start && line[at] == ',') return {line_no + 1, static_cast<int>(at) + 1};
-    document_start = false;
+// Where each YAML document of `text` starts, read with yaml-cpp's parser instead of YAML::LoadAll:
+// on some syntax errors yaml-cpp 0.7 (Debian 12) reports a new document at the same place forever
+// without consuming input, and LoadAll loops, allocating a null document each time (found by the
+// config fuzz target: `,stage: 3`, `&a ,`, `"x" ,`; yaml-cpp issue 1040, LoadAll fixed upstream in 2024).
+// A document that starts where the one before it did is that error: thrown as a YAML::ParserException
+// at its place. Every other document consumes input, so the loop ends.
+class DocumentStarts final : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (!marks.empty() && marks.back().pos == mark.pos)
+      throw YAML::ParserException(mark, "yaml-cpp cannot read past this point (a stray ',' or the like)");
+    marks.push_back(mark);
   }
-  return {0, 0};
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+std::vector<YAML::Mark> document_starts(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  while (parser.HandleNextDocument(starts)) {
+  }
+  return std::move(starts.marks);
 }
 
 // Shared by parse_config and the loaders; `program_sections` as in ConfigReader.
@@ -683,17 +695,11 @@ Config parse(const std::string& yaml_text, const std::string& source_name,
              const std::vector<std::string>& application_sections,
              std::vector<std::string>* program_sections) {
   ConfigReader reader(source_name, application_sections, program_sections);
-  std::vector<YAML::Node> documents;
-  if (const auto [line, column] = leading_comma(yaml_text); line > 0) {
-    ConfigProblem problem;
-    problem.file = source_name;
-    problem.line = line;
-    problem.column = column;
-    problem.message = "YAML syntax error: a document cannot start with ','";
-    throw ConfigError({problem});
-  }
+  std::vector<YAML::Mark> documents;
+  YAML::Node first;
   try {
-    documents = YAML::LoadAll(yaml_text);
+    documents = document_starts(yaml_text);
+    if (!documents.empty()) first = YAML::Load(yaml_text);  // the first document only
   } catch (const YAML::Exception& error) {
     std::string message = "YAML syntax error: ";
     reader.report_at(error.mark, "", message.append(error.msg));
@@ -703,9 +709,9 @@ Config parse(const std::string& yaml_text, const std::string& source_name,
     std::string message = "the file holds ";
     message.append(std::to_string(documents.size()))
         .append(" YAML documents (separated by '---'); a config is one document");
-    reader.report_at(documents[1].Mark(), "", std::move(message));
+    reader.report_at(documents[1], "", std::move(message));
   }
-  Config config = reader.read(documents.empty() ? nullptr : &documents.front());
+  Config config = reader.read(documents.empty() ? nullptr : &first);
   std::vector<ConfigProblem> problems = reader.take_problems();
   if (!problems.empty()) throw ConfigError(std::move(problems));
   return config;
