@@ -247,7 +247,7 @@ struct OffloadedOptimizer::Impl {
   std::size_t grad_slot_bytes = 0;
   bool grads_on_host = false;  // the gradients are read in place: no gradient staging
   std::size_t state_slot_bytes = 0;
-  HostBuffer states;       // cpu: master, m, v of the whole shard
+  HostBuffer states;       // cpu: master, m, v of the range
   HostBuffer state_slots;  // nvme: `slots` sub-groups' master, m, v
   HostBuffer grad_staging, out_staging;  // grad_staging: empty with grads_on_host
   std::vector<std::unique_ptr<Event>> grad_ready, out_done;

@@ -185,6 +185,7 @@ class NcclCommunicator final : public Communicator {
     // NCCL launches its kernels on the current device.
     ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
     launch(stream);
+    if (!watchdog_->bounded()) return;  // comm.timeout 0: no event to record
     cudaEvent_t raw = nullptr;
     ZEST_CUDA_CHECK(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming));
     const SharedEvent done(raw, [](cudaEvent_t e) { static_cast<void>(cudaEventDestroy(e)); });

@@ -50,6 +50,8 @@ class PendingWatchdog {
   // Throws CommError once broken (the first failure's message).
   void check() const;
   bool broken() const;
+  // Whether it bounds anything (timeout > 0): otherwise a poll given to track() is never called.
+  bool bounded() const { return timeout_.count() > 0; }
 
  private:
   struct Pending {
