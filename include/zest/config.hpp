@@ -98,6 +98,12 @@ struct OffloadConfig {
   // offload.optimizer.ratio, in (0, 1]: the fraction of this rank's optimizer states that
   // offload.optimizer.device holds; the rest stays on the device, stepped there at the same time.
   double optimizer_ratio = 1.0;
+  // offload.optimizer.overlap: update each group's offloaded states as soon as its gradient shard is
+  // final (during backward), assuming the step neither overflows nor clips; the step commits that
+  // work, or redoes it when the assumption fails. Stages 2-3, the whole optimizer offloaded (ratio
+  // 1). Costs a second copy of the states (cpu: pinned host memory; nvme: swap space) and the
+  // updated parameter shard in pinned host memory until the step commits.
+  bool optimizer_overlap = false;
 };
 
 struct IoConfig {

@@ -637,7 +637,8 @@ Config ConfigReader::read(const YAML::Node* root) {
       {"gradient_accumulation_steps", integer(c.gradient_accumulation_steps, detail::kAtLeastOne)},
       {"offload", section({
                       {"optimizer", offload_target(c.offload.optimizer,
-                                                   {{"ratio", number(c.offload.optimizer_ratio, detail::kOffloadRatio)}})},
+                                                   {{"ratio", number(c.offload.optimizer_ratio, detail::kOffloadRatio)},
+                                                    {"overlap", flag(c.offload.optimizer_overlap)}})},
                       {"param", offload_target(c.offload.param)},
                       {"sub_group", size(c.offload.sub_group_bytes, SizeRule::positive)},
                   })},

@@ -123,6 +123,7 @@ void expect_same(const Config& a, const Config& b) {
     EXPECT_EQ(ta.buffer_count, tb.buffer_count);
   }
   EXPECT_EQ(a.offload.optimizer_ratio, b.offload.optimizer_ratio);
+  EXPECT_EQ(a.offload.optimizer_overlap, b.offload.optimizer_overlap);
   EXPECT_EQ(a.offload.sub_group_bytes, b.offload.sub_group_bytes);
   EXPECT_EQ(a.io.block_size, b.io.block_size);
   EXPECT_EQ(a.io.queue_depth, b.io.queue_depth);
@@ -733,6 +734,7 @@ TEST(ConfigYaml, RoundTripsDefaultsAndAwkwardValues) {
   c.offload.optimizer.paths = {awkward};
   c.offload.param.device = OffloadDevice::nvme;
   c.offload.param.paths = {awkward};
+  c.offload.optimizer_overlap = true;
   c.optimizer.lr = 0.1 + 0.2;  // 0.30000000000000004: needs all 17 digits
   c.optimizer.beta2 = 1.0 - 1e-12;
   c.optimizer.eps = 5e-324;  // the smallest subnormal

@@ -72,6 +72,28 @@ const std::vector<Case>& cases() {
        },
        "ratio 0.5 offloads that fraction of the optimizer states, but offload.optimizer.device is 'none', so "
        "nothing is offloaded. Set offload.optimizer.device: cpu or nvme, or remove ratio"},
+      // offload.optimizer.overlap: stages 2-3 with the whole optimizer offloaded.
+      {"overlap without offload", "stage: 2\noffload: {optimizer: {overlap: true}}",
+       [](Config& c) {
+         c.stage = 2;
+         c.offload.optimizer_overlap = true;
+       },
+       "overlap updates offloaded states during backward from gradient shards on the host, which needs stage 2 "
+       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but offload.optimizer.device is "
+       "'none'. Set those, or overlap: false"},
+      {"overlap at stage 1", "stage: 1\noffload: {optimizer: {device: cpu, overlap: true}}",
+       [](Config& c) {
+         partial_offload(c, 1);
+         c.stage = 1;
+         c.offload.optimizer_overlap = true;
+       },
+       "needs stage 2 or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but stage is 1"},
+      {"overlap of part of the states", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 0.5, overlap: true}}",
+       [](Config& c) {
+         partial_offload(c, 0.5);
+         c.offload.optimizer_overlap = true;
+       },
+       "but ratio is 0.5. Set those, or overlap: false"},
       {"queue depth 0", "io: {queue_depth: 0}", [](Config& c) { c.io.queue_depth = 0; },
        "expected an integer from 1 to 4096, found '0'"},
       {"block of 2GiB", "io: {block_size: 2GiB}",
