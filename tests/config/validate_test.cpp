@@ -87,13 +87,15 @@ const std::vector<Case>& cases() {
          c.stage = 1;
          c.offload.optimizer_overlap = true;
        },
-       "needs stage 2 or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but stage is 1"},
+       "overlap updates offloaded states during backward from gradient shards on the host, which needs stage 2 "
+       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but stage is 1. Set those, or overlap: false"},
       {"overlap of part of the states", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 0.5, overlap: true}}",
        [](Config& c) {
          partial_offload(c, 0.5);
          c.offload.optimizer_overlap = true;
        },
-       "but ratio is 0.5. Set those, or overlap: false"},
+       "overlap updates offloaded states during backward from gradient shards on the host, which needs stage 2 "
+       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but ratio is 0.5. Set those, or overlap: false"},
       {"queue depth 0", "io: {queue_depth: 0}", [](Config& c) { c.io.queue_depth = 0; },
        "expected an integer from 1 to 4096, found '0'"},
       {"block of 2GiB", "io: {block_size: 2GiB}",
