@@ -115,6 +115,13 @@ struct EngineStats {
   // when the whole optimizer is offloaded (also counted in Device::pinned_stats).
   std::size_t nvme_bytes = 0;
   std::size_t offload_pinned_bytes = 0;
+  // offload.optimizer.overlap, over all steps: groups whose update during backward a step kept,
+  // and groups updated during backward whose work a step dropped and redid (it clipped, a
+  // hyper-parameter changed after the group's gradients were handed over) or dropped (it was
+  // skipped). A group whose gradient changed again (a micro-batch beyond
+  // gradient_accumulation_steps) counts in neither.
+  std::int64_t groups_updated_ahead = 0;
+  std::int64_t groups_redone = 0;
 };
 
 class Engine {
@@ -224,6 +231,7 @@ class Engine {
 
  private:
   struct State;
+  struct AheadOfStep;
   std::unique_ptr<State> state_;
 };
 

@@ -51,6 +51,16 @@ std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTa
 
 }  // namespace
 
+// offload.optimizer.overlap: hands each group's final gradient shard to the optimizer states as its
+// bucket is reduced, with the step's arguments as they will be if the step neither overflows nor
+// clips (OptimizerStates::speculate); step() checks them.
+struct Engine::AheadOfStep final : engine::ShardWatcher {
+  explicit AheadOfStep(State& state) : s(state) {}
+  void final(int g, const char* shard) override;
+  void changing(int g) override;
+  State& s;
+};
+
 struct Engine::State {
   State(const Config& c, Device& d, Communicator& k, std::vector<ParamSpec> p)
       : config((validate(c), c)),
@@ -99,6 +109,7 @@ struct Engine::State {
 
   std::int64_t steps = 0, skipped = 0;
   double last_norm = 0;
+  std::unique_ptr<AheadOfStep> ahead;  // overlap only
 
   // Throws Error naming `operation` for an index past the last tensor.
   const ParamSpec& tensor(std::size_t t, const char* operation) const {
@@ -164,12 +175,26 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   else
     s.states = std::make_unique<engine::SplitOptimizerStates>(s.layout, stream, on_device(), offloaded(),
                                                               s.plan.device_states.end);
+  if (s.plan.optimizer_offload.overlap) {
+    s.ahead = std::make_unique<AheadOfStep>(s);
+    s.grads->watch(s.ahead.get());
+  }
   s.scalars = device.allocate(s.plan.scalars, MemoryCategory::buffers);
   s.step_groups.resize(groups);
   stream.synchronize();
 }
 
 Engine::~Engine() = default;
+
+void Engine::AheadOfStep::final(int g, const char* shard) {
+  optim::AdamStepArgs assumed;  // as step() computes them when nothing overflows and nothing clips
+  assumed.step = s.steps + 1 - s.skipped;
+  assumed.grad_scale = 1.0 / s.scaler.scale();
+  assumed.clip_coef = 1.0;
+  s.states->speculate(g, shard, assumed, *s.comm_stream);
+}
+
+void Engine::AheadOfStep::changing(int g) { s.states->retract(g, *s.comm_stream); }
 
 std::size_t Engine::tensor_count() const { return state_->specs.size(); }
 const ParamSpec& Engine::spec(std::size_t tensor) const { return state_->tensor(tensor, "Engine::spec"); }
@@ -369,6 +394,7 @@ StepResult Engine::step() {
   s.params->end_step();
   if (result.skipped) {
     ++s.skipped;
+    s.states->skip_step();
     s.grads->end_step();
     return result;
   }
@@ -389,9 +415,10 @@ StepResult Engine::step() {
 
 EngineStats Engine::stats() const {
   const State& s = *state_;
+  const engine::AheadCounts ahead = s.states->ahead_counts();
   return {s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats(),
           s.states->nvme_bytes() + s.params->nvme_bytes(),
-          s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes()};
+          s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes(), ahead.kept, ahead.redone};
 }
 
 void Engine::save(const std::string& dir) {

@@ -25,8 +25,8 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
   const engine::OptimizerOffloadPlan& opt = plan.optimizer_offload;
   const engine::ParamOffloadPlan& par = plan.param_offload;
   set(HostPurpose::engine, plan.engine_pinned);
-  set(HostPurpose::optimizer_states, opt.states_bytes);
-  set(HostPurpose::optimizer_staging, opt.grad_staging_bytes + opt.staging_bytes);
+  set(HostPurpose::optimizer_states, opt.states_bytes + opt.spare_states_bytes);
+  set(HostPurpose::optimizer_staging, opt.grad_staging_bytes + opt.staging_bytes + opt.updated_params_bytes);
   set(HostPurpose::optimizer_swap, opt.state_slots_bytes);
   set(HostPurpose::param_shards, par.shards_bytes);
   set(HostPurpose::param_swap, par.staging_bytes + par.updates_bytes);

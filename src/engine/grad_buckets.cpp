@@ -28,7 +28,8 @@ GradBuckets::GradBuckets(const Config& config, Device& device, Communicator& com
       rank_(comm.rank()),
       dtype_(config.precision.dtype),
       overlap_(config.buckets.overlap_comm),
-      slots_("gradient bucket", kRemedy) {
+      slots_("gradient bucket", kRemedy),
+      micro_batches_(config.gradient_accumulation_steps) {
   const auto groups = static_cast<std::size_t>(layout.group_count());
   grads_ = device.allocate(plan.grads, MemoryCategory::grads);
   if (plan.grads_on_host) {
@@ -56,6 +57,8 @@ GradBuckets::GradBuckets(const Config& config, Device& device, Communicator& com
   staged_at_.assign(groups, 0);
   accumulated_.assign(groups, false);
   summed_.assign(groups, false);
+  reductions_.assign(groups, 0);
+  final_now_.reserve(groups);
   // Zeros where the step reads before anything is written: unwritten gradients, padding.
   if (grads_) device.memset_async(grads_.data(), 0, grads_.bytes(), stream_);
   for (const Slot& slot : slots_) device.memset_async(slot.buffer.data(), 0, slot.buffer.bytes(), stream_);
@@ -128,7 +131,11 @@ void GradBuckets::reduce(int slot) {
     comm_.all_reduce(data, data, b.used, dtype_, ReduceOp::sum, stream_);
   }
   std::size_t landed = 0;
+  final_now_.clear();
   for (const Bucket::Entry& e : b.entries) {
+    const int reductions = ++reductions_[static_cast<std::size_t>(e.group)];
+    if (watcher_ && reductions > micro_batches_) watcher_->changing(e.group);
+    if (reductions == micro_batches_) final_now_.push_back(e.group);
     const auto& place = layout_.group(e.group);
     const bool first = !summed_[static_cast<std::size_t>(e.group)];
     summed_[static_cast<std::size_t>(e.group)] = true;
@@ -139,6 +146,8 @@ void GradBuckets::reduce(int slot) {
       accumulate(accumulated() + bytes(place.shard_offset), reduced + bytes(shard_begin(e.group)), place.shard, first,
                  landed);
   }
+  if (watcher_)
+    for (int g : final_now_) watcher_->final(g, reduced(g));
   // Ordered after the copies to the host shard: the bucket is reused only once they are done.
   device_.memset_async(data, 0, bytes(b.used), stream_);
   stream_.record(*staging.free_after);
@@ -184,6 +193,7 @@ bool GradBuckets::any_grad() const {
 void GradBuckets::end_step() {
   std::fill(accumulated_.begin(), accumulated_.end(), false);
   std::fill(summed_.begin(), summed_.end(), false);
+  std::fill(reductions_.begin(), reductions_.end(), 0);
   if (!host_grads_) return device_.memset_async(grads_.data(), 0, grads_.bytes(), stream_);
   // Ordered after the step's reads like the device's memset: a host task on the same stream.
   stream_.host_task([data = host_grads_.data(), n = host_grads_.bytes()] { std::memset(data, 0, n); });

@@ -34,6 +34,17 @@
 
 namespace zest::engine {
 
+// Told, on the host thread, about the host gradient shard (plan.grads_on_host) as reductions are
+// enqueued on the comm stream: final(g, shard) once group g's gradient_accumulation_steps-th
+// reduction of the step is (work enqueued on the stream after the call runs after its shard is
+// complete at `shard`); changing(g) before a further one is (its shard changes after that point).
+class ShardWatcher {
+ public:
+  virtual ~ShardWatcher() = default;
+  virtual void final(int g, const char* shard) = 0;
+  virtual void changing(int g) = 0;
+};
+
 class GradBuckets {
  public:
   // Allocates the accumulated gradient (plan.grads on the device, or plan.host_grads and
@@ -63,6 +74,9 @@ class GradBuckets {
   // Forgets this step's gradients: the next reduction of each group overwrites; the accumulated
   // gradient is zeroed on the comm stream (ordered after whatever read it).
   void end_step();
+
+  // Watches the host shard from now on (null: nobody); plan.grads_on_host only.
+  void watch(ShardWatcher* watcher) { watcher_ = host_grads_ ? watcher : nullptr; }
 
   // Borrows a free, all-zero bucket (get_param assembles a tensor there) and gives it back (zero
   // again, its event recorded after its last use).
@@ -124,6 +138,10 @@ class GradBuckets {
   std::vector<std::size_t> staged_at_;  // group -> its offset in that slot, elements
   std::vector<bool> accumulated_;   // group -> has a gradient this step
   std::vector<bool> summed_;        // group -> grads_ holds its reduced sum: the next one adds to it
+  std::vector<int> reductions_;     // group -> reductions enqueued this step
+  const int micro_batches_;         // gradient_accumulation_steps
+  ShardWatcher* watcher_ = nullptr;
+  std::vector<int> final_now_;      // reduce()'s: the groups the bucket made final, reserved
 };
 
 }  // namespace zest::engine

@@ -57,7 +57,14 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
   } else {
     p.states_bytes = 3 * range.count() * sizeof(float);
   }
-  p.pinned_bytes = p.grad_staging_bytes + p.staging_bytes + p.states_bytes + p.state_slots_bytes;
+  p.overlap = config.offload.optimizer_overlap;
+  if (p.overlap) {
+    p.spare_states_bytes = p.states_bytes;
+    p.nvme_bytes *= 2;
+    p.updated_params_bytes = round_up(range.count() * dtype_size(dtype), kOffloadSlotAlign);
+  }
+  p.pinned_bytes = p.grad_staging_bytes + p.staging_bytes + p.states_bytes + p.state_slots_bytes +
+                   p.spare_states_bytes + p.updated_params_bytes;
 }
 
 void plan_param_offload(const Config& config, const Layout& layout, DType dtype, std::size_t fetch_slots,

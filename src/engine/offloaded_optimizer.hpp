@@ -17,6 +17,18 @@
 // only buffer_count sub-group slots, so the host memory is bounded by the configuration whatever
 // the model's size. Everything is allocated at construction; step() allocates nothing large.
 //
+// offload.optimizer.overlap (plan.overlap): while backward goes on, each group whose gradient shard
+// is final (speculate(), in comm-stream order) is updated by a thread of its own (AheadUpdates)
+// through the same slots, assuming the step's arguments and hyper-parameters as they are then (no
+// overflow, no clipping): from the current copy of its states into a second one (cpu: a second
+// pinned array; nvme: a second region per sub-group), its parameters into updated_params. step()
+// waits for that thread, then takes each group whose assumption held (the second copy becomes the
+// current one, the parameters go out) and runs the pipeline above over the rest; a skipped step,
+// a group whose gradient changes again (retract()) and a visit of the states drop the work. The
+// current copy is never written ahead, so dropping costs nothing but the work, and the results are
+// those of the step without overlap, bit for bit. A failed transfer ahead only leaves its group to
+// step().
+//
 // After an IoError from step(), the states are inconsistent (some sub-groups hold the new step, one
 // whose write failed holds nothing): the optimizer refuses every later call with an Error saying so,
 // and the engine must be rebuilt (and its weights set again or loaded from a checkpoint).
@@ -69,6 +81,12 @@ class OffloadedOptimizer final : public OptimizerStates {
   // parameters are on the device (or handed to `sink`) and the states are stored. Throws IoError
   // (then the optimizer is unusable, see above).
   void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) override;
+
+  // offload.optimizer.overlap (plan.overlap): updates ahead of the step, see OptimizerStates.
+  void speculate(int group, const void* grad, const optim::AdamStepArgs& assumed, Stream& stream) override;
+  void retract(int group, Stream& stream) override;
+  void skip_step() override;
+  AheadCounts ahead_counts() const override;
 
   // Throws the Error every call throws after an I/O failure (see above); nothing otherwise.
   void check_usable() const;

@@ -20,6 +20,7 @@ struct AdamHyperParams {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  bool operator==(const AdamHyperParams&) const = default;
 };
 
 inline AdamHyperParams hyper_params_from(const OptimizerConfig& config) {

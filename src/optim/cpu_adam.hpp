@@ -33,6 +33,7 @@ struct AdamStepArgs {
   std::int64_t step = 1;     // the step being taken, from 1 (bias correction)
   double grad_scale = 1.0;   // multiplies the gradients: 1 / loss scale
   double clip_coef = 1.0;    // min(1, max_norm / global norm), or 1 without clipping
+  bool operator==(const AdamStepArgs&) const = default;
 };
 
 class CpuAdam {

@@ -54,6 +54,8 @@ struct Options {
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;
   double offload_ratio = 1;           // offload.optimizer.ratio
+  bool overlap = false;               // offload.optimizer.overlap
+  int config_accumulation = 0;        // gradient_accumulation_steps when not `accumulation` (0: it)
   std::string nvme_path;              // the directory for nvme
   std::vector<std::string> nvme_dirs; // several directories (striped); when set, nvme_path is unused
   std::size_t io_block = 0;           // io.block_size (the stripe); 0: the default
@@ -84,13 +86,14 @@ inline Config make_config(const Options& o) {
   c.precision.loss_scale.initial_scale_power = 8;
   c.precision.loss_scale.hysteresis = 1;
   c.gradient_clipping = o.clip;
-  c.gradient_accumulation_steps = o.accumulation;
+  c.gradient_accumulation_steps = o.config_accumulation > 0 ? o.config_accumulation : o.accumulation;
   c.stage3.persistence_threshold_bytes = 1024;
   c.stage3.prefetch_bytes = 1 << 20;
   c.stage3.max_live_bytes = o.max_live;
   c.offload.optimizer.device = o.offload_optimizer;
   c.offload.param.device = o.offload_param;
   c.offload.optimizer_ratio = o.offload_ratio;
+  c.offload.optimizer_overlap = o.overlap;
   c.offload.optimizer.buffer_count = c.offload.param.buffer_count = o.buffer_count;
   if (o.offload_optimizer == OffloadDevice::nvme) c.offload.optimizer.paths = o.nvme_paths();
   if (o.offload_param == OffloadDevice::nvme) c.offload.param.paths = o.nvme_paths();

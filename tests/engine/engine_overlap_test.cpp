@@ -1,0 +1,211 @@
+// offload.optimizer.overlap under mpirun with 1, 2 and 4 ranks: the offloaded states of each group
+// are updated while backward goes on, assuming the step neither overflows nor clips, and step()
+// keeps or redoes that work. Whatever happens — a clean step, a forced overflow, forced clipping,
+// a learning rate changed after backward, a micro-batch more than gradient_accumulation_steps —
+// the parameters are the bits of the same run without overlap, and EngineStats says which work was
+// kept and which redone, so a test that never overlapped would fail.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "engine/layout.hpp"
+#include "engine/reference_training.hpp"
+#include "offload/scratch_dir.hpp"
+#include "runtime/mpi_communicator.hpp"
+#include "runtime/mpi_session.hpp"
+#include "zest/engine.hpp"
+#include "zest/error.hpp"
+#include "zest/estimate.hpp"
+
+namespace zest {
+namespace {
+
+using namespace reference_training;
+
+constexpr int kSteps = 6;
+// The test model's groups (reference_training::model()).
+constexpr std::int64_t kGroups = 4;
+
+struct Trained {
+  std::vector<std::vector<float>> params;
+  EngineStats stats;
+};
+
+Trained train(const Options& o, int steps = kSteps) {
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{256} << 20);
+  auto comm = make_mpi_communicator(session, *device);
+  Trained run;
+  run.params = train_engine(o, steps, *device, *comm, &run.stats);
+  return run;
+}
+
+bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t t = 0; t < a.size(); ++t)
+    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
+  return true;
+}
+
+struct Mode {
+  int stage;
+  OffloadDevice optimizer;
+  OffloadDevice param;
+  DType dtype;
+};
+
+std::string name_of(OffloadDevice d) { return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme"; }
+
+std::string mode_name(const testing::TestParamInfo<Mode>& info) {
+  const Mode& m = info.param;
+  return "stage" + std::to_string(m.stage) + "_optimizer_" + name_of(m.optimizer) + "_param_" + name_of(m.param) + "_" +
+         std::string(dtype_name(m.dtype));
+}
+
+void PrintTo(const Mode& m, std::ostream* os) { *os << mode_name(testing::TestParamInfo<Mode>(m, 0)); }
+
+class Overlap : public testing::TestWithParam<Mode> {
+ protected:
+  // One group per reduce bucket, so each group's gradient is final (and handed over) during
+  // backward; sub-groups of 128 parameters, so the pipeline wraps around its slots in a group.
+  Options options(const test::ScratchDir& dir) const {
+    Options o;
+    o.stage = GetParam().stage;
+    o.offload_optimizer = GetParam().optimizer;
+    o.offload_param = GetParam().param;
+    o.dtype = GetParam().dtype;
+    o.nvme_path = dir.path();
+    o.sub_group_bytes = 12 * 128;
+    o.reduce_bucket = 1;
+    o.overlap = true;
+    return o;
+  }
+  // The same run without overlap.
+  static std::vector<std::vector<float>> without(Options o, int steps = kSteps) {
+    o.overlap = false;
+    return train(o, steps).params;
+  }
+};
+
+TEST_P(Overlap, EveryGroupIsUpdatedDuringBackwardAndTheBitsAreThoseWithout) {
+  test::ScratchDir dir;
+  const Options o = options(dir);
+  const Trained got = train(o);
+  EXPECT_TRUE(identical(got.params, without(o)));
+  EXPECT_EQ(got.stats.groups_updated_ahead, kSteps * kGroups);
+  EXPECT_EQ(got.stats.groups_redone, 0);
+}
+
+TEST_P(Overlap, OneBucketForAllGroupsOverlapsOnlyInsideStepAndStillMatches) {
+  test::ScratchDir dir;
+  Options o = options(dir);
+  o.reduce_bucket = 0;  // the default 25MiB: the whole model reduced by step()'s flush
+  const Trained got = train(o);
+  EXPECT_TRUE(identical(got.params, without(o)));
+  EXPECT_EQ(got.stats.groups_updated_ahead, kSteps * kGroups);
+}
+
+TEST_P(Overlap, ForcedClippingRedoesEveryGroupAndMatches) {
+  test::ScratchDir dir;
+  Options o = options(dir);
+  o.clip = 0.05;  // below every step's gradient norm
+  const Trained got = train(o);
+  EXPECT_TRUE(identical(got.params, without(o)));
+  EXPECT_EQ(got.stats.groups_updated_ahead, 0);
+  EXPECT_EQ(got.stats.groups_redone, kSteps * kGroups);
+}
+
+// An Inf gradient skips the step in every dtype (fp16 also halves its loss scale).
+TEST_P(Overlap, ForcedOverflowDropsTheStepsWorkAndMatches) {
+  test::ScratchDir dir;
+  Options o = options(dir);
+  o.overflow_at_step = 3;
+  const Trained got = train(o);
+  EXPECT_EQ(got.stats.skipped_steps, 1);
+  EXPECT_TRUE(identical(got.params, without(o)));
+  // Every other step keeps all of its groups; the overflowing one drops what was updated ahead by
+  // the time its statistics were known (the Inf is in group 0's gradient, reduced last).
+  EXPECT_EQ(got.stats.groups_updated_ahead, (kSteps - 1) * kGroups);
+  EXPECT_LE(got.stats.groups_redone, kGroups);
+}
+
+TEST_P(Overlap, AccumulatedMicroBatchesOverlapTheLastOneAndMatch) {
+  test::ScratchDir dir;
+  Options o = options(dir);
+  o.accumulation = 2;
+  o.clip = 1e6;  // on, never reached
+  const Trained got = train(o);
+  EXPECT_TRUE(identical(got.params, without(o)));
+  EXPECT_EQ(got.stats.groups_updated_ahead, kSteps * kGroups);
+}
+
+// The trainer runs two micro-batches where the config says one: each group is handed over after
+// the first, and its second reduction retracts it before changing the gradient.
+TEST_P(Overlap, AMicroBatchBeyondTheConfiguredCountRetractsTheGroupAndMatches) {
+  test::ScratchDir dir;
+  Options o = options(dir);
+  o.accumulation = 2;
+  o.config_accumulation = 1;
+  const Trained got = train(o);
+  EXPECT_TRUE(identical(got.params, without(o)));
+  EXPECT_EQ(got.stats.groups_updated_ahead, 0);
+}
+
+// A schedule sets the learning rate after backward, before step(): the updates ahead assumed the
+// previous one (except the first step's factor, the same as the initial lr).
+TEST_P(Overlap, ALearningRateChangedAfterBackwardIsRedoneAndMatches) {
+  test::ScratchDir dir;
+  Options o = options(dir);
+  o.lr_factor = [](int step) { return 1.0 / step; };
+  const Trained got = train(o);
+  EXPECT_TRUE(identical(got.params, without(o)));
+  EXPECT_EQ(got.stats.groups_updated_ahead, kGroups);  // step 1: factor 1, the lr unchanged
+  EXPECT_EQ(got.stats.groups_redone, (kSteps - 1) * kGroups);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, Overlap,
+    testing::Values(Mode{2, OffloadDevice::cpu, OffloadDevice::none, DType::f32},
+                    Mode{2, OffloadDevice::nvme, OffloadDevice::none, DType::f32},
+                    Mode{2, OffloadDevice::nvme, OffloadDevice::none, DType::bf16},
+                    Mode{2, OffloadDevice::cpu, OffloadDevice::none, DType::f16},
+                    Mode{3, OffloadDevice::nvme, OffloadDevice::none, DType::f16},
+                    Mode{3, OffloadDevice::cpu, OffloadDevice::cpu, DType::bf16},
+                    Mode{3, OffloadDevice::nvme, OffloadDevice::nvme, DType::f32}),
+    mode_name);
+
+// The second copy of the states and the updated parameters are in the plan, the estimate and
+// what the engine holds: cpu pins 12 more bytes per parameter of the shard, nvme doubles the swap.
+TEST(OverlapMemory, TheSecondCopyIsCountedWhereItLives) {
+  test::ScratchDir dir;
+  for (const OffloadDevice where : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    SCOPED_TRACE(name_of(where));
+    Options o;
+    o.stage = 2;
+    o.offload_optimizer = where;
+    o.nvme_path = dir.path();
+    o.dtype = DType::bf16;
+    const Trained plain = train(o, 1);
+    o.overlap = true;
+    const Trained overlapped = train(o, 1);
+    int ranks = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    const MemoryEstimate estimate = estimate_memory(make_config(o), specs_of(o), ranks);
+    EXPECT_EQ(overlapped.stats.nvme_bytes, estimate.nvme);
+    EXPECT_EQ(overlapped.stats.nvme_bytes, 2 * plain.stats.nvme_bytes);
+    const std::size_t extra = overlapped.stats.offload_pinned_bytes - plain.stats.offload_pinned_bytes;
+    const std::size_t shard = engine::Layout(specs_of(o), ranks).shard_numel();
+    // The updated parameters (bf16) of the shard, and for cpu the states again; both rounded up a
+    // little (padding, slot alignment).
+    const std::size_t expected = 2 * shard + (where == OffloadDevice::cpu ? 12 * shard : 0);
+    EXPECT_GE(extra, expected);
+    EXPECT_LT(extra, expected + 4096 + 14 * 64 * 5);
+  }
+}
+
+}  // namespace
+}  // namespace zest
