@@ -7,17 +7,34 @@
 // compute hides behind the I/O). Resident memory is reported to show that the host holds only the
 // configured sub-group slots, not the states. --optimizer-on-device keeps the states on the device
 // instead (no disk), so that what is left of step() is the Adam math and the parameter all-gather.
+//
+// --overlap measures offload.optimizer.overlap (the offloaded states updated during backward, as each
+// group's gradient shard is reduced, so that step() only commits): two engines with the same config,
+// weights and gradients but that key, today's pipeline (false) and the overlapped one (true), step in
+// turn. What counts is the step time backward does not hide, from the last grads_ready() to step()'s
+// return: the exposed step. The backward stand-in sleeps between groups (--backward seconds in all;
+// auto: as long as today's warm-up step), the device busy with the next layer while the host and the
+// disk are free. Goal: overlapped / today <= 0.25 when backward lasts at least as long as the step's
+// I/O. The two engines' parameters must stay bit-identical: the overlap may never change results.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "args/args.hpp"
 #include "cli/commands.hpp"
@@ -34,7 +51,7 @@ constexpr const char* kUsage =
     "                       [--sub-group SIZE] [--buffers N] [--groups N] [--device-memory SIZE]\n"
     "                       [--io-size GiB] [--reps N] [--bucket SIZE] [--allgather SIZE]\n"
     "                       [--optimizer-on-device | --optimizer-on-host] [--placement rank|shared]\n"
-    "                       [--no-set-param] [--json]\n"
+    "                       [--overlap] [--backward SECONDS|auto] [--no-set-param] [--json]\n"
     "  A world of one (or every rank under mpirun) builds an Engine on the cpu device (stage 2) with\n"
     "  offload.optimizer.device nvme in DIR, --params parameters (default 2e8) in --groups equal\n"
     "  groups (default 64), and times --steps (default 3) optimizer steps; the NvmeStore's sequential\n"
@@ -50,7 +67,15 @@ constexpr const char* kUsage =
     "  parameter all-gather. --optimizer-on-host keeps them in pinned host memory (offload.optimizer.device\n"
     "  cpu, no --path): step() is then the CPU Adam on the host states. --placement shared runs the\n"
     "  rank's host threads as zest did before each rank had its own cpus (every rank's CPU Adam on the\n"
-    "  machine's first cpu, cores / ranks threads each), to compare with the default, rank.\n";
+    "  machine's first cpu, cores / ranks threads each), to compare with the default, rank.\n"
+    "  --backward SECONDS makes the backward stand-in last that long: it sleeps SECONDS / groups after\n"
+    "  each group but the last (default 0). --overlap builds two engines, offload.optimizer.overlap false\n"
+    "  (today) and true (overlapped), in DIR/zest-bench-today and DIR/zest-bench-overlap (made and removed\n"
+    "  by the run; it refuses to start if either exists), or with --optimizer-on-host, not with\n"
+    "  --optimizer-on-device. After a warm-up step each they step in turn, and the run reports the exposed\n"
+    "  step (from the last grads_ready() to step()'s return) of each, their ratio (goal <= 0.25) and\n"
+    "  whether their parameters stayed bit-identical (exit 1 if not). --backward defaults to auto there:\n"
+    "  as long as today's warm-up step. The two engines share the device budget (--device-memory).\n";
 
 struct Options {
   std::string path;
@@ -70,6 +95,8 @@ struct Options {
   int reps = 3;
   bool set_param = true;
   bool json = false;
+  bool overlap = false;            // two engines: offload.optimizer.overlap false and true
+  std::optional<double> backward;  // the stand-in's seconds; unset: auto (--overlap) or 0
 };
 
 using Clock = std::chrono::steady_clock;
@@ -116,8 +143,81 @@ void fill_grad(void* grad, std::size_t count, DType dtype, float value) {
   }
 }
 
+// Samples as a JSON array, `digits` after the point.
+std::string json_numbers(const std::vector<double>& samples, int digits) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    char number[32];
+    std::snprintf(number, sizeof number, "%s%.*f", i ? ", " : "", digits, samples[i]);
+    out.append(number);
+  }
+  return out.append("]");
+}
+
+// Builds an engine and, unless --no-set-param, sets its weights; records the seconds each took.
+std::unique_ptr<Engine> build_engine(const Config& config, Runtime& runtime, const std::vector<ParamSpec>& specs,
+                                     bool set_param, double& setup_seconds, double& set_param_seconds) {
+  runtime.comm().barrier();
+  auto start = Clock::now();
+  auto engine = std::make_unique<Engine>(config, runtime.device(), runtime.comm(), specs);
+  setup_seconds = seconds_since(start);
+  set_param_seconds = 0;
+  if (set_param) {
+    start = Clock::now();
+    std::vector<float> values;
+    std::size_t first = 0;
+    for (std::size_t t = 0; t < engine->tensor_count(); ++t) {
+      values.resize(engine->spec(t).numel());
+      fill_weights(values, first);
+      first += values.size();
+      engine->set_param(t, values);
+    }
+    set_param_seconds = seconds_since(start);
+  }
+  return engine;
+}
+
+struct StepTiming {
+  double backward = 0;  // the stand-in, to the return of the last grads_ready()
+  double exposed = 0;   // from there to step()'s return: what the step adds to an iteration
+  double step = 0;      // step() alone
+  StepResult result;
+};
+
+// One iteration on `engine`: backward's stand-in, then step(). The stand-in writes every gradient
+// once, through the leases, in backward order, the value set by `step` alone (so that two engines
+// given the same steps see the same gradients); after each group's grads_ready() but the last it
+// sleeps backward / groups seconds: the device computing the next group's gradients while the host
+// and the disk are free, which is when an overlapped engine works. Backward ends when the last
+// group is handed over.
+StepTiming timed_step(Engine& engine, Communicator& comm, DType dtype, int step, double backward) {
+  const float grad = 1e-3f * static_cast<float>(engine.loss_scale()) * static_cast<float>(step + 1);
+  const std::chrono::duration<double> pause(backward / engine.group_count());
+  StepTiming timing;
+  const auto start = Clock::now();
+  for (int g = engine.group_count() - 1; g >= 0; --g) {
+    auto lease = engine.acquire(g);
+    for (std::size_t t = 0; t < engine.tensor_count(); ++t)
+      if (engine.spec(t).group == g) fill_grad(lease.grad(t).data, engine.spec(t).numel(), dtype, grad);
+    engine.grads_ready(g);
+    if (g > 0 && backward > 0) std::this_thread::sleep_for(pause);
+  }
+  const auto backward_end = Clock::now();
+  timing.backward = std::chrono::duration<double>(backward_end - start).count();
+  comm.barrier();
+  const auto step_start = Clock::now();
+  timing.result = engine.step();
+  timing.step = seconds_since(step_start);
+  timing.exposed = seconds_since(backward_end);
+  if (timing.result.skipped)
+    throw Error(std::string("step ").append(std::to_string(step + 1))
+                    .append(" was skipped (overflow); the benchmark's gradients must be finite"));
+  return timing;
+}
+
 int parse(int argc, char** argv, Options& o) {
   constexpr std::size_t kGiB = std::size_t{1} << 30;
+  bool backward_auto = false;  // auto given: it needs --overlap
   try {
     for (int i = 0; i < argc; ++i) {
       const std::string_view arg = argv[i];
@@ -135,6 +235,12 @@ int parse(int argc, char** argv, Options& o) {
         o.shared_placement = p == "shared";
       }
       else if (arg == "--no-set-param") o.set_param = false;
+      else if (arg == "--overlap") o.overlap = true;
+      else if (arg == "--backward") {
+        const std::string_view b = value();
+        o.backward = b == "auto" ? std::nullopt : std::optional(args::parse_number(arg, b, 0, 1e6));
+        backward_auto = b == "auto";
+      }
       else if (arg == "--path") o.path = value();
       else if (arg == "--params") o.params = args::parse_count(arg, value(), 1, 1'000'000'000'000);
       else if (arg == "--steps") o.steps = count(1, 1'000'000);
@@ -157,6 +263,10 @@ int parse(int argc, char** argv, Options& o) {
       }
     }
     if (o.on_device && o.on_host) throw args::UsageError("--optimizer-on-device and --optimizer-on-host exclude each other");
+    if (o.overlap && o.on_device)
+      throw args::UsageError("--overlap needs the whole optimizer offloaded: not with --optimizer-on-device");
+    if (backward_auto && !o.overlap)
+      throw args::UsageError("--backward auto (as long as today's warm-up step) needs --overlap; give seconds");
     if (o.path.empty() && !o.on_device && !o.on_host) throw args::UsageError("--path DIR is required");
     if (!o.on_device && !o.on_host) args::check_output_directory("--path", o.path);
   } catch (const args::UsageError& error) {
@@ -165,6 +275,190 @@ int parse(int argc, char** argv, Options& o) {
   }
   if (static_cast<std::size_t>(o.groups) > o.params) o.groups = static_cast<int>(o.params);
   return 0;
+}
+
+// A directory this run makes for one engine's swap file (the NVMe store names its file
+// DIR/zest-rank<rank>.swap and refuses one that exists, so two engines need two directories). One
+// that exists is refused, not reused: the bench removes only what it made. The guard removes it if
+// it is still empty (rmdir removes nothing else); remove() does so now and says when it could not.
+class ScratchDirectory {
+ public:
+  ScratchDirectory() = default;
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  ~ScratchDirectory() {
+    if (!path_.empty()) ::rmdir(path_.c_str());
+  }
+
+  void make(const std::string& path) {
+    if (::mkdir(path.c_str(), 0777) != 0) {
+      std::string message = path;
+      if (errno == EEXIST)
+        throw Error(message.append(" exists (left by an earlier run?): --overlap makes its own directory for each "
+                                   "engine's swap file and uses no other; remove it or give another --path"));
+      throw Error(message.append(": cannot make the directory (").append(std::strerror(errno)).append(")"));
+    }
+    path_ = path;
+  }
+
+  void remove() {
+    if (path_.empty()) return;
+    const std::string path = std::exchange(path_, std::string());
+    if (::rmdir(path.c_str()) != 0)
+      throw Error(std::string("cannot remove ").append(path).append(" (").append(std::strerror(errno))
+                      .append("), which this run made for a swap file"));
+  }
+
+ private:
+  std::string path_;  // empty: nothing made, or removed already
+};
+
+// One engine's share of an --overlap run: its setup and the counted steps.
+struct EngineRun {
+  double setup_seconds = 0, set_param_seconds = 0;
+  std::vector<double> backward, exposed, step;  // one a counted step
+  StepResult last;
+  EngineStats stats;
+
+  void add(const StepTiming& timing) {
+    backward.push_back(timing.backward);
+    exposed.push_back(timing.exposed);
+    step.push_back(timing.step);
+    last = timing.result;
+  }
+};
+
+struct OverlapRun {
+  double backward = 0;  // the stand-in's seconds, auto resolved
+  EngineRun today, overlap;
+  std::string difference;  // the first tensor whose parameters differ; empty: bit-identical
+  std::size_t numel = 0;
+  int groups = 0;
+};
+
+// The first tensor whose fp32 master weights differ, bit for bit, between two engines; empty when
+// none does. Collective (get_param); every rank gets the same answer.
+std::string first_difference(Engine& a, Engine& b) {
+  std::vector<float> x, y;
+  for (std::size_t t = 0; t < a.tensor_count(); ++t) {
+    x.resize(a.spec(t).numel());
+    y.resize(x.size());
+    a.get_param(t, x);
+    b.get_param(t, y);
+    if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) return a.spec(t).name;
+  }
+  return {};
+}
+
+// The --overlap run: both engines built, a warm-up step each, then --steps steps in turn. The
+// engines are gone when it returns (their swap files with them).
+OverlapRun run_overlap(const Options& o, const Config& today_config, const Config& overlap_config, Runtime& runtime,
+                       const std::vector<ParamSpec>& specs) {
+  Communicator& comm = runtime.comm();
+  OverlapRun run;
+  const auto today = build_engine(today_config, runtime, specs, o.set_param, run.today.setup_seconds,
+                                  run.today.set_param_seconds);
+  const auto overlap = build_engine(overlap_config, runtime, specs, o.set_param, run.overlap.setup_seconds,
+                                    run.overlap.set_param_seconds);
+  // Warm-up, not counted. With auto, today's runs without the sleeps and its step() sets the
+  // backward of every later step (the slowest rank's, so that every rank sleeps alike).
+  double warm[] = {timed_step(*today, comm, o.dtype, 0, o.backward.value_or(0)).step};
+  comm.all_reduce_host(warm, ReduceOp::max);
+  run.backward = o.backward.value_or(warm[0]);
+  timed_step(*overlap, comm, o.dtype, 0, run.backward);
+  // In turn, so that a busy disk or machine slows both alike.
+  for (int step = 1; step <= o.steps; ++step) {
+    run.today.add(timed_step(*today, comm, o.dtype, step, run.backward));
+    run.overlap.add(timed_step(*overlap, comm, o.dtype, step, run.backward));
+  }
+  run.difference = first_difference(*today, *overlap);
+  run.today.stats = today->stats();
+  run.overlap.stats = overlap->stats();
+  run.numel = today->numel();
+  run.groups = today->group_count();
+  return run;
+}
+
+// Rank 0's report of an --overlap run; `config` is today's engine's.
+void report_overlap(const Options& o, const Config& config, const bench::StoreBandwidth& bw, const OverlapRun& run,
+                    int ranks, const HostMemoryStats& pinned, const std::string& load_before) {
+  const bool nvme = !o.on_host;
+  const EngineRun &today = run.today, &overlap = run.overlap;
+  const double exposed_today = median(today.exposed), exposed_overlap = median(overlap.exposed);
+  const double exposed_ratio = exposed_overlap / exposed_today;
+  // Today's pipeline reads and writes every sub-group's region once a step.
+  const auto state_bytes = static_cast<double>(today.stats.nvme_bytes);
+  const double limit = nvme ? state_bytes / bw.read_bytes_per_s + state_bytes / bw.write_bytes_per_s : 0.0;
+  const std::size_t rss = proc_status_bytes("VmRSS"), hwm = proc_status_bytes("VmHWM");
+  const std::string load_after = load_average();
+  const char* placement = o.shared_placement ? "shared" : "rank";
+  const std::string dtype(dtype_name(o.dtype));
+  const bool identical = run.difference.empty();
+  if (o.json) {
+    std::printf(
+        "{\"overlap\": true, \"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"ranks\": %d, \"steps\": %d,\n"
+        " \"path\": \"%s\", \"sub_group_bytes\": %zu, \"buffers\": %d, \"reduce_bucket_bytes\": %zu,\n"
+        " \"allgather_bucket_bytes\": %zu, \"optimizer_on_device\": false, \"optimizer_on_host\": %s,\n"
+        " \"placement\": \"%s\", \"adam_threads\": %d, \"backward_seconds\": %.5f,\n"
+        " \"backward_measured_seconds_today\": %.5f, \"backward_measured_seconds_overlap\": %.5f,\n"
+        " \"step_seconds_today\": %.5f, \"step_seconds_overlap\": %.5f,\n"
+        " \"exposed_seconds_today\": %.6f, \"exposed_seconds_overlap\": %.6f,\n"
+        " \"exposed_samples_today\": %s, \"exposed_samples_overlap\": %s,\n"
+        " \"exposed_ratio\": %.4f, \"target_exposed_ratio\": 0.25, \"identical\": %s,\n"
+        " \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f, \"grad_norm\": %.6g,\n"
+        " \"nvme_bytes\": %zu, \"nvme_bytes_overlap\": %zu,\n"
+        " \"offload_pinned_bytes\": %zu, \"offload_pinned_bytes_overlap\": %zu,\n",
+        run.numel, run.groups, dtype.c_str(), ranks, o.steps, o.path.c_str(), config.offload.sub_group_bytes,
+        config.offload.optimizer.buffer_count, config.buckets.reduce_bytes, config.buckets.allgather_bytes,
+        o.on_host ? "true" : "false", placement, config.optimizer.threads, run.backward, median(today.backward),
+        median(overlap.backward), median(today.step), median(overlap.step), exposed_today, exposed_overlap,
+        json_numbers(today.exposed, 6).c_str(), json_numbers(overlap.exposed, 6).c_str(), exposed_ratio,
+        identical ? "true" : "false", today.setup_seconds, today.set_param_seconds, today.last.grad_norm,
+        today.stats.nvme_bytes, overlap.stats.nvme_bytes, today.stats.offload_pinned_bytes,
+        overlap.stats.offload_pinned_bytes);
+    if (nvme)
+      std::printf(
+          " \"direct\": %s, \"bytes_read_per_step\": %zu, \"bytes_written_per_step\": %zu,\n"
+          " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g, \"bandwidth_sample_bytes\": %zu,\n"
+          " \"disk_bound_seconds\": %.4f,\n",
+          bw.direct ? "true" : "false", today.stats.nvme_bytes, today.stats.nvme_bytes, bw.write_bytes_per_s,
+          bw.read_bytes_per_s, bw.bytes, limit);
+    std::printf(
+        " \"rss_bytes\": %zu, \"peak_rss_bytes\": %zu, \"pinned_peak_bytes\": %zu, \"device_budget_bytes\": %zu,\n"
+        " \"loadavg_before\": \"%s\", \"loadavg_after\": \"%s\"}\n",
+        rss, hwm, pinned.peak, config.device.memory, load_before.c_str(), load_after.c_str());
+    return;
+  }
+  const auto gb = [](double bytes) { return bytes / 1e9; };
+  const std::string states = nvme ? std::string("on NVMe in ").append(o.path).append(bw.direct ? " (O_DIRECT)" : " (buffered)")
+                                  : std::string("in pinned host memory");
+  std::printf("zest bench step --overlap: %zu params (%s, %d groups), %d rank(s), states %s, placement %s\n",
+              run.numel, dtype.c_str(), run.groups, ranks, states.c_str(), placement);
+  std::printf("  engines today (overlap false) and overlapped (true) built in %.1f + %.1f s, weights set in %.1f + %.1f s%s\n",
+              today.setup_seconds, overlap.setup_seconds, today.set_param_seconds, overlap.set_param_seconds,
+              o.set_param ? "" : " (left zero: --no-set-param)");
+  if (nvme)
+    std::printf("  store write %.3f GB/s, read %.3f GB/s: today's %.2f GB read + written per step -> disk-bound %.3f s\n",
+                gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s), gb(state_bytes), limit);
+  std::printf("  backward stand-in %.4f s (%s) over %d groups; measured median today %.4f s, overlapped %.4f s\n",
+              run.backward, o.backward ? "--backward" : "auto: today's warm-up step()", run.groups,
+              median(today.backward), median(overlap.backward));
+  std::printf("  step() median of %d: today %.4f s, overlapped %.4f s\n", o.steps, median(today.step),
+              median(overlap.step));
+  std::printf("  exposed step (last grads_ready() to step()'s return) median: today %.4f s, overlapped %.4f s\n"
+              "  -> ratio %.3f (goal <= 0.25 when backward lasts at least as long as the step's I/O)\n",
+              exposed_today, exposed_overlap, exposed_ratio);
+  if (identical) std::printf("  parameters after the steps: bit-identical\n");
+  else std::printf("  parameters after the steps: DIFFER, first in %s\n", run.difference.c_str());
+  if (nvme)
+    std::printf("  states on disk: today %.2f GB, overlapped %.2f GB\n", gb(state_bytes),
+                gb(static_cast<double>(overlap.stats.nvme_bytes)));
+  std::printf("  pinned for offload: today %.2f GB, overlapped %.2f GB\n",
+              gb(static_cast<double>(today.stats.offload_pinned_bytes)),
+              gb(static_cast<double>(overlap.stats.offload_pinned_bytes)));
+  std::printf("  resident: %.2f GB now, %.2f GB peak; pinned peak %.2f GB\n", gb(static_cast<double>(rss)),
+              gb(static_cast<double>(hwm)), gb(static_cast<double>(pinned.peak)));
+  std::printf("  load average before %s, after %s\n", load_before.c_str(), load_after.c_str());
 }
 
 }  // namespace
@@ -188,10 +482,13 @@ int bench_step(int argc, char** argv) {
     if (o.bucket > 0) config.buckets.reduce_bytes = o.bucket;
     if (o.allgather > 0) config.buckets.allgather_bytes = o.allgather;
     // Params and grads in dtype (with the states on the device, 12 bytes per parameter too: more
-    // than this rank's shard of them needs), with room for padding and the buckets.
+    // than this rank's shard of them needs), with room for padding and the buckets; --overlap's two
+    // engines share the device.
     const std::size_t model_bytes =
         2 * dtype_size(o.dtype) * o.params + (o.on_device ? 12 * o.params : 0);
-    config.device.memory = o.device_memory > 0 ? o.device_memory : model_bytes + model_bytes / 16 + (std::size_t{256} << 20);
+    const std::size_t engines = o.overlap ? 2 : 1;
+    config.device.memory = o.device_memory > 0 ? o.device_memory
+                                               : engines * (model_bytes + model_bytes / 16 + (std::size_t{256} << 20));
     config = parse_config(to_yaml(config));  // validated like a user's file
 
     Runtime runtime(config);
@@ -204,6 +501,19 @@ int bench_step(int argc, char** argv) {
     Communicator& comm = runtime.comm();
     const bool lead = runtime.rank() == 0;
     const std::string load_before = load_average();
+
+    // --overlap on NVMe: each engine's own swap directory, made before the bandwidth test so that a
+    // leftover stops the run at once; the first rank of each host makes them, for its ranks' files.
+    // The guards outlive the engines (run_overlap's), so a swap file is gone before its directory.
+    const std::string today_path = o.path + "/zest-bench-today", overlap_path = o.path + "/zest-bench-overlap";
+    ScratchDirectory today_directory, overlap_directory;
+    if (o.overlap && !o.on_host) {
+      if (runtime.local_rank() == 0) {
+        today_directory.make(today_path);
+        overlap_directory.make(overlap_path);
+      }
+      comm.barrier();
+    }
 
     // The disk's figures first, on the same directory, before the swap file and the device
     // buffers take the page cache and memory.
@@ -222,48 +532,40 @@ int bench_step(int argc, char** argv) {
       const std::size_t n = g + 1 < o.groups ? per_group : o.params - per_group * static_cast<std::size_t>(o.groups - 1);
       specs.push_back({std::string("layer").append(std::to_string(g)), {n}, g});
     }
-    comm.barrier();
-    auto start = Clock::now();
-    Engine engine(config, runtime.device(), comm, specs);
-    const double setup_seconds = seconds_since(start);
-
-    double set_param_seconds = 0;
-    if (o.set_param) {
-      start = Clock::now();
-      std::vector<float> values;
-      std::size_t first = 0;
-      for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
-        values.resize(engine.spec(t).numel());
-        fill_weights(values, first);
-        first += values.size();
-        engine.set_param(t, values);
+    if (o.overlap) {
+      // Two configs that differ in offload.optimizer.overlap alone (and the swap directory).
+      Config today_config = config, overlap_config = config;
+      overlap_config.offload.optimizer_overlap = true;
+      if (!o.on_host) {
+        today_config.offload.optimizer.paths = {today_path};
+        overlap_config.offload.optimizer.paths = {overlap_path};
       }
-      set_param_seconds = seconds_since(start);
+      today_config = parse_config(to_yaml(today_config));
+      overlap_config = parse_config(to_yaml(overlap_config));
+      const OverlapRun run = run_overlap(o, today_config, overlap_config, runtime, specs);
+      comm.barrier();  // every rank's engines, and so their swap files, are gone
+      today_directory.remove();
+      overlap_directory.remove();
+      if (lead) report_overlap(o, today_config, bw, run, comm.size(), runtime.device().pinned_stats(), load_before);
+      if (!run.difference.empty())
+        throw Error(std::string("the overlapped engine's parameters differ from today's, first in ")
+                        .append(run.difference).append(": offload.optimizer.overlap must not change results"));
+      return 0;
     }
 
+    double setup_seconds = 0, set_param_seconds = 0;
+    const auto engine_owner = build_engine(config, runtime, specs, o.set_param, setup_seconds, set_param_seconds);
+    Engine& engine = *engine_owner;
     std::vector<double> step_seconds, backward_seconds, total_seconds;
     double grad_seconds = 0;
     StepResult last;
     for (int step = 0; step < o.steps; ++step) {
-      start = Clock::now();
-      // Backward's stand-in: every gradient written once, through the leases, in backward order.
-      const float grad = 1e-3f * static_cast<float>(engine.loss_scale()) * static_cast<float>(step + 1);
-      for (int g = engine.group_count() - 1; g >= 0; --g) {
-        auto lease = engine.acquire(g);
-        for (std::size_t t = 0; t < engine.tensor_count(); ++t)
-          if (engine.spec(t).group == g) fill_grad(lease.grad(t).data, engine.spec(t).numel(), o.dtype, grad);
-        engine.grads_ready(g);
-      }
-      backward_seconds.push_back(seconds_since(start));
-      grad_seconds += backward_seconds.back();
-      comm.barrier();
-      start = Clock::now();
-      last = engine.step();
-      step_seconds.push_back(seconds_since(start));
-      total_seconds.push_back(backward_seconds.back() + step_seconds.back());
-      if (last.skipped)
-        throw Error(std::string("zest bench step: step ").append(std::to_string(step + 1))
-                        .append(" was skipped (overflow); the benchmark's gradients must be finite"));
+      const StepTiming timing = timed_step(engine, comm, o.dtype, step, o.backward.value_or(0));
+      backward_seconds.push_back(timing.backward);
+      grad_seconds += timing.backward;
+      step_seconds.push_back(timing.step);
+      total_seconds.push_back(timing.backward + timing.step);
+      last = timing.result;
     }
 
     const EngineStats stats = engine.stats();
@@ -280,13 +582,7 @@ int bench_step(int argc, char** argv) {
     if (!lead) return 0;
 
     if (o.json) {
-      std::string samples = "[";
-      for (std::size_t i = 0; i < step_seconds.size(); ++i) {
-        char number[32];
-        std::snprintf(number, sizeof number, "%s%.4f", i ? ", " : "", step_seconds[i]);
-        samples.append(number);
-      }
-      samples.append("]");
+      const std::string samples = json_numbers(step_seconds, 4);
       std::printf(
           "{\"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"ranks\": %d, \"steps\": %d, \"path\": \"%s\",\n"
           " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s, \"reduce_bucket_bytes\": %zu,\n"
