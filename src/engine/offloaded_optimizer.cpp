@@ -176,15 +176,15 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
   void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) {
     check_usable();
     order.clear();
-    if (ahead) {
-      ahead->settle(true);
-      commit_ahead(groups, args, sink);
-      ahead->restart();
-    } else {
-      for (std::size_t i = 0; i < subs.size(); ++i) order.push_back(i);
-    }
     try {
+      if (ahead) {
+        ahead->settle(true);  // every group handed over is updated ahead and stored
+        commit_ahead(groups, args, sink);
+      } else {
+        for (std::size_t i = 0; i < subs.size(); ++i) order.push_back(i);
+      }
       run(groups, args, sink);
+      if (ahead) ahead->restart();
     } catch (const std::exception& error) {
       broken_reason = error.what();
       drain();
@@ -240,9 +240,8 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
     // Gradients run slots - 1 sub-groups ahead; states are read reads_ahead() ahead.
     const std::size_t grads_ahead = slots - 1;
     const std::size_t reads_ahead = this->reads_ahead();
-    // Sub-group j's gradient as the step passed it: on the device, or in the host shard, where the
-    // Adam reads it in place.
-    // j: a position in `order`, which picks the slot.
+    // j: a position in `order`, which picks the slot. Its sub-group's gradient as the step passed
+    // it: on the device, or in the host shard, where the Adam reads it in place.
     auto grad_of = [&](std::size_t j) {
       const SubGroup& sub = subs[order[j]];
       return static_cast<const char*>(groups[static_cast<std::size_t>(sub.group)].grad) + bytes(sub.in_group);
@@ -351,15 +350,12 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
     const SubGroup& sub = subs[i];
     const std::size_t slot = position % slots;
     const int next = 1 - sub.current;
+    // nvme: in place in the slot, which the write then takes to the other region; cpu: from the
+    // current array into the other one.
     float* const master = master_in(sub, slot, next);
+    const float* const from = master_in(sub, slot, sub.current);
     const std::size_t stride = states_stride(sub);
-    if (store) {
-      reads[slot].wait();
-    } else {
-      const float* const current = master_in(sub, slot, sub.current);
-      for (std::size_t k = 0; k < 3; ++k)
-        std::memcpy(master + k * stride, current + k * stride, sub.count * sizeof(float));
-    }
+    if (store) reads[slot].wait();
     const char* const grad_in = ahead_grads[static_cast<std::size_t>(sub.group)] + bytes(sub.in_group);
     char* const out = updated_params.as<char>() + bytes(sub.offset - range.begin);
     for (std::size_t r = 0; r < runs.size(); ++r) {
@@ -367,9 +363,13 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
       if (lo >= hi) continue;
       const std::size_t at = lo - sub.offset, n = hi - lo;
       adam.set_hyper(assumed.hyper[r]);
-      adam.step({master + at, n}, {master + stride + at, n}, {master + 2 * stride + at, n},
-                      {grad_in + bytes(at), dtype, n}, assumed.args,
-                      dtype == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{out + bytes(at), dtype, n});
+      const std::span<float> p{master + at, n}, m{master + stride + at, n}, v{master + 2 * stride + at, n};
+      const optim::ConstTensorSpan grad{grad_in + bytes(at), dtype, n};
+      const optim::TensorSpan low = dtype == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{out + bytes(at), dtype, n};
+      if (store)
+        adam.step(p, m, v, grad, assumed.args, low);
+      else
+        adam.step_from({from + at, from + stride + at, from + 2 * stride + at}, p, m, v, grad, assumed.args, low);
     }
     if (dtype == DType::f32) std::memcpy(out, master, sub.count * sizeof(float));
     if (store) writes[slot] = store->write_async(sub.regions[next], state_slot(slot));

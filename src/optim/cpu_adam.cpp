@@ -1,5 +1,6 @@
 #include "optim/cpu_adam.hpp"
 
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -72,6 +73,22 @@ void CpuAdam::step(std::span<float> master, std::span<float> m, std::span<float>
   const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
   const auto adam = kernels_->adam;
   arena_.for_each_tile(range.count, kTileElements, [&](std::size_t begin, std::size_t end) {
+    adam(offset(range, begin, end), c);
+  });
+}
+
+void CpuAdam::step_from(SourceStates from, std::span<float> master, std::span<float> m, std::span<float> v,
+                        ConstTensorSpan grad, const AdamStepArgs& args, TensorSpan out) {
+  const AdamRange range = checked_range(master, m, v, grad, out);
+  if (range.count > 0 && (from.master == nullptr || from.m == nullptr || from.v == nullptr))
+    throw Error("CpuAdam::step_from: a source state is null; pass master, m and v to read from");
+  const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
+  const auto adam = kernels_->adam;
+  arena_.for_each_tile(range.count, kTileElements, [&](std::size_t begin, std::size_t end) {
+    const std::size_t bytes = (end - begin) * sizeof(float);
+    std::memcpy(master.data() + begin, from.master + begin, bytes);
+    std::memcpy(m.data() + begin, from.m + begin, bytes);
+    std::memcpy(v.data() + begin, from.v + begin, bytes);
     adam(offset(range, begin, end), c);
   });
 }

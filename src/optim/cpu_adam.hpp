@@ -54,6 +54,19 @@ class CpuAdam {
   void step(std::span<float> master, std::span<float> m, std::span<float> v,
             ConstTensorSpan grad, const AdamStepArgs& args, TensorSpan out = {});
 
+  // The states an update reads when it writes elsewhere (step_from): fp32 arrays of the step's length.
+  struct SourceStates {
+    const float* master = nullptr;
+    const float* m = nullptr;
+    const float* v = nullptr;
+  };
+  // As step(), but the states are read from `from` (which it leaves as they are) and the updated
+  // ones written to master, m and v. Each tile is copied while it is in cache and updated there, so
+  // this moves about the bytes step() moves: an update that must keep the old states costs no
+  // extra pass over memory. `from` must not overlap the destinations.
+  void step_from(SourceStates from, std::span<float> master, std::span<float> m, std::span<float> v,
+                 ConstTensorSpan grad, const AdamStepArgs& args, TensorSpan out = {});
+
   // Sum of squares of `grad` (as stored, before any scale) and whether any element is Inf/NaN;
   // the sum means nothing when one is.
   GradStats grad_stats(ConstTensorSpan grad);

@@ -293,6 +293,52 @@ TEST(CpuAdam, ThreadsAndTilesGiveTheKernelsResult) {
   }
 }
 
+// step_from: the result of step() in the destination, bit for bit, with the source untouched (the
+// offloaded optimizer's update ahead of the step keeps the current states this way).
+TEST(CpuAdam, StepFromWritesStepsResultElsewhereAndLeavesTheSource) {
+  const std::size_t n = 2 * CpuAdam::kTileElements + 77;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> init(n), raw(n);
+  for (auto& x : init) x = normal(rng);
+  for (auto& x : raw) x = normal(rng);
+  const Grads g = store_as(DType::bf16, raw);
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  const AdamStepArgs args{3, 0.5, 0.75};
+  CpuAdam adam(hp, 2);
+
+  // Moments from an earlier step, so that all three states carry information.
+  const auto with_moments = [&] {
+    State s(init);
+    for (std::size_t i = 0; i < n; ++i) {
+      s.m[i] = 0.1f * raw[i];
+      s.v[i] = 0.01f * raw[i] * raw[i];
+    }
+    return s;
+  };
+  State in_place = with_moments();
+  std::vector<std::uint16_t> expect_out(n);
+  adam.step(in_place.p, in_place.m, in_place.v, {g.data(DType::bf16), DType::bf16, n}, args,
+            {expect_out.data(), DType::bf16, n});
+
+  const State source = with_moments();
+  State dest(std::vector<float>(n, 42.0f));
+  dest.m.assign(n, 42.0f);
+  dest.v.assign(n, 42.0f);
+  std::vector<std::uint16_t> out(n);
+  adam.step_from({source.p.data(), source.m.data(), source.v.data()}, dest.p, dest.m, dest.v,
+                 {g.data(DType::bf16), DType::bf16, n}, args, {out.data(), DType::bf16, n});
+  EXPECT_EQ(0, std::memcmp(dest.p.data(), in_place.p.data(), n * 4));
+  EXPECT_EQ(0, std::memcmp(dest.m.data(), in_place.m.data(), n * 4));
+  EXPECT_EQ(0, std::memcmp(dest.v.data(), in_place.v.data(), n * 4));
+  EXPECT_EQ(out, expect_out);
+  const State untouched = with_moments();
+  EXPECT_EQ(0, std::memcmp(source.p.data(), untouched.p.data(), n * 4));
+  EXPECT_EQ(0, std::memcmp(source.m.data(), untouched.m.data(), n * 4));
+  EXPECT_EQ(0, std::memcmp(source.v.data(), untouched.v.data(), n * 4));
+  EXPECT_THROW(adam.step_from({}, dest.p, dest.m, dest.v, {g.data(DType::bf16), DType::bf16, n}, args), Error);
+}
+
 // Establishes this rank's cpus for a scope, as Runtime does for its lifetime.
 class ScopedRankCpus {
  public:
