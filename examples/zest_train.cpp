@@ -102,6 +102,9 @@ int run(int argc, char** argv) {
                 train.steps, seconds, mib(m.peak_total), mib(m.peak_of(MemoryCategory::params)),
                 mib(m.peak_of(MemoryCategory::grads)), mib(m.peak_of(MemoryCategory::optimizer_states)),
                 mib(m.peak_of(MemoryCategory::buffers)), mib(m.budget), static_cast<long long>(stats.skipped_steps));
+    if (config.offload.optimizer_overlap)
+      std::printf("zest-train: offload.optimizer.overlap: %lld groups updated during backward and kept, %lld redone\n",
+                  static_cast<long long>(stats.groups_updated_ahead), static_cast<long long>(stats.groups_redone));
   }
   return 0;
 }

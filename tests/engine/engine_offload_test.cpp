@@ -452,7 +452,14 @@ TEST(GradientsOnTheHostEdges, PartialOffloadAndStageOneKeepTheGradientsOnTheDevi
 // Every rank's swap file loses its data behind the engine's back (truncated): the next step's
 // read fails on every rank, so every rank throws and none waits in a collective. The same with half
 // the states on the device (offload.optimizer.ratio 0.5).
-class OffloadErrors : public testing::TestWithParam<double> {};
+// offload.optimizer.ratio, and offload.optimizer.overlap: the reads ahead fail too, and step()'s
+// own pipeline then reports the error.
+struct ErrorCase {
+  double ratio;
+  bool overlap;
+};
+
+class OffloadErrors : public testing::TestWithParam<ErrorCase> {};
 
 TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   test::ScratchDir dir;
@@ -464,7 +471,8 @@ TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   o.offload_optimizer = OffloadDevice::nvme;
   o.nvme_path = dir.path();
   o.sub_group_bytes = kSubGroupBytes;
-  o.offload_ratio = GetParam();
+  o.offload_ratio = GetParam().ratio;
+  o.overlap = GetParam().overlap;
   Engine engine(make_config(o), *device, *comm, model());
   const std::string path = dir.path() + "/zest-rank" + std::to_string(comm->rank()) + ".swap";
   ASSERT_EQ(::access(path.c_str(), F_OK), 0) << path;
@@ -478,8 +486,9 @@ TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   };
   backward();
   engine.step();  // a good step first
-  backward();
+  // Before backward: with overlap, the updates ahead read (and write) the swap file during it.
   ASSERT_EQ(::truncate(path.c_str(), 0), 0) << std::strerror(errno);
+  backward();
   try {
     engine.step();
     ADD_FAILURE() << "step() succeeded on a truncated swap file";
@@ -501,7 +510,12 @@ TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllOrHalfOffloaded, OffloadErrors, testing::Values(1.0, 0.5));
+INSTANTIATE_TEST_SUITE_P(AllOrHalfOffloaded, OffloadErrors,
+                         testing::Values(ErrorCase{1.0, false}, ErrorCase{0.5, false}, ErrorCase{1.0, true}),
+                         [](const testing::TestParamInfo<ErrorCase>& info) {
+                           return std::string(info.param.ratio == 1.0 ? "all" : "half") +
+                                  (info.param.overlap ? "_overlap" : "");
+                         });
 
 }  // namespace
 }  // namespace zest

@@ -7,13 +7,19 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "engine/layout.hpp"
 #include "engine/reference_training.hpp"
+#include "engine/shared_dir.hpp"
 #include "offload/scratch_dir.hpp"
 #include "runtime/mpi_communicator.hpp"
 #include "runtime/mpi_session.hpp"
@@ -177,6 +183,90 @@ INSTANTIATE_TEST_SUITE_P(
                     Mode{3, OffloadDevice::cpu, OffloadDevice::cpu, DType::bf16},
                     Mode{3, OffloadDevice::nvme, OffloadDevice::nvme, DType::f32}),
     mode_name);
+
+// A small trainer of its own (the checkpoint test needs the engines): every group's gradient is a
+// function of the step, the tensor and the element, handed over in backward order.
+void backward(Engine& engine, int step) {
+  for (int g = engine.group_count() - 1; g >= 0; --g) {
+    auto lease = engine.acquire(g);
+    for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
+      if (engine.spec(t).group != g) continue;
+      auto* grad = static_cast<float*>(lease.grad(t).data);
+      for (std::size_t j = 0; j < engine.spec(t).numel(); ++j)
+        grad[j] = 0.01f * static_cast<float>(std::sin(0.3 * step + 0.7 * static_cast<double>(t) + 0.01 * static_cast<double>(j)));
+    }
+    engine.grads_ready(g);
+  }
+}
+
+std::vector<std::vector<float>> params_of(Engine& engine) {
+  std::vector<std::vector<float>> all;
+  for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
+    all.emplace_back(engine.spec(t).numel());
+    engine.get_param(t, all.back());
+  }
+  return all;
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A checkpoint holds the committed states wherever the current copy is: the overlapped engine's
+// state files are the plain engine's byte for byte, and either checkpoint resumes in either engine
+// to the same bits.
+TEST(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
+  test::ScratchDir swap;    // this rank's
+  test::SharedDir saved;    // every rank's checkpoint
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{256} << 20);
+  auto comm = make_mpi_communicator(session, *device);
+  Options o;
+  o.stage = 2;
+  o.offload_optimizer = OffloadDevice::nvme;
+  o.sub_group_bytes = 12 * 128;
+  o.reduce_bucket = 1;
+  const std::string plain_swap = swap.path() + "/plain", overlap_swap = swap.path() + "/overlap";
+  ASSERT_EQ(::mkdir(plain_swap.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir(overlap_swap.c_str(), 0700), 0);
+  const auto config = [&](bool overlap) {
+    Options with = o;
+    with.overlap = overlap;
+    with.nvme_path = overlap ? overlap_swap : plain_swap;
+    return make_config(with);
+  };
+  const std::string plain_dir = saved.path() + "/plain", overlap_dir = saved.path() + "/overlap";
+  {
+    Engine plain(config(false), *device, *comm, model());
+    Engine overlapped(config(true), *device, *comm, model());
+    for (int step = 1; step <= 3; ++step) {
+      backward(plain, step);
+      plain.step();
+      backward(overlapped, step);
+      overlapped.step();
+    }
+    EXPECT_EQ(overlapped.stats().groups_updated_ahead, 3 * kGroups);
+    plain.save(plain_dir);
+    overlapped.save(overlap_dir);
+  }
+  for (const char* state : {"master", "m", "v"}) {
+    const std::string name = "/rank" + std::to_string(comm->rank()) + "." + state + ".bin";
+    EXPECT_EQ(file_text(plain_dir + name), file_text(overlap_dir + name)) << name;
+  }
+  // Resume: each checkpoint into the other kind of engine, two more steps, the same bits.
+  std::vector<std::vector<std::vector<float>>> results;
+  for (const bool overlap : {false, true}) {
+    Engine engine(config(overlap), *device, *comm, model());
+    engine.load(overlap ? plain_dir : overlap_dir);
+    for (int step = 4; step <= 5; ++step) {
+      backward(engine, step);
+      engine.step();
+    }
+    results.push_back(params_of(engine));
+  }
+  EXPECT_TRUE(identical(results[0], results[1]));
+}
 
 // The second copy of the states and the updated parameters are in the plan, the estimate and
 // what the engine holds: cpu pins 12 more bytes per parameter of the shard, nvme doubles the swap.

@@ -120,7 +120,9 @@ if case == "stages":
             failures.append("%s: the gradient norm never exceeded the clipping bound (max %g)" % (name, max(norms)))
 elif case == "offload":
     ref = reference(config("ref"))
-    for ranks, stage, target in ((2, 2, "optimizer"), (4, 3, "optimizer"), (2, 3, "param"), (4, 3, "both")):
+    # "overlap": the optimizer offloaded with offload.optimizer.overlap (updated during backward).
+    for ranks, stage, target in ((2, 2, "optimizer"), (4, 3, "optimizer"), (2, 3, "param"), (4, 3, "both"),
+                                 (4, 3, "overlap")):
         for device in ("cpu", "nvme"):
             name = "np%d-stage%d-%s-%s" % (ranks, stage, target, device)
             swap = os.path.join(work, name + "-swap")
@@ -128,8 +130,10 @@ elif case == "offload":
             path = swap if device == "nvme" else ""
             section = "offload:\n"
             for part in ("optimizer", "param"):
-                if target in (part, "both"):
+                if target in (part, "both") or (target, part) == ("overlap", "optimizer"):
                     section += "  %s:\n    device: %s\n    path: \"%s\"\n" % (part, device, path)
+            if target == "overlap":
+                section += "    overlap: true\n"
             same(ref, run(name, config(name, stage, extra=section), ranks), name)
 elif case == "resume":
     # 10 steps, a checkpoint, 10 more: on the same layout, and resharded to another rank count
