@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/layout.hpp"
+#include "engine/offload_training.hpp"
 #include "engine/reference_training.hpp"
 #include "offload/scratch_dir.hpp"
 #include "runtime/mpi_communicator.hpp"
@@ -35,29 +36,7 @@ constexpr int kSteps = 12;
 // (and wraps around its buffers) within each group and across group boundaries.
 constexpr std::size_t kSubGroupBytes = 12 * 128;
 
-struct TrainedRun {
-  std::vector<std::vector<float>> params;
-  EngineStats stats;
-  HostMemoryStats pinned;
-};
-
-TrainedRun train(const Options& o, int steps = kSteps) {
-  MpiSession session;
-  auto device = make_cpu_device(std::size_t{256} << 20);
-  auto comm = make_mpi_communicator(session, *device);
-  TrainedRun run;
-  run.params = train_engine(o, steps, *device, *comm, &run.stats);
-  run.pinned = device->pinned_stats();
-  return run;
-}
-
-// Bit for bit: the offloaded step runs the same CPU Adam over the same elements.
-bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t t = 0; t < a.size(); ++t)
-    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
-  return true;
-}
+TrainedRun train(const Options& o, int steps = kSteps) { return train_on_cpu(o, steps); }
 
 int test_rank() {
   int rank = 0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/layout.hpp"
+#include "engine/offload_training.hpp"
 #include "engine/reference_training.hpp"
 #include "engine/shared_dir.hpp"
 #include "offload/scratch_dir.hpp"
@@ -36,26 +37,7 @@ constexpr int kSteps = 6;
 // The test model's groups (reference_training::model()).
 constexpr std::int64_t kGroups = 4;
 
-struct Trained {
-  std::vector<std::vector<float>> params;
-  EngineStats stats;
-};
-
-Trained train(const Options& o, int steps = kSteps) {
-  MpiSession session;
-  auto device = make_cpu_device(std::size_t{256} << 20);
-  auto comm = make_mpi_communicator(session, *device);
-  Trained run;
-  run.params = train_engine(o, steps, *device, *comm, &run.stats);
-  return run;
-}
-
-bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t t = 0; t < a.size(); ++t)
-    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
-  return true;
-}
+TrainedRun train(const Options& o, int steps = kSteps) { return train_on_cpu(o, steps); }
 
 struct Mode {
   int stage;
@@ -100,7 +82,7 @@ class Overlap : public testing::TestWithParam<Mode> {
 TEST_P(Overlap, EveryGroupIsUpdatedDuringBackwardAndTheBitsAreThoseWithout) {
   test::ScratchDir dir;
   const Options o = options(dir);
-  const Trained got = train(o);
+  const TrainedRun got = train(o);
   EXPECT_TRUE(identical(got.params, without(o)));
   EXPECT_EQ(got.stats.groups_updated_ahead, kSteps * kGroups);
   EXPECT_EQ(got.stats.groups_redone, 0);
@@ -110,7 +92,7 @@ TEST_P(Overlap, OneBucketForAllGroupsOverlapsOnlyInsideStepAndStillMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.reduce_bucket = 0;  // the default 25MiB: the whole model reduced by step()'s flush
-  const Trained got = train(o);
+  const TrainedRun got = train(o);
   EXPECT_TRUE(identical(got.params, without(o)));
   EXPECT_EQ(got.stats.groups_updated_ahead, kSteps * kGroups);
 }
@@ -119,7 +101,7 @@ TEST_P(Overlap, ForcedClippingRedoesEveryGroupAndMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.clip = 0.05;  // below every step's gradient norm
-  const Trained got = train(o);
+  const TrainedRun got = train(o);
   EXPECT_TRUE(identical(got.params, without(o)));
   EXPECT_EQ(got.stats.groups_updated_ahead, 0);
   EXPECT_EQ(got.stats.groups_redone, kSteps * kGroups);
@@ -130,7 +112,7 @@ TEST_P(Overlap, ForcedOverflowDropsTheStepsWorkAndMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.overflow_at_step = 3;
-  const Trained got = train(o);
+  const TrainedRun got = train(o);
   EXPECT_EQ(got.stats.skipped_steps, 1);
   EXPECT_TRUE(identical(got.params, without(o)));
   // Every other step keeps all of its groups; the overflowing one drops what was updated ahead by
@@ -144,7 +126,7 @@ TEST_P(Overlap, AccumulatedMicroBatchesOverlapTheLastOneAndMatch) {
   Options o = options(dir);
   o.accumulation = 2;
   o.clip = 1e6;  // on, never reached
-  const Trained got = train(o);
+  const TrainedRun got = train(o);
   EXPECT_TRUE(identical(got.params, without(o)));
   EXPECT_EQ(got.stats.groups_updated_ahead, kSteps * kGroups);
 }
@@ -156,7 +138,7 @@ TEST_P(Overlap, AMicroBatchBeyondTheConfiguredCountRetractsTheGroupAndMatches) {
   Options o = options(dir);
   o.accumulation = 2;
   o.config_accumulation = 1;
-  const Trained got = train(o);
+  const TrainedRun got = train(o);
   EXPECT_TRUE(identical(got.params, without(o)));
   EXPECT_EQ(got.stats.groups_updated_ahead, 0);
 }
@@ -167,7 +149,7 @@ TEST_P(Overlap, ALearningRateChangedAfterBackwardIsRedoneAndMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.lr_factor = [](int step) { return 1.0 / step; };
-  const Trained got = train(o);
+  const TrainedRun got = train(o);
   EXPECT_TRUE(identical(got.params, without(o)));
   EXPECT_EQ(got.stats.groups_updated_ahead, kGroups);  // step 1: factor 1, the lr unchanged
   EXPECT_EQ(got.stats.groups_redone, (kSteps - 1) * kGroups);
@@ -279,9 +261,9 @@ TEST(OverlapMemory, TheSecondCopyIsCountedWhereItLives) {
     o.offload_optimizer = where;
     o.nvme_path = dir.path();
     o.dtype = DType::bf16;
-    const Trained plain = train(o, 1);
+    const TrainedRun plain = train(o, 1);
     o.overlap = true;
-    const Trained overlapped = train(o, 1);
+    const TrainedRun overlapped = train(o, 1);
     int ranks = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     const MemoryEstimate estimate = estimate_memory(make_config(o), specs_of(o), ranks);

@@ -263,15 +263,27 @@ TEST(AdamKernels, OddLengthsUnalignedAndGuarded) {
   }
 }
 
+// Normal random weights and gradients of n elements, the gradients stored as bf16 too.
+struct RandomProblem {
+  std::vector<float> init, raw;
+  Grads g;
+  RandomProblem(std::size_t n, unsigned seed) : init(n), raw(n) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& x : init) x = normal(rng);
+    for (auto& x : raw) x = normal(rng);
+    g = store_as(DType::bf16, raw);
+  }
+};
+
+constexpr AdamHyperParams kAdamW{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+
 TEST(CpuAdam, ThreadsAndTilesGiveTheKernelsResult) {
   const std::size_t n = 3 * CpuAdam::kTileElements + 123;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> init(n), raw(n);
-  for (auto& x : init) x = normal(rng);
-  for (auto& x : raw) x = normal(rng);
-  const Grads g = store_as(DType::bf16, raw);
-  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  const RandomProblem problem(n, 5);
+  const std::vector<float>& init = problem.init;
+  const Grads& g = problem.g;
+  const AdamHyperParams hp = kAdamW;
 
   State expect(init);
   std::vector<std::uint16_t> expect_out(n);
@@ -297,15 +309,12 @@ TEST(CpuAdam, ThreadsAndTilesGiveTheKernelsResult) {
 // offloaded optimizer's update ahead of the step keeps the current states this way).
 TEST(CpuAdam, StepFromWritesStepsResultElsewhereAndLeavesTheSource) {
   const std::size_t n = 2 * CpuAdam::kTileElements + 77;
-  std::mt19937 rng(9);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> init(n), raw(n);
-  for (auto& x : init) x = normal(rng);
-  for (auto& x : raw) x = normal(rng);
-  const Grads g = store_as(DType::bf16, raw);
-  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  const RandomProblem problem(n, 9);
+  const std::vector<float>& init = problem.init;
+  const std::vector<float>& raw = problem.raw;
+  const Grads& g = problem.g;
   const AdamStepArgs args{3, 0.5, 0.75};
-  CpuAdam adam(hp, 2);
+  CpuAdam adam(kAdamW, 2);
 
   // Moments from an earlier step, so that all three states carry information.
   const auto with_moments = [&] {
