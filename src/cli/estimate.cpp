@@ -27,8 +27,9 @@ constexpr const char* kEstimateUsage =
     "largest run of consecutive layers that fit in buckets.allgather together; none when no two fit)\n"
     "and, under stage 3, the gathered (live) layers. Bucket, stage-3 and offload settings come from\n"
     "FILE (marked * where its stage and offload match a row; a FILE that offloads part of the\n"
-    "optimizer, offload.optimizer.ratio, adds its own row) or the defaults; --dtype overrides its\n"
-    "precision (default: FILE's, else bf16). Activations and framework workspace are not included.\n";
+    "optimizer, offload.optimizer.ratio, or overlaps its step with backward, offload.optimizer.overlap,\n"
+    "adds its own row) or the defaults; --dtype overrides its precision (default: FILE's, else bf16).\n"
+    "Activations and framework workspace are not included.\n";
 
 struct Options {
   std::size_t params = 0;
@@ -110,7 +111,8 @@ struct Row {
   int stage;
   OffloadDevice optimizer;
   OffloadDevice param;
-  double ratio = 1;  // offload.optimizer.ratio
+  double ratio = 1;      // offload.optimizer.ratio
+  bool overlap = false;  // offload.optimizer.overlap
 };
 
 std::string row_name(const Row& r) {
@@ -124,12 +126,14 @@ std::string row_name(const Row& r) {
     std::snprintf(ratio, sizeof ratio, " ratio %g", r.ratio);
     text.append(ratio);
   }
+  if (r.overlap) text.append(" overlap");
   return text;
 }
 
 // Every configuration the engine accepts: stage 0 plain; stages 1-3 with the optimizer on the
 // device, in pinned host memory or on NVMe; stage 3 with its parameters offloaded as well; and the
-// config's own when it offloads part of the optimizer (offload.optimizer.ratio).
+// config's own when it offloads part of the optimizer (offload.optimizer.ratio) or overlaps its
+// step with backward (offload.optimizer.overlap).
 std::vector<Row> rows(const Config& base) {
   std::vector<Row> all{{0, OffloadDevice::none, OffloadDevice::none}};
   for (int stage = 1; stage <= 3; ++stage)
@@ -137,8 +141,10 @@ std::vector<Row> rows(const Config& base) {
       all.push_back({stage, d, OffloadDevice::none});
   all.push_back({3, OffloadDevice::cpu, OffloadDevice::cpu});
   all.push_back({3, OffloadDevice::nvme, OffloadDevice::nvme});
-  if (base.offload.optimizer.device != OffloadDevice::none && base.offload.optimizer_ratio != 1)
-    all.push_back({base.stage, base.offload.optimizer.device, base.offload.param.device, base.offload.optimizer_ratio});
+  if (base.offload.optimizer.device != OffloadDevice::none &&
+      (base.offload.optimizer_ratio != 1 || base.offload.optimizer_overlap))
+    all.push_back({base.stage, base.offload.optimizer.device, base.offload.param.device, base.offload.optimizer_ratio,
+                   base.offload.optimizer_overlap});
   return all;
 }
 
@@ -165,9 +171,11 @@ void print_table(const Options& o, const Config& base) {
     c.offload.optimizer.device = r.optimizer;
     c.offload.param.device = r.param;
     c.offload.optimizer_ratio = r.ratio;
+    c.offload.optimizer_overlap = r.overlap;
     const MemoryEstimate e = estimate_memory(c, model, ranks);
     const bool matches = !o.config_path.empty() && base.stage == r.stage && base.offload.optimizer.device == r.optimizer &&
-                         base.offload.param.device == r.param && base.offload.optimizer_ratio == r.ratio;
+                         base.offload.param.device == r.param && base.offload.optimizer_ratio == r.ratio &&
+                         base.offload.optimizer_overlap == r.overlap;
     const std::string name = row_name(r).append(matches ? " *" : "");
     std::printf("%-*s %12s %12s %12s %12s %12s %16s %12s\n", width, name.c_str(), readable(e.device_total).c_str(),
                 readable(e.device_of(MemoryCategory::params)).c_str(), readable(e.device_of(MemoryCategory::grads)).c_str(),
