@@ -79,15 +79,6 @@ void set_initial(Engine& engine) {
   }
 }
 
-std::vector<std::vector<float>> params_of(Engine& engine) {
-  std::vector<std::vector<float>> result;
-  for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
-    result.emplace_back(engine.spec(t).numel());
-    engine.get_param(t, result.back());
-  }
-  return result;
-}
-
 struct TrainedRun {
   std::vector<std::vector<float>> params;
   EngineStats stats;

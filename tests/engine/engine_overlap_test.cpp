@@ -181,15 +181,6 @@ void backward(Engine& engine, int step) {
   }
 }
 
-std::vector<std::vector<float>> params_of(Engine& engine) {
-  std::vector<std::vector<float>> all;
-  for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
-    all.emplace_back(engine.spec(t).numel());
-    engine.get_param(t, all.back());
-  }
-  return all;
-}
-
 std::string file_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

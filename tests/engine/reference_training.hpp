@@ -106,6 +106,16 @@ inline Config make_config(const Options& o) {
   return c;
 }
 
+// Every tensor's master weights (get_param: collective).
+inline std::vector<std::vector<float>> params_of(Engine& engine) {
+  std::vector<std::vector<float>> result;
+  for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
+    result.emplace_back(engine.spec(t).numel());
+    engine.get_param(t, result.back());
+  }
+  return result;
+}
+
 // Trains `steps` steps with an engine on `device` and `comm`; returns every tensor's final master
 // weights. On a host-accessible device the trainer reads parameters and writes gradients in place;
 // elsewhere it goes through host copies, as a GPU trainer's kernels would write them, and finishes
@@ -170,13 +180,8 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
     engine.step();
     if (after_step) after_step();
   }
-  std::vector<std::vector<float>> result;
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    result.emplace_back(specs[t].numel());
-    engine.get_param(t, result.back());
-  }
   if (stats_out) *stats_out = engine.stats();
-  return result;
+  return params_of(engine);
 }
 
 // A tensor's hyper-parameters: the first optimizer.param_groups entry whose pattern matches its
