@@ -39,9 +39,12 @@
 // Adam moments in pinned host memory or in an NVMe swap file (DIRECTORY/zest-rank<rank>.swap, one
 // engine per directory and rank) and runs the step as a pipeline of sub-groups on the host;
 // param.device cpu|nvme (stage 3) keeps the parameter shards there too, fetched before each gather.
-// Results are bit-identical to the same run without offload. After an IoError from step() the
-// offloaded state is partly updated: the engine refuses further steps; rebuild it and set or load
-// its weights again.
+// Results are bit-identical to the same run without offload. With offload.optimizer.overlap the
+// offloaded states of each group are updated while backward goes on, as soon as the group's
+// gradients are reduced for the last micro-batch (gradient_accumulation_steps), and step() keeps
+// or redoes that work (bit-identical either way; EngineStats counts both). After an IoError from
+// step() the offloaded state is partly updated: the engine refuses further steps; rebuild it and
+// set or load its weights again.
 //
 // Backends: the engine runs on any Device (its math sits behind an internal interface). The views
 // lease.param() and grad() hand out are device memory: on cpu the trainer reads and writes them directly; on cuda
