@@ -67,7 +67,8 @@ void AheadUpdates::restart() {
     std::fill(readable_.begin(), readable_.end(), false);
     cancelled_.clear();
     processed_ = issued_ = confirmed_ = 0;
-    pause_ = finish_ = false;
+    pause_ = finish_ = paused_ = false;
+    ++restarts_;  // wakes the paused thread even if settle() pauses it again before it runs
   }
   changed_.notify_all();
 }
@@ -101,8 +102,8 @@ void AheadUpdates::run() {
       lock.lock();
       paused_ = true;
       changed_.notify_all();
-      changed_.wait(lock, [&] { return stop_ || !pause_; });
-      paused_ = false;
+      const std::size_t restarts = restarts_;
+      changed_.wait(lock, [&] { return stop_ || restarts_ != restarts; });
       continue;
     }
     const std::size_t position = processed_;

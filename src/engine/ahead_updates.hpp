@@ -97,6 +97,7 @@ class AheadUpdates {
   std::size_t processed_ = 0, issued_ = 0, confirmed_ = 0;  // positions
   int busy_group_ = -1;  // the group whose gradient the thread is reading now
   bool pause_ = false, paused_ = false, finish_ = false, stop_ = false;
+  std::size_t restarts_ = 0;
   std::thread thread_;  // last: starts once everything above exists
 };
 

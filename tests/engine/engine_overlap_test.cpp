@@ -186,10 +186,12 @@ std::string file_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// A checkpoint holds the committed states wherever the current copy is: the overlapped engine's
-// state files are the plain engine's byte for byte, and either checkpoint resumes in either engine
-// to the same bits.
-TEST(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
+// A checkpoint holds the committed states wherever the current copy is (a region of either pair,
+// or either pinned array): the overlapped engine's state files are the plain engine's byte for
+// byte, and either checkpoint resumes in either engine to the same bits.
+class OverlapCheckpoints : public testing::TestWithParam<OffloadDevice> {};
+
+TEST_P(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
   test::ScratchDir swap;    // this rank's
   test::SharedDir saved;    // every rank's checkpoint
   MpiSession session;
@@ -197,7 +199,7 @@ TEST(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
   auto comm = make_mpi_communicator(session, *device);
   Options o;
   o.stage = 2;
-  o.offload_optimizer = OffloadDevice::nvme;
+  o.offload_optimizer = GetParam();
   o.sub_group_bytes = 12 * 128;
   o.reduce_bucket = 1;
   const std::string plain_swap = swap.path() + "/plain", overlap_swap = swap.path() + "/overlap";
@@ -240,6 +242,9 @@ TEST(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
   }
   EXPECT_TRUE(identical(results[0], results[1]));
 }
+
+INSTANTIATE_TEST_SUITE_P(CpuAndNvme, OverlapCheckpoints, testing::Values(OffloadDevice::cpu, OffloadDevice::nvme),
+                         [](const testing::TestParamInfo<OffloadDevice>& info) { return name_of(info.param); });
 
 // The second copy of the states and the updated parameters are in the plan, the estimate and
 // what the engine holds: cpu pins 12 more bytes per parameter of the shard, nvme doubles the swap.
