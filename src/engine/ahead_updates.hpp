@@ -96,6 +96,8 @@ class AheadUpdates {
   std::vector<int> cancelled_;                             // groups
   std::size_t processed_ = 0, issued_ = 0, confirmed_ = 0;  // positions
   int busy_group_ = -1;  // the group whose gradient the thread is reading now
+  // settle() asks for a pause (pause_, finish_); the thread says it is idle (paused_) and waits for
+  // restart(), which it tells by restarts_ (a flag could be set again before the thread wakes).
   bool pause_ = false, paused_ = false, finish_ = false, stop_ = false;
   std::size_t restarts_ = 0;
   std::thread thread_;  // last: starts once everything above exists
