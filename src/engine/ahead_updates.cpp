@@ -8,7 +8,8 @@ namespace zest::engine {
 AheadUpdates::AheadUpdates(AheadUpdater& updater, std::size_t subs, std::size_t slots, std::size_t reads_ahead)
     : updater_(updater), slots_(slots), reads_ahead_(reads_ahead) {
   items_.reserve(subs);
-  assumed_.resize(subs);
+  assumed_.assign(subs, nullptr);
+  cancelled_.reserve(subs);  // a group has at least one sub-group
   done_.assign(subs, false);
   updated_.assign(subs, false);
   readable_.assign(subs, false);
@@ -25,14 +26,14 @@ AheadUpdates::~AheadUpdates() {
   updater_.drain_transfers();
 }
 
-void AheadUpdates::add(int group, std::size_t first, std::size_t end, std::shared_ptr<const Assumption> assumed) {
+void AheadUpdates::add(int group, std::size_t first, std::size_t end, const Assumption& assumed) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // Each group is handed over once per step, so this holds; a surplus is simply left to step().
     if (items_.size() + (end - first) > items_.capacity()) return;
     for (std::size_t sub = first; sub < end; ++sub) {
       items_.push_back({sub, group});
-      assumed_[sub] = assumed;
+      assumed_[sub] = &assumed;
     }
   }
   changed_.notify_all();
@@ -40,7 +41,7 @@ void AheadUpdates::add(int group, std::size_t first, std::size_t end, std::share
 
 void AheadUpdates::cancel(int group) {
   std::unique_lock<std::mutex> lock(mutex_);
-  cancelled_.push_back(group);
+  if (!cancelled(group)) cancelled_.push_back(group);
   changed_.wait(lock, [&] { return busy_group_ != group; });
   for (const Item& item : items_)
     if (item.group == group) done_[item.sub] = false;
@@ -125,7 +126,7 @@ void AheadUpdates::run() {
     const Item item = items_[position];
     if (readable_[position] && !cancelled(item.group)) {
       busy_group_ = item.group;
-      const std::shared_ptr<const Assumption> assumed = assumed_[item.sub];
+      const Assumption* const assumed = assumed_[item.sub];
       lock.unlock();
       bool updated = true;
       try {

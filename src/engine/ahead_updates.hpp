@@ -19,7 +19,6 @@
 
 #include <condition_variable>
 #include <cstddef>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -59,8 +58,10 @@ class AheadUpdates {
   AheadUpdates(const AheadUpdates&) = delete;
   AheadUpdates& operator=(const AheadUpdates&) = delete;
 
-  // Sub-groups [first, end) of `group` have their final gradients: update them.
-  void add(int group, std::size_t first, std::size_t end, std::shared_ptr<const Assumption> assumed);
+  // Sub-groups [first, end) of `group` have their final gradients: update them. `assumed` stays as
+  // it is until restart() (the optimizer keeps one per group, written before the group is handed
+  // over and read again only after settle()), so handing over allocates nothing.
+  void add(int group, std::size_t first, std::size_t end, const Assumption& assumed);
   // `group`'s gradient is about to change: returns once the thread no longer reads it; its
   // sub-groups are not done.
   void cancel(int group);
@@ -89,11 +90,11 @@ class AheadUpdates {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<Item> items_;                                // reserved: every sub-group once
-  std::vector<std::shared_ptr<const Assumption>> assumed_;  // per sub-group
+  std::vector<const Assumption*> assumed_;                 // per sub-group
   std::vector<bool> done_;                                 // per sub-group
   std::vector<bool> readable_;                             // per position: read() started
   std::vector<bool> updated_;                              // per position: update() returned
-  std::vector<int> cancelled_;                             // groups
+  std::vector<int> cancelled_;                             // groups, each once; reserved
   std::size_t processed_ = 0, issued_ = 0, confirmed_ = 0;  // positions
   int busy_group_ = -1;  // the group whose gradient the thread is reading now
   // settle() asks for a pause (pause_, finish_); the thread says it is idle (paused_) and waits for

@@ -79,6 +79,8 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
         group_subs[static_cast<std::size_t>(subs[i].group)].end = i + 1;
       }
       ahead_grads.resize(group_subs.size());
+      ahead_assumptions.resize(group_subs.size());
+      for (Assumption& a : ahead_assumptions) a.hyper.resize(runs.size());
     }
     if (!store) {
       states = device.allocate_pinned(plan.states_bytes, HostPurpose::optimizer_states);
@@ -315,13 +317,15 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
   // to the thread then.
   void speculate(int g, const void* grad, const optim::AdamStepArgs& assumed, Stream& stream) {
     if (!ahead || static_cast<std::size_t>(g) >= group_subs.size()) return;
-    ahead_grads[static_cast<std::size_t>(g)] = static_cast<const char*>(grad);
-    auto assumption = std::make_shared<Assumption>();
-    assumption->args = assumed;
-    for (const HyperRun& r : runs) assumption->hyper.push_back(*r.hyper);
-    stream.host_task([this, g, a = std::shared_ptr<const Assumption>(std::move(assumption))]() mutable {
-      const GroupSubs part = group_subs[static_cast<std::size_t>(g)];
-      ahead->add(g, part.first, part.end, std::move(a));
+    const auto group = static_cast<std::size_t>(g);
+    ahead_grads[group] = static_cast<const char*>(grad);
+    // Rewritten once a step at most (a group is final once), after the last step's settle().
+    Assumption& assumption = ahead_assumptions[group];
+    assumption.args = assumed;
+    for (std::size_t r = 0; r < runs.size(); ++r) assumption.hyper[r] = *runs[r].hyper;
+    stream.host_task([this, g] {
+      const auto group = static_cast<std::size_t>(g);
+      ahead->add(g, group_subs[group].first, group_subs[group].end, ahead_assumptions[group]);
     });
   }
   void retract(int g, Stream& stream) {
@@ -416,6 +420,7 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
   HostBuffer spare_states, updated_params;
   std::vector<GroupSubs> group_subs;
   std::vector<const char*> ahead_grads;
+  std::vector<Assumption> ahead_assumptions;  // per group: what its update ahead assumes
   std::vector<std::size_t> order;  // the sub-groups step()'s pipeline runs
   AheadCounts counts;
   HostBuffer state_slots;  // nvme: `slots` sub-groups' master, m, v

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -90,9 +89,9 @@ class RecordingUpdater final : public AheadUpdater {
   std::atomic<int> drained_{0};
 };
 
-std::shared_ptr<const Assumption> assumption(std::int64_t step) {
-  auto a = std::make_shared<Assumption>();
-  a->args.step = step;
+Assumption assumption(std::int64_t step) {
+  Assumption a;
+  a.args.step = step;
   return a;
 }
 
@@ -113,7 +112,7 @@ TEST(AheadUpdates, EverySubGroupIsReadUpdatedAndConfirmedAndSlotsWaitForTheirWri
   ahead.settle(true);
   for (std::size_t sub = 0; sub < kSubs; ++sub) {
     EXPECT_TRUE(ahead.done(sub)) << sub;
-    EXPECT_EQ(&ahead.assumption(sub), sub < 4 ? first.get() : second.get()) << sub;
+    EXPECT_EQ(&ahead.assumption(sub), sub < 4 ? &first : &second) << sub;
   }
   const std::vector<Event> events = updater.events();
   for (std::size_t p = 0; p < kSubs; ++p) {
@@ -140,7 +139,8 @@ TEST(AheadUpdates, AFailedReadUpdateOrWriteLeavesItsSubGroupNotDone) {
   updater.failing_updates = {3};
   updater.failing_confirms = {5};  // position 5 is sub-group 5
   AheadUpdates ahead(updater, 8, 4, 2);
-  ahead.add(0, 0, 8, assumption(1));
+  const Assumption first = assumption(1), second = assumption(2);
+  ahead.add(0, 0, 8, first);
   ahead.settle(true);
   for (std::size_t sub = 0; sub < 8; ++sub) EXPECT_EQ(ahead.done(sub), sub != 1 && sub != 3 && sub != 5) << sub;
   // A sub-group whose states could not be read is not updated from whatever the slot held.
@@ -148,7 +148,7 @@ TEST(AheadUpdates, AFailedReadUpdateOrWriteLeavesItsSubGroupNotDone) {
   ahead.restart();
   // And the thread goes on with the next step.
   updater.failing_reads.clear();
-  ahead.add(0, 0, 2, assumption(2));
+  ahead.add(0, 0, 2, second);
   ahead.settle(true);
   EXPECT_TRUE(ahead.done(0));
   EXPECT_TRUE(ahead.done(1));
@@ -158,8 +158,9 @@ TEST(AheadUpdates, CancelWaitsForTheUpdateUnderWayAndNothingOfTheGroupIsDone) {
   RecordingUpdater updater;
   AheadUpdates ahead(updater, 6, 4, 2);
   updater.hold(1);
-  ahead.add(0, 0, 3, assumption(1));  // group 0: sub-groups 0..2
-  ahead.add(1, 3, 6, assumption(1));  // group 1: 3..5
+  const Assumption assumed = assumption(1);
+  ahead.add(0, 0, 3, assumed);  // group 0: sub-groups 0..2
+  ahead.add(1, 3, 6, assumed);  // group 1: 3..5
   updater.wait_until_holding();       // group 0's sub-group 1 is being updated
   std::atomic<bool> cancelled{false};
   std::thread canceller([&] {
@@ -183,7 +184,8 @@ TEST(AheadUpdates, SettleWithoutFinishingStopsAfterTheUpdateUnderWay) {
   RecordingUpdater updater;
   AheadUpdates ahead(updater, 10, 4, 2);
   updater.hold(0);
-  ahead.add(0, 0, 10, assumption(1));
+  const Assumption assumed = assumption(1);
+  ahead.add(0, 0, 10, assumed);
   updater.wait_until_holding();
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
