@@ -10,7 +10,7 @@ packages=(build-essential git python3 pkg-config meson ninja-build
           libyaml-cpp-dev libopenmpi-dev openmpi-bin liburing-dev libtbb-dev libhwloc-dev
           libgtest-dev libgmock-dev libopenblas-dev
           clang-14 libclang-rt-14-dev  # libFuzzer, for the fuzz targets (tests/fuzz)
-          libtorch-dev)                # libtorch 1.13 (CPU), for zest-torch and zest-gpt
+          python3-venv python3-dev)    # the pinned PyTorch's environment (python-env.sh)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -32,12 +32,17 @@ if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
-# configure_build DIR [meson options...]: configures DIR once, then builds it.
+source "$ZEST_ROOT/scripts/python-env.sh"
+
+# configure_build DIR [meson options...]: configures DIR once (later calls apply the options
+# given to the existing configuration), then builds it.
 configure_build() {
   local dir=$1
   shift
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" "$ZEST_ROOT" "$@"
+  elif (($#)); then
+    meson configure "$dir" "$@"
   fi
   ninja -C "$dir"
 }

@@ -33,15 +33,18 @@ run_tests() {
   skipped=$((skipped + $(count "Skipped")))
 }
 
-configure_build "$ZEST_BUILD"
+# The tests build the libtorch adapter against the pinned torch (python/requirements.txt).
+zest_python_env
+configure_build "$ZEST_BUILD" -Dtorch_dir="$ZEST_TORCH_DIR"
 run_tests "$ZEST_BUILD"
 if ((sanitize)); then
   configure_build "$ZEST_BUILD-sanitize" -Dbuildtype=debugoptimized -Db_sanitize=address,undefined \
-    -Db_lundef=false
+    -Db_lundef=false -Dtorch_dir="$ZEST_TORCH_DIR"
   run_tests "$ZEST_BUILD-sanitize"
 fi
 if ((tsan)); then
-  configure_build "$ZEST_BUILD-tsan" -Dbuildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false
+  configure_build "$ZEST_BUILD-tsan" -Dbuildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false \
+    -Dtorch_dir="$ZEST_TORCH_DIR"
   run_tests "$ZEST_BUILD-tsan" --suite tsan
 fi
 
