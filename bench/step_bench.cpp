@@ -277,8 +277,8 @@ int parse(int argc, char** argv, Options& o) {
   return 0;
 }
 
-// A directory this run makes for one engine's swap file (the NVMe store names its file
-// DIR/zest-rank<rank>.swap and refuses one that exists, so two engines need two directories). One
+// A directory this run makes for one engine's swap file (each engine's NVMe store makes a directory
+// of its own inside it; one each keeps the two engines' disk traffic apart in the figures). One
 // that exists is refused, not reused: the bench removes only what it made. The guard removes it if
 // it is still empty (rmdir removes nothing else); remove() does so now and says when it could not.
 class ScratchDirectory {

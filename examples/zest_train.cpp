@@ -10,6 +10,7 @@
 // and precision the config chooses. Rank r trains on its slice of each step's global batch, and the
 // batch is a function of (seed, step) alone, so the loss at step n is the same for any rank count,
 // stage and offload mode.
+#include <csignal>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -112,6 +113,10 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, which the writers report
+  // and clean up after (a temporary file removed, the previous output kept), instead of SIGXFSZ
+  // killing the process mid-write and leaving the temporary file behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const zest::ConfigError& error) {

@@ -373,7 +373,7 @@ void rename_noreplace(const std::string& from, const std::string& to, const std:
 }
 
 FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes) : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("checkpoint: cannot create", path_, 0, 0, errno);
 }
 

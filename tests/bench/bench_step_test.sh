@@ -47,7 +47,7 @@ if problems:
     print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)
 print(f"bench step: {r['step_seconds']:.4f} s per step, ratio {r['ratio']:.2f} to the disk-bound limit")
 PY
-if ls "$work"/*.swap > /dev/null 2>&1; then echo "FAIL: a swap file was left behind"; ls -l "$work"; exit 1; fi
+if ls -d "$work"/zest-* > /dev/null 2>&1; then echo "FAIL: a swap directory was left behind"; ls -lR "$work"; exit 1; fi
 # The states on the device: no path, no disk, the --allgather given.
 "$zest" bench step --optimizer-on-device --params 2e5 --steps 2 --allgather 1 --json > "$work/device.json"
 python3 - "$work/device.json" <<'PY'

@@ -4,7 +4,8 @@
 # `zest checkpoint consolidate` refuses an output inside the checkpoint it reads, a FIFO, a device,
 # a symbolic link, a directory, '.', '..', '' and an existing file zest did not write, before any
 # work and leaving it as it was, and replaces a safetensors file it wrote; and a FIFO named
-# `manifest` is refused by inspect, consolidate and `zest-train --load` instead of hanging them.
+# `manifest` is refused by inspect, consolidate and `zest-train --load` instead of hanging them;
+# consolidate past the file-size limit fails with an error and leaves no temporary file.
 # usage: checkpoint_safety_test.sh ZEST MAKE_TEST_CHECKPOINT ZEST_TRAIN SOURCE_ROOT
 set -eu
 
@@ -127,6 +128,17 @@ expect_text "$work/err" "is a FIFO, not a regular file" "consolidate with a FIFO
 run_train --load "$work/fifo-ckpt"
 expect_rc 1 "zest-train --load with a FIFO manifest"
 expect_text "$work/err" "is a FIFO, not a regular file" "zest-train --load with a FIFO manifest"
+
+# --- consolidate past the file-size limit (ulimit -f): an error naming the output, no temporary
+# file left behind (SIGXFSZ used to kill it mid-write, leaving OUT.tmp-<n>)
+rc=0
+(ulimit -f 1 && exec timeout 60 "$zest" checkpoint consolidate "$ckpt" "$work/limited.safetensors") \
+  >"$work/out" 2>"$work/err" </dev/null || rc=$?
+expect_rc 1 "consolidate past the file-size limit"
+expect_text "$work/err" "consolidate: cannot write $work/limited.safetensors" "consolidate past the file-size limit"
+for left in "$work"/limited.safetensors*; do
+  [ -e "$left" ] && fail "consolidate past the file-size limit left $left behind"
+done
 
 [ "$failures" -eq 0 ] || exit 1
 echo "checkpoint safety: all cases passed"
