@@ -10,9 +10,10 @@
 // and precision the config chooses. Rank r trains on its slice of each step's global batch, and the
 // batch is a function of (seed, step) alone, so the loss at step n is the same for any rank count,
 // stage and offload mode.
-#include <csignal>
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -68,19 +69,22 @@ int run(int argc, char** argv) {
   const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  int first_step = 1;
+  // 64-bit: a checkpoint's step count may pass what an int holds (it would wrap to a negative
+  // step and train 2^31 steps); one at or past train.steps trains no more.
+  std::int64_t first_step = 1;
   if (!load_dir.empty()) {
     const auto load_start = std::chrono::steady_clock::now();
     const LoadResult loaded = engine.load(load_dir);
-    first_step = static_cast<int>(loaded.steps) + 1;
+    first_step = loaded.steps + 1;
     if (leader) {
-      std::printf("zest-train: resumed from %s after step %d (loaded in %.2f s)\n", load_dir.c_str(), first_step - 1,
-                  seconds_since(load_start));
+      std::printf("zest-train: resumed from %s after step %lld (loaded in %.2f s)\n", load_dir.c_str(),
+                  static_cast<long long>(loaded.steps), seconds_since(load_start));
       for (const std::string& change : loaded.config_changes) std::printf("zest-train: note: %s\n", change.c_str());
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  for (int step = first_step; step <= train.steps; ++step) {
+  for (int step = static_cast<int>(std::min<std::int64_t>(first_step, std::int64_t{train.steps} + 1)); step <= train.steps;
+       ++step) {
     const double loss = trainer.step(step);
     if (leader && (step % train.log_every == 0 || step == train.steps))
       std::printf("step %d loss %.6f%s\n", step, loss,

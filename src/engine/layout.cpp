@@ -4,6 +4,7 @@
 #include <set>
 #include <string>
 
+#include "checkpoint/format.hpp"
 #include "zest/error.hpp"
 
 namespace zest {
@@ -36,9 +37,11 @@ Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partition
   std::set<std::string_view> names;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& p = params[i];
-    if (p.name.empty())
-      throw Error(std::string("Engine: parameter ").append(std::to_string(i)).append(" has an empty name; "
-                  "name every tensor (checkpoints and optimizer parameter groups find tensors by name)"));
+    if (const std::string problem = checkpoint::tensor_name_problem(p.name); !problem.empty())
+      throw Error(std::string("Engine: the name of parameter ").append(std::to_string(i)).append(" ").append(problem)
+                      .append("; give every tensor a name a checkpoint can hold (one line of text, not empty, at most ")
+                      .append(std::to_string(checkpoint::kMaxTensorNameBytes)).append(" bytes): checkpoints and "
+                      "optimizer parameter groups find tensors by name"));
     if (!names.insert(p.name).second)
       throw Error(std::string("Engine: two parameters are named '").append(p.name).append("'; names must be unique"));
     if (p.numel() == 0)

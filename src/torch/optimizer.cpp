@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -479,8 +480,14 @@ LoadResult Optimizer::load(const std::string& dir, ::torch::optim::LRScheduler* 
   // The scheduler's own position is its count of step() calls, which only step() changes: it is
   // stepped to the checkpoint's step count, and the learning rates it set on the way are then
   // replaced by the checkpoint's.
-  if (scheduler)
+  if (scheduler) {
+    // torch counts a scheduler's steps in an unsigned int; a checkpoint past what an int holds is
+    // refused rather than stepped for minutes.
+    if (result.steps > std::numeric_limits<int>::max())
+      throw Error("zest::torch::Optimizer::load: the checkpoint's step count " + std::to_string(result.steps) +
+                  " is more than a torch scheduler can count to; load without the scheduler and set its rates yourself");
     for (std::int64_t i = 0; i < result.steps; ++i) scheduler->step();
+  }
   for (std::size_t i = 0; i < s.zest_group.size(); ++i)
     param_groups_[i].set_options(
         std::make_unique<::torch::optim::AdamWOptions>(to_torch(s.engine->optimizer_group(s.zest_group[i]))));
