@@ -178,7 +178,7 @@ TEST(Buckets, MemoryIsThePlannedBucketSize) {
     auto device = make_cpu_device(std::size_t{256} << 20);
     auto comm = make_mpi_communicator(session, *device);
     std::size_t buffers[2] = {};
-    const std::size_t reduce[2] = {1, 8192};
+    const std::size_t reduce[2] = {4, 8192};
     for (int i = 0; i < 2; ++i) {
       Options o;
       o.stage = stage;
