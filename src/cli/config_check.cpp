@@ -90,10 +90,14 @@ int config_check(int argc, char** argv) {
     std::printf("%s: valid\n%s", path.c_str(), to_yaml(config).c_str());
     if (!program.empty()) return 0;
     // The program's sections the file has (load_config read it already): the program checks them.
-    const YAML::Node root = YAML::LoadFile(path);
     std::string names;
-    for (const std::string& name : sections)
-      if (root[name]) names.append(names.empty() ? "" : ", ").append(name);
+    try {
+      const YAML::Node root = YAML::LoadFile(path);
+      for (const std::string& name : sections)
+        if (root.IsMap() && root[name]) names.append(names.empty() ? "" : ", ").append(name);
+    } catch (const YAML::Exception&) {
+      // Replaced since load_config read it: the listing is only a note, the verdict stands.
+    }
     if (!names.empty())
       std::fprintf(stderr, "%s: not checked (the program's own sections): %s\n", path.c_str(), names.c_str());
     return 0;
