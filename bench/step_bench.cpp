@@ -241,17 +241,17 @@ int parse(int argc, char** argv, Options& o) {
         o.backward = b == "auto" ? std::nullopt : std::optional(args::parse_number(arg, b, 0, 1e6));
         backward_auto = b == "auto";
       }
-      else if (arg == "--path") o.path = value();
+      else if (arg == "--path") o.path = args::path_of(argc, argv, i);
       else if (arg == "--params") o.params = args::parse_count(arg, value(), 1, 1'000'000'000'000);
       else if (arg == "--steps") o.steps = count(1, 1'000'000);
       else if (arg == "--groups") o.groups = count(1, 1'000'000);
       else if (arg == "--buffers") o.buffers = count(2, 64);  // offload.optimizer.buffer_count's range
       else if (arg == "--reps") o.reps = count(1, 1000);
       else if (arg == "--io-size") o.io_gib = args::parse_number(arg, value(), 0.001, 16384);
-      else if (arg == "--sub-group") o.sub_group = args::parse_size(arg, value(), 1, 64 * kGiB);
+      else if (arg == "--sub-group") o.sub_group = args::parse_size(arg, value(), 768, 64 * kGiB);  // offload.sub_group's floor
       else if (arg == "--device-memory") o.device_memory = args::parse_size(arg, value(), 16 << 20, 16384 * kGiB);
-      else if (arg == "--bucket") o.bucket = args::parse_size(arg, value(), 1, 64 * kGiB);
-      else if (arg == "--allgather") o.allgather = args::parse_size(arg, value(), 1, 64 * kGiB);
+      else if (arg == "--bucket") o.bucket = args::parse_size(arg, value(), 4, 64 * kGiB);  // the buckets' floor
+      else if (arg == "--allgather") o.allgather = args::parse_size(arg, value(), 4, 64 * kGiB);
       else if (arg == "--dtype") {
         const std::string_view d = value();
         if (d == "bf16") o.dtype = DType::bf16;

@@ -258,12 +258,12 @@ int run(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg = argv[i];
-      if (arg == "--config") flags.config_path = args::value_of(argc, argv, i);
+      if (arg == "--config") flags.config_path = args::path_of(argc, argv, i);
       else if (arg == "--steps") flags.steps = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
       else if (arg == "--reference") flags.reference = true;
-      else if (arg == "--save") flags.save_dir = args::value_of(argc, argv, i);
-      else if (arg == "--load") flags.load_dir = args::value_of(argc, argv, i);
-      else if (arg == "--dump") flags.dump_path = args::value_of(argc, argv, i);
+      else if (arg == "--save") flags.save_dir = args::path_of(argc, argv, i);
+      else if (arg == "--load") flags.load_dir = args::path_of(argc, argv, i);
+      else if (arg == "--dump") flags.dump_path = args::path_of(argc, argv, i);
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (flags.config_path.empty()) throw args::UsageError("--config FILE is required");

@@ -36,11 +36,11 @@ int run(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg = argv[i];
-      if (arg == "--config") config_path = args::value_of(argc, argv, i);
+      if (arg == "--config") config_path = args::path_of(argc, argv, i);
       // train.steps' range in the config (examples/train_config.cpp).
       else if (arg == "--steps") steps_flag = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
-      else if (arg == "--save") save_dir = args::value_of(argc, argv, i);
-      else if (arg == "--load") load_dir = args::value_of(argc, argv, i);
+      else if (arg == "--save") save_dir = args::path_of(argc, argv, i);
+      else if (arg == "--load") load_dir = args::path_of(argc, argv, i);
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (config_path.empty()) throw args::UsageError("--config FILE is required");
