@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build into a scratch directory and builds a program against it with nothing but
-# `pkg-config --cflags --libs zest`, as a trainer would; then runs it.
+# `pkg-config --cflags --libs zest`, as a trainer would; then runs it without LD_LIBRARY_PATH (the
+# .pc file's rpath finds libzest).
 # usage: consumer_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 source=$2
@@ -13,11 +14,18 @@ pc=$(find "$stage" -name zest.pc -print -quit)
 export PKG_CONFIG_PATH=$(dirname "$pc")
 # The .pc file names the install prefix; point it into the scratch directory.
 prefix=$stage$(pkg-config --variable=prefix zest)
+libdir=$(pkg-config --define-variable=prefix="$prefix" --variable=libdir zest)
+[ "$(dirname "$pc")" = "$libdir/pkgconfig" ] ||
+  { echo "FAIL: zest.pc is in $(dirname "$pc"), not in the libdir's pkgconfig ($libdir/pkgconfig), as README says"; exit 1; }
 flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs zest)
 c++ -std=c++20 "$source/tests/install/consumer.cpp" $flags -o "$stage/consumer"
-libdir=$(pkg-config --define-variable=prefix="$prefix" --variable=libdir zest)
-# Prepended: the libraries zest links (a prefix of their own, as in scripts/gpu-kit) stay found.
-LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$stage/consumer"
+# Without LD_LIBRARY_PATH, as a user runs it; and the libzest it loads is the one just installed
+# (not another found in the loader's paths).
+found=$(env -u LD_LIBRARY_PATH ldd "$stage/consumer" | awk '$1 ~ /^libzest\.so/ { print ($3 == "not" ? "" : $3) }')
+[ "$found" = "$libdir/libzest.so" ] || {
+  echo "FAIL: a program linked by pkg-config --libs zest loads libzest from '${found:-nowhere}', not $libdir"
+  echo "      (its flags: $flags)"; env -u LD_LIBRARY_PATH ldd "$stage/consumer"; exit 1; }
+env -u LD_LIBRARY_PATH "$stage/consumer"
 
 # Installed programs find libzest without LD_LIBRARY_PATH (their rpath is $ORIGIN/../lib...).
 zest_bin=$(find "$stage" -path '*/bin/zest' -print -quit)
@@ -43,4 +51,4 @@ snippet=$(awk '/^## Using zest from a trainer/ { section = 1 } section && /^```c
 } >"$stage/snippet.cpp"
 c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused "$stage/snippet.cpp" $flags ||
   { echo "FAIL: README's trainer snippet does not compile (as $stage/snippet.cpp above)"; exit 1; }
-echo "ok: the installed library links, its programs run, README's snippet compiles"
+echo "ok: the installed library links, a program built by pkg-config and the installed programs run without LD_LIBRARY_PATH, README's snippet compiles"
