@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build into a scratch directory and builds a program against it with nothing but
 # `pkg-config --cflags --libs zest`, as a trainer would; then runs it without LD_LIBRARY_PATH (the
-# .pc file's rpath finds libzest).
+# .pc file's rpath finds libzest) and checks that libzest links CUDA only in a CUDA build.
 # usage: consumer_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 source=$2
@@ -27,6 +27,16 @@ found=$(env -u LD_LIBRARY_PATH ldd "$stage/consumer" | awk '$1 ~ /^libzest\.so/ 
   echo "      (its flags: $flags)"; env -u LD_LIBRARY_PATH ldd "$stage/consumer"; exit 1; }
 env -u LD_LIBRARY_PATH "$stage/consumer"
 
+# libzest links the CUDA runtime and NCCL only in a build configured for them (-Dcuda=enabled).
+needed=$(readelf -d "$libdir/libzest.so" | awk '/NEEDED/ { print $NF }' | tr -d '[]')
+if grep -q 'ZEST_HAVE_CUDA 1' "$build/zest_build_config.h"; then cuda=yes; else cuda=no; fi
+if [ "$cuda" = no ] && grep -Eq '^lib(cudart|nccl|cuda)\.' <<<"$needed"; then
+  echo "FAIL: libzest was built without CUDA but links:" $(grep -E '^lib(cudart|nccl|cuda)\.' <<<"$needed"); exit 1
+fi
+if [ "$cuda" = yes ] && ! grep -Eq '^libcudart\.' <<<"$needed"; then
+  echo "FAIL: libzest was built with CUDA but does not link libcudart"; exit 1
+fi
+
 # Installed programs find libzest without LD_LIBRARY_PATH (their rpath is $ORIGIN/../lib...).
 zest_bin=$(find "$stage" -path '*/bin/zest' -print -quit)
 [ -n "$zest_bin" ] || { echo "FAIL: bin/zest was not installed"; exit 1; }
@@ -51,4 +61,4 @@ snippet=$(awk '/^## Using zest from a trainer/ { section = 1 } section && /^```c
 } >"$stage/snippet.cpp"
 c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused "$stage/snippet.cpp" $flags ||
   { echo "FAIL: README's trainer snippet does not compile (as $stage/snippet.cpp above)"; exit 1; }
-echo "ok: the installed library links, a program built by pkg-config and the installed programs run without LD_LIBRARY_PATH, README's snippet compiles"
+echo "ok: the installed library links, a program built by pkg-config and the installed programs run without LD_LIBRARY_PATH, libzest links CUDA: $cuda, README's snippet compiles"
