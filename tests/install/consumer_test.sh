@@ -5,6 +5,7 @@
 # usage: consumer_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 source=$2
+source "$source/tests/install/no_zest_path.sh"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 
@@ -19,13 +20,13 @@ libdir=$(pkg-config --define-variable=prefix="$prefix" --variable=libdir zest)
   { echo "FAIL: zest.pc is in $(dirname "$pc"), not in the libdir's pkgconfig ($libdir/pkgconfig), as README says"; exit 1; }
 flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs zest)
 c++ -std=c++20 "$source/tests/install/consumer.cpp" $flags -o "$stage/consumer"
-# Without LD_LIBRARY_PATH, as a user runs it; and the libzest it loads is the one just installed
-# (not another found in the loader's paths).
-found=$(env -u LD_LIBRARY_PATH ldd "$stage/consumer" | awk '$1 ~ /^libzest\.so/ { print ($3 == "not" ? "" : $3) }')
+# Without LD_LIBRARY_PATH to zest, as a user runs it (no_zest_path.sh); and the libzest it loads is
+# the one just installed (not another found in the loader's paths).
+found=$(no_zest_path ldd "$stage/consumer" | awk '$1 ~ /^libzest\.so/ { print ($3 == "not" ? "" : $3) }')
 [ "$found" = "$libdir/libzest.so" ] || {
   echo "FAIL: a program linked by pkg-config --libs zest loads libzest from '${found:-nowhere}', not $libdir"
-  echo "      (its flags: $flags)"; env -u LD_LIBRARY_PATH ldd "$stage/consumer"; exit 1; }
-env -u LD_LIBRARY_PATH "$stage/consumer"
+  echo "      (its flags: $flags)"; no_zest_path ldd "$stage/consumer"; exit 1; }
+no_zest_path "$stage/consumer"
 
 # libzest links the CUDA runtime and NCCL only in a build configured for them (-Dcuda=enabled).
 needed=$(readelf -d "$libdir/libzest.so" | awk '/NEEDED/ { print $NF }' | tr -d '[]')
@@ -40,7 +41,7 @@ fi
 # Installed programs find libzest without LD_LIBRARY_PATH (their rpath is $ORIGIN/../lib...).
 zest_bin=$(find "$stage" -path '*/bin/zest' -print -quit)
 [ -n "$zest_bin" ] || { echo "FAIL: bin/zest was not installed"; exit 1; }
-env -u LD_LIBRARY_PATH "$zest_bin" config check "$source/configs/train-tiny.yaml" >/dev/null ||
+no_zest_path "$zest_bin" config check "$source/configs/train-tiny.yaml" >/dev/null ||
   { echo "FAIL: the installed zest does not run without LD_LIBRARY_PATH"; exit 1; }
 
 # README's "Using zest from a trainer" snippet compiles as written, against the installed headers:

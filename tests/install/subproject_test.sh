@@ -9,6 +9,7 @@
 set -euo pipefail
 source=$1
 shift
+source "$source/tests/install/no_zest_path.sh"
 torch=no torch_dir='' link=no
 for arg in "$@"; do
   case "$arg" in
@@ -86,7 +87,7 @@ if [ "$link" = yes ]; then
   ninja -C "$stage/build" "${programs[@]}" >"$stage/ninja.log" 2>&1 ||
     { tail -50 "$stage/ninja.log"; echo "FAIL: the trainer's build fails"; exit 1; }
   for program in "${programs[@]}"; do
-    env -u LD_LIBRARY_PATH "$stage/build/$program"
+    no_zest_path "$stage/build/$program"
   done
   echo "ok: ${programs[*]} built with zest as a subproject, and ran"
 else

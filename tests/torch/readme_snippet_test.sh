@@ -6,6 +6,7 @@
 # usage: readme_snippet_test.sh BUILD_DIR SOURCE_DIR MPIRUN
 set -euo pipefail
 build=$1 source=$2 mpirun=$3
+source "$source/tests/install/no_zest_path.sh"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 
@@ -23,7 +24,7 @@ c++ -std=c++20 -Wall -Wextra -Werror "$stage/snippet.cpp" $flags -o "$stage/snip
 
 # The libraries it loads without LD_LIBRARY_PATH are the ones just installed, and libtorch's.
 libdir=$(pkg-config --define-variable=prefix="$prefix" --variable=libdir zest-torch)
-libs=$(env -u LD_LIBRARY_PATH ldd "$stage/snippet")
+libs=$(no_zest_path ldd "$stage/snippet")
 for lib in libzest-torch.so libzest.so; do
   found=$(awk -v lib="$lib" '$1 == lib { print ($3 == "not" ? "" : $3) }' <<<"$libs")
   [ "$found" = "$libdir/$lib" ] || {
@@ -37,13 +38,13 @@ fi
 # So does the installed zest-gpt, which links libtorch itself.
 gpt=$(find "$stage/root" -path '*/bin/zest-gpt' -print -quit)
 [ -n "$gpt" ] || { echo "FAIL: bin/zest-gpt was not installed"; exit 1; }
-if env -u LD_LIBRARY_PATH ldd "$gpt" | grep -q 'not found'; then
+if no_zest_path ldd "$gpt" | grep -q 'not found'; then
   echo "FAIL: without LD_LIBRARY_PATH the installed zest-gpt does not find:"
-  env -u LD_LIBRARY_PATH ldd "$gpt" | grep 'not found'; exit 1
+  no_zest_path ldd "$gpt" | grep 'not found'; exit 1
 fi
 
 cd "$stage"
 printf 'stage: 3\ndevice:\n  type: cpu\n  memory: 64MiB\noptimizer:\n  lr: 1e-3\n  threads: 1\n' > zest.yaml
-env -u LD_LIBRARY_PATH "$mpirun" --oversubscribe --bind-to none -np 2 ./snippet
+no_zest_path "$mpirun" --oversubscribe --bind-to none -np 2 ./snippet
 [ -f checkpoint/manifest ] || { echo "FAIL: the program left no checkpoint"; ls -la checkpoint || true; exit 1; }
 echo "ok: README's libtorch program compiles against the installed zest-torch and trains on 2 ranks without LD_LIBRARY_PATH"
