@@ -24,8 +24,14 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The CUDA toolkit is not a Debian package; where it is installed, the CUDA code builds too.
-[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+# The CUDA toolkit is not a Debian package; where it is installed, the CUDA code builds too (it
+# must keep compiling on machines without a GPU, where its tests skip). Meson builds it only when
+# asked for (-Dcuda defaults to disabled: libzest then links no CUDA library), so ask.
+ZEST_CUDA_OPTION=-Dcuda=disabled
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+  ZEST_CUDA_OPTION=-Dcuda=enabled
+fi
 
 # Open MPI refuses to run as root without these (containers, CI).
 if [ "$(id -u)" -eq 0 ]; then
@@ -35,14 +41,32 @@ fi
 source "$ZEST_ROOT/scripts/python-env.sh"
 
 # configure_build DIR [meson options...]: configures DIR once (later calls apply the options
-# given to the existing configuration), then builds it.
+# given to the existing configuration), then builds it. CUDA as above, unless the options say.
 configure_build() {
   local dir=$1
   shift
+  set -- "$ZEST_CUDA_OPTION" "$@"
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" "$ZEST_ROOT" "$@"
-  elif (($#)); then
+  elif ! options_set "$dir" "$@"; then
     meson configure "$dir" "$@"
   fi
   ninja -C "$dir"
+}
+
+# options_set DIR -Dname=value...: whether DIR is configured with these values already (then
+# `meson configure`, which regenerates the build files even for unchanged values, is skipped).
+options_set() {
+  local dir=$1
+  shift
+  meson introspect "$dir" --buildoptions 2>/dev/null | python3 -c '
+import json, sys
+try:
+    current = {o["name"]: o["value"] for o in json.load(sys.stdin)}
+except ValueError:
+    sys.exit(1)
+def text(v):
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+wanted = dict(a[2:].split("=", 1) for a in sys.argv[1:])   # the last value of a name counts
+sys.exit(0 if all(k in current and text(current[k]) == v for k, v in wanted.items()) else 1)' "$@"
 }
