@@ -5,7 +5,9 @@
 # --tsan adds a ThreadSanitizer build ($ZEST_BUILD-tsan) running the 'tsan' suite: the streams,
 # the MPI communicator and its watchdog, the CPU Adam, the offload stores and the engine on 1 and
 # 2 ranks (tests/tsan.supp explains the few third-party frames it suppresses).
-# Ends with one line "N passed, N failed, N skipped"; exits non-zero when any test failed.
+# Ends with what was skipped and why (scripts/skip_reasons.py), then one line "N passed, N failed,
+# N skipped" (meson's tests; cases skipped inside passing tests are listed above it); exits non-zero
+# when any test failed.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 
@@ -18,7 +20,7 @@ for arg in "$@"; do
   esac
 done
 
-passed=0 failed=0 skipped=0 status=0
+passed=0 failed=0 skipped=0 status=0 skip_report=""
 # run_tests DIR [meson test options...]: runs DIR's tests and adds them to the counts.
 run_tests() {
   local dir=$1
@@ -31,6 +33,7 @@ run_tests() {
   passed=$((passed + $(count "Ok") + $(count "Expected Fail")))
   failed=$((failed + $(count "Fail") + $(count "Timeout") + $(count "Unexpected Pass")))
   skipped=$((skipped + $(count "Skipped")))
+  skip_report+=$(python3 "$ZEST_ROOT/scripts/skip_reasons.py" "$dir/meson-logs/testlog.json")$'\n'
 }
 
 # The tests build the libtorch adapter against the pinned torch (python/requirements.txt).
@@ -61,5 +64,9 @@ for source in "$ZEST_ROOT"/tests/fuzz/*_fuzz.cpp; do
 done
 ninja -C "$fuzz_build" "${fuzz_targets[@]}"
 run_tests "$fuzz_build" --suite fuzz --no-rebuild
+# What was skipped and why (a skipped test's reason; GoogleTest cases skipped inside tests that
+# passed, by reason), then the closing line.
+echo "== skipped, and why"
+printf '%s' "$skip_report" | grep -v '^$' || echo "  nothing"
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ] && [ "$status" -eq 0 ]
