@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 import zest
 import zest.torch
 from conftest import RANK, WORLD
-from models import NO_DECAY, make, max_diff, no_decay_groups, train
+from models import NO_DECAY, batch, loss_of, make, max_diff, no_decay_groups, train
 
 LR, WD, CLIP, ACCUM, STEPS = 1e-2, 0.05, 0.5, 2, 5
 TOL = 2e-6
@@ -118,15 +118,6 @@ def test_sum_instead_of_mean(ddp):
     opt = zest.torch.Optimizer(model, zest_config(2), average_gradients=False)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
 
-    class Scaled(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x):
-            return self.inner(x)
-
-    from models import batch, loss_of
     for step in range(2):
         for micro in range(ACCUM):
             tokens, target = batch(step, micro, WORLD, RANK)

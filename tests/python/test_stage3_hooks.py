@@ -139,3 +139,35 @@ def test_torchrun_without_mpirun_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(zest.Error, match="mpirun -np 2"):
         zest.torch.Optimizer(make_tricky(), dict(CONFIG, stage=0))
+
+
+class Tied(nn.Module):
+    """A head tied to the embedding (GPT-2's): one parameter, owned by two modules, with a
+    gradient from each use."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 6)
+        self.fc = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 11, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.fc(self.embed(tokens))))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_tied_weights_train_as_ddp(stage, ddp):
+    from models import make
+    ref = make(Tied)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    train(DistributedDataParallel(ref, process_group=ddp), ref_opt,
+          torch.optim.lr_scheduler.StepLR(ref_opt, 2), 3, WORLD, RANK)
+
+    model = make(Tied)
+    opt = zest.torch.Optimizer(model, dict(CONFIG, stage=stage))
+    assert len(opt.param_groups[0]["params"]) == 3, "the tied weight is trained once"
+    train(model, opt, torch.optim.lr_scheduler.StepLR(opt, 2), 3, WORLD, RANK)
+    opt.close()
+    assert model.head.weight is model.embed.weight
+    assert max_diff(model.parameters(), ref.parameters()) < 2e-6
