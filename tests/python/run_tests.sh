@@ -5,7 +5,8 @@
 # already has torch and meson-python) into BUILD_DIR/python-site, keeping meson-python's build
 # directory in BUILD_DIR/python-build so that a rerun rebuilds only what changed, then runs pytest
 # under mpirun at 2, 4 and 1 ranks. The three runs share one directory: each resumes the
-# checkpoint the previous one saved (2 -> 2, 2 -> 4, 4 -> 1 ranks).
+# checkpoint the previous one saved (2 -> 2, 2 -> 4, 4 -> 1 ranks). Last, README's example
+# (examples/python/gpt.py, smaller and shorter) saves at 2 ranks and resumes at 1.
 set -euo pipefail
 src=$1 build=$2 python=$3 mpirun=$4
 
@@ -35,3 +36,11 @@ for np in 2 4 1; do
   cat "$shared/pytest-np$np-rank0.log"
   previous=$np
 done
+
+echo "== examples/python/gpt.py: 2 ranks, stage 3, saved; resumed on 1 rank at stage 1"
+gpt=("$python" "$src/examples/python/gpt.py" --context 32 --embed 32 --layers 2 --global-batch 8)
+"$mpirun" --oversubscribe --bind-to none -np 2 -x PYTHONPATH "${gpt[@]}" --steps 20 --save "$shared/gpt-ckpt"
+"$mpirun" --oversubscribe --bind-to none -np 1 -x PYTHONPATH "${gpt[@]}" --steps 30 --stage 1 --load "$shared/gpt-ckpt" \
+  | tee "$shared/gpt-resumed.log"
+grep -q "steps 20..30" "$shared/gpt-resumed.log"
+grep -q "^validation loss" "$shared/gpt-resumed.log"
