@@ -109,18 +109,20 @@ PYBIND11_MODULE(_C, m) {
         auto& a = adamw(o.get(), g);
         a.lr(std::get<0>(v)).betas({std::get<1>(v), std::get<2>(v)}).eps(std::get<3>(v)).weight_decay(std::get<4>(v));
       })
+      // The step, save and load run no Python: other Python threads (data loading) go on meanwhile.
       .def("step", [](PyOptimizer& o) {
         o.get().step();
         const zest::StepResult& r = o.get().last_step();
         return std::make_tuple(r.skipped, r.grad_norm, r.loss_scale);
-      })
+      }, py::call_guard<py::gil_scoped_release>())
       .def("loss_scale", [](PyOptimizer& o) { return o.get().loss_scale(); })
       .def("set_grad_scale", [](PyOptimizer& o, double s) { o.get().set_grad_scale(s); })
-      .def("save", [](PyOptimizer& o, const std::string& dir) { o.get().save(dir); })
+      .def("save", [](PyOptimizer& o, const std::string& dir) { o.get().save(dir); },
+           py::call_guard<py::gil_scoped_release>())
       .def("load", [](PyOptimizer& o, const std::string& dir) {
         zest::LoadResult r = o.get().load(dir);
         return std::make_pair(r.steps, r.config_changes);
-      })
+      }, py::call_guard<py::gil_scoped_release>())
       .def("world", [](PyOptimizer& o) {
         return std::make_pair(o.get().runtime().rank(), o.get().runtime().world_size());
       })
