@@ -40,9 +40,10 @@ def loss_of(model, tokens, target, accum):
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1)) / accum
 
 
-def train(model, opt, sched, steps, world, rank, accum=1, clip=0.0, start=0, params=None):
+def train(model, opt, sched, steps, world, rank, accum=1, clip=0.0, start=0, params=None, norms=None):
     """Runs steps start..steps-1; returns each step's loss. `clip` clips with torch (the
-    reference; zest clips by its config)."""
+    reference; zest clips by its config); `norms` gets the gradient norm of each step (torch's
+    from clip_grad_norm_, or zest's last_step)."""
     losses = []
     for step in range(start, steps):
         total = 0.0
@@ -52,8 +53,12 @@ def train(model, opt, sched, steps, world, rank, accum=1, clip=0.0, start=0, par
             loss.backward()
             total += loss.item()
         if clip:
-            torch.nn.utils.clip_grad_norm_(params if params is not None else model.parameters(), clip)
+            norm = torch.nn.utils.clip_grad_norm_(params if params is not None else model.parameters(), clip)
+            if norms is not None:
+                norms.append(norm.item())
         opt.step()
+        if norms is not None and not clip:
+            norms.append(opt.last_step.grad_norm)
         opt.zero_grad()
         sched.step()
         losses.append(total)

@@ -42,13 +42,13 @@ def zest_config(stage, offload="none", path=""):
     return cfg
 
 
-def reference(steps, ddp_group):
+def reference(steps, ddp_group, norms=None):
     """torch's own: AdamW + StepLR + clip_grad_norm_ under DDP at this rank count."""
     model = make()
     ddp_model = DistributedDataParallel(model, process_group=ddp_group)
     opt = torch.optim.AdamW(no_decay_groups(model, WD), lr=LR, weight_decay=WD)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    losses = train(ddp_model, opt, sched, steps, WORLD, RANK, accum=ACCUM, clip=CLIP)
+    losses = train(ddp_model, opt, sched, steps, WORLD, RANK, accum=ACCUM, clip=CLIP, norms=norms)
     return model, losses, [g["lr"] for g in opt.param_groups]
 
 
@@ -63,14 +63,16 @@ CASES = [(0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu"), (2, "nv
 
 @pytest.mark.parametrize("stage,offload", CASES, ids=[f"stage{s}-{o}" for s, o in CASES])
 def test_equals_ddp_adamw(stage, offload, ddp, shared_dir):
-    ref_model, ref_losses, ref_lrs = reference(STEPS, ddp)
+    ref_norms, norms = [], []
+    ref_model, ref_losses, ref_lrs = reference(STEPS, ddp, ref_norms)
 
     model = make()
     path = case_dir(shared_dir, f"stage{stage}-{offload}") if offload == "nvme" else ""
     opt = zest.torch.Optimizer(model, zest_config(stage, offload, path))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    losses = train(model, opt, sched, STEPS, WORLD, RANK, accum=ACCUM)
-    assert opt.last_step.grad_norm > CLIP, "the case should clip"
+    losses = train(model, opt, sched, STEPS, WORLD, RANK, accum=ACCUM, norms=norms)
+    assert min(norms) > CLIP, "the case should clip"
+    assert norms == pytest.approx(ref_norms, rel=1e-5), "the norm of the averaged gradients, as torch's"
     assert [g["lr"] for g in opt.param_groups] == ref_lrs
     assert all(p.grad is None for p in model.parameters()), "gradients go to zest, not .grad"
     opt.close()  # stage 3: the parameters get their values back
