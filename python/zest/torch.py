@@ -335,6 +335,12 @@ class Optimizer(torch.optim.Optimizer):
             scheduler._last_lr = [group["lr"] for group in self.param_groups]
         return LoadResult(int(steps), list(changes))
 
+    def full_parameters(self) -> "dict[str, torch.Tensor]":
+        """fp32 copies of the trained parameters' full values (zest's master weights), by name, on
+        every rank: what to torch.save for inference, since at stage 3 model.state_dict() holds
+        released tensors (storage of size 0). Collective; call between steps."""
+        return dict(self._c.full_parameters())
+
     def close(self) -> None:
         """Gives the parameters back to torch (each with storage of its own holding the trained
         values; collective at stage 3) and ends this optimizer. Called at exit otherwise."""

@@ -75,6 +75,9 @@ def test_equals_ddp_adamw(stage, offload, ddp, shared_dir):
     assert norms == pytest.approx(ref_norms, rel=1e-5), "the norm of the averaged gradients, as torch's"
     assert [g["lr"] for g in opt.param_groups] == ref_lrs
     assert all(p.grad is None for p in model.parameters()), "gradients go to zest, not .grad"
+    full = opt.full_parameters()
+    assert list(full) == [name for name, _ in ref_model.named_parameters()]
+    assert max_diff(full.values(), ref_model.parameters()) < TOL
     opt.close()  # stage 3: the parameters get their values back
 
     assert losses == pytest.approx(ref_losses, abs=TOL)
