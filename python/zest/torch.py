@@ -264,9 +264,9 @@ class Optimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True):
-        """Nothing to clear for the trained parameters (zest took their gradients as backward made
-        them: ``p.grad`` is None); kept for code written for torch optimizers."""
-        super().zero_grad(set_to_none)
+        """Nothing to clear: zest took the trained parameters' gradients as backward made them (what
+        .grad holds then is zest's, not a gradient to zero). Kept for code written for torch
+        optimizers."""
 
     def add_param_group(self, param_group):
         if not getattr(self, "_building", False):
