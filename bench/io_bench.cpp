@@ -116,8 +116,8 @@ int bench_io(int argc, char** argv) {
       const std::string_view arg = argv[i];
       if (arg == "--json") json = true;
       else if (arg == "--no-fixed-buffers") register_buffers = false;  // what registering the buffers is worth
-      else if (arg == "--path") paths.emplace_back(args::value_of(argc, argv, i));
-      else if (arg == "--config") config_path = args::value_of(argc, argv, i);
+      else if (arg == "--path") paths.emplace_back(args::path_of(argc, argv, i));
+      else if (arg == "--config") config_path = args::path_of(argc, argv, i);
       // From 1MiB (about one region) to 16TiB, past any disk this measures.
       else if (arg == "--size") size_gib = args::parse_number(arg, args::value_of(argc, argv, i), 0.001, 16384);
       else if (arg == "--reps") reps = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1000);

@@ -417,17 +417,17 @@ int bench_memory(int argc, char** argv) {
   try {
     for (int i = 0; i < argc; ++i) {
       const std::string_view arg = argv[i];
-      if (arg == "--config") o.config_path = args::value_of(argc, argv, i);
+      if (arg == "--config") o.config_path = args::path_of(argc, argv, i);
       // Above 10^9 parameters the char MLP's shape search and a CPU run take hours, not a benchmark.
       else if (arg == "--params") o.params = args::parse_count(arg, args::value_of(argc, argv, i), 1000, 1'000'000'000);
       else if (arg == "--steps") o.steps = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 2, 1'000'000));
       // The built-in config's buckets and working space alone take 3MiB.
       else if (arg == "--device-memory")
         o.fit_budget = args::parse_size(arg, args::value_of(argc, argv, i), std::size_t{16} << 20, std::size_t{1} << 40);
-      else if (arg == "--json") o.json = args::value_of(argc, argv, i);
+      else if (arg == "--json") o.json = args::path_of(argc, argv, i);
       else if (arg == "--csv") o.csv = args::value_of(argc, argv, i);
       else if (arg == "--chart") o.chart = args::value_of(argc, argv, i);
-      else if (arg == "--nvme-path") o.nvme_path = args::value_of(argc, argv, i);
+      else if (arg == "--nvme-path") o.nvme_path = args::path_of(argc, argv, i);
       else if (arg == "--no-fit") o.fit = false;
       else if (arg == "--fit-cap") o.fit_cap = args::parse_count(arg, args::value_of(argc, argv, i), 1000, 100'000'000'000);
       else throw args::UsageError(std::string("invalid argument '").append(arg).append("'"));

@@ -241,17 +241,17 @@ int parse(int argc, char** argv, Options& o) {
         o.backward = b == "auto" ? std::nullopt : std::optional(args::parse_number(arg, b, 0, 1e6));
         backward_auto = b == "auto";
       }
-      else if (arg == "--path") o.path = value();
+      else if (arg == "--path") o.path = args::path_of(argc, argv, i);
       else if (arg == "--params") o.params = args::parse_count(arg, value(), 1, 1'000'000'000'000);
       else if (arg == "--steps") o.steps = count(1, 1'000'000);
       else if (arg == "--groups") o.groups = count(1, 1'000'000);
       else if (arg == "--buffers") o.buffers = count(2, 64);  // offload.optimizer.buffer_count's range
       else if (arg == "--reps") o.reps = count(1, 1000);
       else if (arg == "--io-size") o.io_gib = args::parse_number(arg, value(), 0.001, 16384);
-      else if (arg == "--sub-group") o.sub_group = args::parse_size(arg, value(), 1, 64 * kGiB);
+      else if (arg == "--sub-group") o.sub_group = args::parse_size(arg, value(), 768, 64 * kGiB);  // offload.sub_group's floor
       else if (arg == "--device-memory") o.device_memory = args::parse_size(arg, value(), 16 << 20, 16384 * kGiB);
-      else if (arg == "--bucket") o.bucket = args::parse_size(arg, value(), 1, 64 * kGiB);
-      else if (arg == "--allgather") o.allgather = args::parse_size(arg, value(), 1, 64 * kGiB);
+      else if (arg == "--bucket") o.bucket = args::parse_size(arg, value(), 4, 64 * kGiB);  // the buckets' floor
+      else if (arg == "--allgather") o.allgather = args::parse_size(arg, value(), 4, 64 * kGiB);
       else if (arg == "--dtype") {
         const std::string_view d = value();
         if (d == "bf16") o.dtype = DType::bf16;
@@ -277,8 +277,8 @@ int parse(int argc, char** argv, Options& o) {
   return 0;
 }
 
-// A directory this run makes for one engine's swap file (the NVMe store names its file
-// DIR/zest-rank<rank>.swap and refuses one that exists, so two engines need two directories). One
+// A directory this run makes for one engine's swap file (each engine's NVMe store makes a directory
+// of its own inside it; one each keeps the two engines' disk traffic apart in the figures). One
 // that exists is refused, not reused: the bench removes only what it made. The guard removes it if
 // it is still empty (rmdir removes nothing else); remove() does so now and says when it could not.
 class ScratchDirectory {

@@ -15,8 +15,11 @@
 #include <fnmatch.h>
 #include <torch/torch.h>
 
-#include <cstdio>
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -192,24 +195,22 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
                 config.stage, std::string(dtype_name(config.precision.dtype)).c_str(), runtime.world_size(),
                 train.global_batch);
 
-  int first_step = 1;
+  // 64-bit: a checkpoint's step count may pass what an int holds; one at or past train.steps
+  // trains no more.
+  std::int64_t first_step = 1;
   if (!flags.load_dir.empty()) {
-    const LoadResult loaded = optimizer.load(flags.load_dir);
-    first_step = static_cast<int>(loaded.steps) + 1;
     // The schedule's own count catches up; the learning rates are the checkpoint's.
-    if (schedule) {
-      std::vector<double> restored;
-      for (auto& group : optimizer.param_groups()) restored.push_back(group.options().get_lr());
-      for (int step = 1; step < first_step; ++step) schedule->step();
-      for (std::size_t g = 0; g < restored.size(); ++g) optimizer.param_groups()[g].options().set_lr(restored[g]);
-    }
-    if (leader) std::printf("zest-gpt: resumed from %s after step %d\n", flags.load_dir.c_str(), first_step - 1);
+    const LoadResult loaded = optimizer.load(flags.load_dir, schedule ? &*schedule : nullptr);
+    first_step = loaded.steps + 1;
+    if (leader)
+      std::printf("zest-gpt: resumed from %s after step %lld\n", flags.load_dir.c_str(), static_cast<long long>(loaded.steps));
   }
   // This rank's slice of the global batch, in gradient_accumulation_steps micro-batches (one
   // backward each; zest adds their gradients up). Clipping is zest's, from the config.
   const charlm::ExampleRange range = charlm::rank_slice(train.global_batch, runtime.rank(), runtime.world_size());
   const int micro_batches = config.gradient_accumulation_steps;
-  for (int step = first_step; step <= train.steps; ++step) {
+  for (int step = static_cast<int>(std::min<std::int64_t>(first_step, std::int64_t{train.steps} + 1)); step <= train.steps;
+       ++step) {
     double total = 0;
     for (int micro = 0; micro < micro_batches; ++micro) {
       const charlm::ExampleRange part = charlm::rank_slice(range.count, micro, micro_batches);
@@ -257,12 +258,12 @@ int run(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg = argv[i];
-      if (arg == "--config") flags.config_path = args::value_of(argc, argv, i);
+      if (arg == "--config") flags.config_path = args::path_of(argc, argv, i);
       else if (arg == "--steps") flags.steps = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
       else if (arg == "--reference") flags.reference = true;
-      else if (arg == "--save") flags.save_dir = args::value_of(argc, argv, i);
-      else if (arg == "--load") flags.load_dir = args::value_of(argc, argv, i);
-      else if (arg == "--dump") flags.dump_path = args::value_of(argc, argv, i);
+      else if (arg == "--save") flags.save_dir = args::path_of(argc, argv, i);
+      else if (arg == "--load") flags.load_dir = args::path_of(argc, argv, i);
+      else if (arg == "--dump") flags.dump_path = args::path_of(argc, argv, i);
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (flags.config_path.empty()) throw args::UsageError("--config FILE is required");
@@ -292,6 +293,10 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, which the writers report
+  // and clean up after (a temporary file removed, the previous output kept), instead of SIGXFSZ
+  // killing the process mid-write and leaving the temporary file behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const zest::ConfigError& error) {

@@ -12,6 +12,8 @@
 // stage and offload mode.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -34,11 +36,11 @@ int run(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg = argv[i];
-      if (arg == "--config") config_path = args::value_of(argc, argv, i);
+      if (arg == "--config") config_path = args::path_of(argc, argv, i);
       // train.steps' range in the config (examples/train_config.cpp).
       else if (arg == "--steps") steps_flag = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
-      else if (arg == "--save") save_dir = args::value_of(argc, argv, i);
-      else if (arg == "--load") load_dir = args::value_of(argc, argv, i);
+      else if (arg == "--save") save_dir = args::path_of(argc, argv, i);
+      else if (arg == "--load") load_dir = args::path_of(argc, argv, i);
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (config_path.empty()) throw args::UsageError("--config FILE is required");
@@ -67,19 +69,22 @@ int run(int argc, char** argv) {
   const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  int first_step = 1;
+  // 64-bit: a checkpoint's step count may pass what an int holds (it would wrap to a negative
+  // step and train 2^31 steps); one at or past train.steps trains no more.
+  std::int64_t first_step = 1;
   if (!load_dir.empty()) {
     const auto load_start = std::chrono::steady_clock::now();
     const LoadResult loaded = engine.load(load_dir);
-    first_step = static_cast<int>(loaded.steps) + 1;
+    first_step = loaded.steps + 1;
     if (leader) {
-      std::printf("zest-train: resumed from %s after step %d (loaded in %.2f s)\n", load_dir.c_str(), first_step - 1,
-                  seconds_since(load_start));
+      std::printf("zest-train: resumed from %s after step %lld (loaded in %.2f s)\n", load_dir.c_str(),
+                  static_cast<long long>(loaded.steps), seconds_since(load_start));
       for (const std::string& change : loaded.config_changes) std::printf("zest-train: note: %s\n", change.c_str());
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  for (int step = first_step; step <= train.steps; ++step) {
+  for (int step = static_cast<int>(std::min<std::int64_t>(first_step, std::int64_t{train.steps} + 1)); step <= train.steps;
+       ++step) {
     const double loss = trainer.step(step);
     if (leader && (step % train.log_every == 0 || step == train.steps))
       std::printf("step %d loss %.6f%s\n", step, loss,
@@ -112,6 +117,10 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, which the writers report
+  // and clean up after (a temporary file removed, the previous output kept), instead of SIGXFSZ
+  // killing the process mid-write and leaving the temporary file behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const zest::ConfigError& error) {

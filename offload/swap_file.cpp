@@ -1,13 +1,18 @@
 #include "offload/swap_file.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
+#include <vector>
 
 #include "zest/error.hpp"
 
@@ -15,47 +20,142 @@ namespace zest::offload {
 namespace {
 
 constexpr std::size_t kProbeBytes = 4096;
+constexpr const char* kPrefix = "zest-";
+// Entries of the offload directory looked at for stale directories: bounded, so a directory with
+// millions of entries costs a bounded time at start.
+constexpr int kStaleScanLimit = 4096;
 
 struct FreeDeleter {
   void operator()(void* p) const noexcept { std::free(p); }
 };
 
+// The host name, reduced to characters that are safe in a file name.
+std::string host_name() {
+  char buffer[256] = {};
+  if (::gethostname(buffer, sizeof buffer - 1) != 0) return "host";
+  std::string name;
+  for (const char* c = buffer; *c && name.size() < 64; ++c)
+    name += (std::isalnum(static_cast<unsigned char>(*c)) || *c == '.' || *c == '_') ? *c : '_';
+  return name.empty() ? "host" : name;
+}
+
+std::string random_suffix() {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device device;
+  std::string suffix;
+  for (int i = 0; i < 8; ++i) suffix += kAlphabet[device() % (sizeof kAlphabet - 1)];
+  return suffix;
+}
+
 }  // namespace
 
 SwapFile::SwapFile(const std::string& directory, int rank, bool want_direct, const Warn& warn)
     : warn_(warn) {
-  path_ = directory;
-  if (!path_.empty() && path_.back() != '/') path_.append("/");
-  path_.append("zest-rank").append(std::to_string(rank)).append(".swap");
-
-  struct stat info {};
-  if (::stat(directory.c_str(), &info) != 0)
-    throw IoError("the offload directory is missing; create it or point offload.*.path at an existing directory",
-                  directory, 0, 0, errno);
-  if (!S_ISDIR(info.st_mode))
-    throw IoError("the offload path is not a directory; point offload.*.path at a directory", directory, 0, 0, ENOTDIR);
-
-  if (want_direct && !open_file(true)) {
-    warn_(std::string("zest: warning: ").append(path_).append(
-        ": the file system refuses O_DIRECT; the NVMe store falls back to buffered I/O (through the "
-        "page cache: slower, and it uses host memory). Put offload.*.path on a file system that "
-        "supports O_DIRECT (ext4, xfs) for full speed."));
-    open_file(false);
-  } else if (!want_direct) {
-    open_file(false);
+  try {
+    make_own_directory(directory);
+    name_ = "zest-rank" + std::to_string(rank) + ".swap";
+    path_ = own_path_ + "/" + name_;
+    if (want_direct && !open_file(true)) {
+      warn_(std::string("zest: warning: ").append(path_).append(
+          ": the file system refuses O_DIRECT; the NVMe store falls back to buffered I/O (through the "
+          "page cache: slower, and it uses host memory). Put offload.*.path on a file system that "
+          "supports O_DIRECT (ext4, xfs) for full speed."));
+      open_file(false);
+    } else if (!want_direct) {
+      open_file(false);
+    }
+  } catch (...) {
+    keep_ = false;
+    close_fds();
+    throw;
   }
+  report_stale_directories(directory);
 }
 
-// Opens the file. Returns false only when `direct` is refused by the file system.
+// The directory zest owns inside the shared one: a name no one has (mkdirat fails on anything that
+// exists, a symlink included), opened without following a symlink, checked to be ours, locked.
+void SwapFile::make_own_directory(const std::string& directory) {
+  parent_fd_ = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (parent_fd_ < 0) {
+    const int error = errno;
+    if (error == ENOTDIR)
+      throw IoError("the offload path is not a directory; point offload.*.path at a directory", directory, 0, 0, error);
+    throw IoError("the offload directory is missing or unreadable; create it or point offload.*.path at an existing directory",
+                  directory, 0, 0, error);
+  }
+  const std::string stem = std::string(kPrefix) + host_name() + "-" + std::to_string(::getpid()) + "-";
+  for (int attempt = 0; own_name_.empty(); ++attempt) {
+    const std::string name = stem + random_suffix();
+    if (::mkdirat(parent_fd_, name.c_str(), 0700) == 0) {
+      own_name_ = name;
+      break;
+    }
+    const int error = errno;
+    if (error != EEXIST || attempt >= 100) {
+      if (error == EACCES || error == EPERM || error == EROFS)
+        throw IoError("cannot create zest's directory in the offload directory: it is not writable; choose a "
+                      "writable directory for offload.*.path", directory, 0, 0, error);
+      throw IoError("cannot create zest's directory in the offload directory", directory + "/" + name, 0, 0, error);
+    }
+  }
+  own_path_ = directory + (directory.empty() || directory.back() == '/' ? "" : "/") + own_name_;
+  own_dir_fd_ = ::openat(parent_fd_, own_name_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (own_dir_fd_ < 0) throw IoError("cannot open the directory zest just created", own_path_, 0, 0, errno);
+  struct stat info {};
+  if (::fstat(own_dir_fd_, &info) != 0) throw IoError("cannot stat the directory zest just created", own_path_, 0, 0, errno);
+  if (info.st_uid != ::geteuid() || (info.st_mode & 077) != 0)
+    throw IoError("the directory zest just created is not this user's alone (someone replaced it?); zest does not "
+                  "write there", own_path_, 0, 0, EPERM);
+  // Held for the SwapFile's life: a later job tells a live directory from a stale one by it.
+  if (::flock(own_dir_fd_, LOCK_EX | LOCK_NB) != 0)
+    throw IoError("cannot lock the directory zest just created", own_path_, 0, 0, errno);
+}
+
+// Directories named like zest's, owned by this user, that no live process holds locked: left by a
+// job that died (SIGKILL, a node crash). Reported, never removed.
+void SwapFile::report_stale_directories(const std::string& directory) const {
+  const int scan_fd = ::dup(parent_fd_);
+  if (scan_fd < 0) return;
+  DIR* dir = ::fdopendir(scan_fd);
+  if (!dir) {
+    ::close(scan_fd);
+    return;
+  }
+  ::rewinddir(dir);
+  std::vector<std::string> stale;
+  int seen = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (++seen > kStaleScanLimit) break;
+    const std::string name = entry->d_name;
+    if (name.rfind(kPrefix, 0) != 0 || name == own_name_) continue;
+    const int fd = ::openat(parent_fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat info {};
+    if (::fstat(fd, &info) == 0 && info.st_uid == ::geteuid() && ::flock(fd, LOCK_SH | LOCK_NB) == 0)
+      stale.push_back(name);
+    ::close(fd);
+  }
+  ::closedir(dir);
+  if (stale.empty()) return;
+  std::string message = "zest: warning: " + directory + " holds " + std::to_string(stale.size()) +
+                        " swap director" + (stale.size() == 1 ? "y" : "ies") +
+                        " of jobs that are gone (no live process holds them):";
+  for (std::size_t i = 0; i < stale.size() && i < 8; ++i) message += " " + stale[i];
+  if (stale.size() > 8) message += " ...";
+  warn_(message + ". zest leaves them alone; remove them to free their space once you know no job uses them.");
+}
+
+// Opens (creates) the file inside zest's own directory. Returns false only when `direct` is
+// refused by the file system; the file it may have created then is removed first (it is zest's).
 bool SwapFile::open_file(bool direct) {
-  const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0);
-  fd_ = ::open(path_.c_str(), flags, 0600);
+  const int flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  fd_ = ::openat(own_dir_fd_, name_.c_str(), flags, 0600);
   if (fd_ < 0) {
     const int error = errno;
-    if (direct && error == EINVAL) return false;
-    if (error == EACCES || error == EPERM || error == EROFS)
-      throw IoError("cannot create the swap file: the offload directory is not writable; choose a writable directory for offload.*.path",
-                    path_, 0, 0, error);
+    if (direct && error == EINVAL) {
+      (void)::unlinkat(own_dir_fd_, name_.c_str(), 0);
+      return false;
+    }
     throw IoError("cannot create the swap file", path_, 0, 0, error);
   }
   direct_ = direct;
@@ -63,6 +163,7 @@ bool SwapFile::open_file(bool direct) {
     ::close(fd_);
     fd_ = -1;
     direct_ = false;
+    (void)::unlinkat(own_dir_fd_, name_.c_str(), 0);
     return false;
   }
   return true;
@@ -81,9 +182,24 @@ bool SwapFile::direct_write_works() {
   return true;
 }
 
-SwapFile::~SwapFile() {
+SwapFile::~SwapFile() { close_fds(); }
+
+// Removes what this SwapFile created, by name inside the directories it holds open (never by a
+// path someone could have redirected): the file, then its directory, which rmdir leaves alone
+// unless it is empty.
+void SwapFile::close_fds() noexcept {
   if (fd_ >= 0) ::close(fd_);
-  if (!keep_) (void)::unlink(path_.c_str());
+  fd_ = -1;
+  if (own_dir_fd_ >= 0) {
+    if (!keep_) {
+      if (!name_.empty()) (void)::unlinkat(own_dir_fd_, name_.c_str(), 0);
+      (void)::unlinkat(parent_fd_, own_name_.c_str(), AT_REMOVEDIR);
+    }
+    ::close(own_dir_fd_);
+    own_dir_fd_ = -1;
+  }
+  if (parent_fd_ >= 0) ::close(parent_fd_);
+  parent_fd_ = -1;
 }
 
 void SwapFile::preallocate(std::size_t offset, std::size_t length) {

@@ -141,7 +141,8 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 // FIFO, a device or a directory is refused without blocking or reading it. Any problem with the
 // file is a ConfigError too.
 Config load_config(const std::string& path, const std::vector<std::string>& application_sections = {});
-// As load_config, for a checker that does not know the program's sections (`zest config check`):
+// As load_config, for a checker that does not know the program's sections (`zest config check`
+// knows the shipped programs' and uses load_config instead, so that it refuses what they refuse):
 // every top-level key that is not one of zest's, nor a near miss ("stgae") or a misplacement
 // ("lr") of one of zest's keys, is taken as the program's; its name is appended to
 // `program_sections`, unchecked.

@@ -36,8 +36,9 @@
 // (acquire/grads_ready/step are collective where the stage needs it).
 //
 // Offload (config offload.*): optimizer.device cpu|nvme keeps this rank's fp32 master weights and
-// Adam moments in pinned host memory or in an NVMe swap file (DIRECTORY/zest-rank<rank>.swap, one
-// engine per directory and rank) and runs the step as a pipeline of sub-groups on the host;
+// Adam moments in pinned host memory or in an NVMe swap file (DIRECTORY/zest-<host>-<pid>-<random>/
+// zest-rank<rank>.swap: a directory of the engine's own, created exclusively and locked, so any
+// number of engines and jobs share DIRECTORY) and runs the step as a pipeline of sub-groups on the host;
 // param.device cpu|nvme (stage 3) keeps the parameter shards there too, fetched before each gather.
 // Results are bit-identical to the same run without offload. With offload.optimizer.overlap the
 // offloaded states of each group are updated while backward goes on, as soon as the group's

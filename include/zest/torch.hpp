@@ -16,13 +16,19 @@
 //        engine writes them only inside step(), load() and construction.
 //   3    Between uses a parameter holds no storage (numel() unchanged, storage size 0). Run each
 //        submodule through zest::torch::gathered(), which gathers its parameters for its forward,
-//        releases them after, and gathers them again for its backward. A parameter used outside
-//        gathered() raises torch's error for a storage of size 0.
+//        releases them after, and gathers them again for its backward. Reading a parameter
+//        outside gathered() (norm(), printing, torch::save of the model, an unwrapped layer)
+//        raises a c10::Error naming the parameter; full_parameters() gives the full values.
 // Gradients: a hook on each parameter's gradient accumulator copies the gradient into zest's
-// bucket as soon as autograd has produced it and frees torch's copy (p.grad() stays undefined), so
-// a group is reduced while backward goes on. Call backward once per micro-batch (gradients of
-// micro-batches add up); the loss must already be divided by the global number of examples and
-// multiplied by loss_scale().
+// bucket as soon as autograd has produced it and frees torch's copy, so a group is reduced while
+// backward goes on. p.grad() then holds a placeholder of the parameter's shape and no bytes: any
+// read of it (torch::nn::utils::clip_grad_norm_, p.grad().norm()) raises a c10::Error naming
+// where the gradient went and the config's gradient_clipping, instead of finding no gradient and
+// doing nothing. Call backward once per micro-batch (gradients of micro-batches add up); the loss
+// must already be divided by the global number of examples and multiplied by loss_scale().
+// A parameter that gets no gradient in a whole step makes step() throw Error (torch's AdamW would
+// skip it; zest updates every parameter). A tensor listed twice (tied weights) is one parameter,
+// as in torch; two tensors over the same memory are refused.
 // Hyper-parameters: each torch parameter group holds AdamWOptions (lr, betas, eps, weight decay);
 // whatever changes them between steps (torch::optim::StepLR, a warm-up) takes effect at the next
 // step. amsgrad is not supported. The update itself is the config's (optimizer.type adamw or adam,
@@ -35,6 +41,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
 
 #include <functional>
 #include <memory>
@@ -78,10 +85,16 @@ class Optimizer : public ::torch::optim::Optimizer {
   void set_grad_scale(double scale);
   double grad_scale() const;
 
-  // zest checkpoints (Engine::save/load: any rank count and stage). load() restores the groups'
-  // hyper-parameters into param_groups() as well.
+  // zest checkpoints (Engine::save/load: any rank count and stage). save() records the groups'
+  // hyper-parameters as param_groups() hold them then (a scheduler stepped after the last step()
+  // included); load() restores them into param_groups(). A scheduler given to load() (built over
+  // this optimizer and not stepped yet) is stepped to the checkpoint's step count, so one that
+  // steps once per optimizer step resumes where it was; the learning rates are the checkpoint's.
   void save(const std::string& dir);
-  LoadResult load(const std::string& dir);
+  LoadResult load(const std::string& dir, ::torch::optim::LRScheduler* scheduler = nullptr);
+  // Every trained parameter's full values (a copy, in its own dtype), by name: what a stage-3 model
+  // cannot give by itself between uses. Collective.
+  NamedParameters full_parameters();
   // torch's archives cannot hold a sharded optimizer: these throw Error, pointing at save(dir).
   void save(::torch::serialize::OutputArchive& archive) const override;
   void load(::torch::serialize::InputArchive& archive) override;

@@ -190,17 +190,19 @@ class Optimizer(torch.optim.Optimizer):
     number of ranks as it is handed over, so a per-rank mean loss gives the same update as
     ``DistributedDataParallel`` + ``torch.optim.AdamW``; with False they are summed over ranks (then
     divide the loss by the global number of examples). With gradient_accumulation_steps K, call
-    backward K times per step(), each loss divided by K, as with AdamW. ``p.grad`` stays None: each
-    gradient goes to zest as soon as backward has made it.
+    backward K times per step(), each loss divided by K, as with AdamW. Each gradient goes to zest
+    as soon as backward has made it; ``p.grad`` then holds a placeholder without values whose any
+    read raises an error saying so (clip with the config's gradient_clipping instead of
+    clip_grad_norm_; the norm is in last_step.grad_norm).
 
     ``param_groups`` mirror the config's optimizer groups (group 0: the parameters no
     ``optimizer.param_groups`` pattern matches); each has lr, betas, eps, weight_decay as
     AdamW's, which ``torch.optim.lr_scheduler`` or your code may change: step() applies them.
 
-    Stage 3: between uses a parameter holds no storage (``p.untyped_storage().size() == 0``).
-    Hooks on every module gather its own parameters for its forward and backward and release them
-    after; using a parameter outside its module's forward (``x @ model.fc.weight``) raises torch's
-    error for a storage of size 0.
+    Stage 3: between uses a parameter holds no values (nothing allocated; any access to its data
+    raises an error naming it and the ways out). Hooks on every module gather its own parameters for
+    its forward and backward and release them after; so using a parameter outside its module's
+    forward (``x @ model.fc.weight``) raises that error. full_parameters() reads them all.
 
     Checkpoints: ``save(dir)`` / ``load(dir, scheduler)`` (zest checkpoints, loadable at any rank
     count and stage). ``state_dict()`` / ``load_state_dict()`` cannot hold a sharded optimizer and
@@ -336,9 +338,9 @@ class Optimizer(torch.optim.Optimizer):
         return LoadResult(int(steps), list(changes))
 
     def full_parameters(self) -> "dict[str, torch.Tensor]":
-        """fp32 copies of the trained parameters' full values (zest's master weights), by name, on
-        every rank: what to torch.save for inference, since at stage 3 model.state_dict() holds
-        released tensors (storage of size 0). Collective; call between steps."""
+        """Copies of the trained parameters' full values (in their dtype), by name, on every rank:
+        what to torch.save for inference, since at stage 3 model.state_dict() holds released
+        tensors. Collective; call between steps."""
         return dict(self._c.full_parameters())
 
     def close(self) -> None:

@@ -148,4 +148,13 @@ std::string_view value_of(int argc, char** argv, int& i) {
   return argv[++i];
 }
 
+std::string_view path_of(int argc, char** argv, int& i) {
+  const std::string flag = argv[i];
+  const std::string_view value = value_of(argc, argv, i);
+  if (value.empty())
+    throw UsageError(std::string(flag).append(": the path is empty (an unset variable?); give a path, or leave ")
+                         .append(flag).append(" out"));
+  return value;
+}
+
 }  // namespace zest::args

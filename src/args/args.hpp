@@ -45,4 +45,9 @@ void check_output_directory(std::string_view flag, const std::string& path);
 // `argv[i]`'s value: the next argument, or UsageError "FLAG needs a value". Advances `i`.
 std::string_view value_of(int argc, char** argv, int& i);
 
+// As value_of, for a flag that names a file or directory: an empty value (`--save ''`, often an
+// unset shell variable) is a UsageError naming the flag, never "no path" (which would silently
+// skip a save or train from scratch).
+std::string_view path_of(int argc, char** argv, int& i);
+
 }  // namespace zest::args

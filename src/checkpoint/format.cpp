@@ -103,6 +103,41 @@ std::string serialize(const Manifest& m) {
   return text;
 }
 
+std::string tensor_name_problem(const std::string& name) {
+  if (name.empty()) return "is empty";
+  if (name.size() > kMaxTensorNameBytes)
+    return "is " + std::to_string(name.size()) + " bytes long (at most " + std::to_string(kMaxTensorNameBytes) + ")";
+  if (name.find('\n') != std::string::npos) return "holds a newline";
+  if (name.find('\0') != std::string::npos) return "holds a NUL byte";
+  return {};
+}
+
+namespace {
+
+// The ranks' ranges of each tensor cover it exactly once: a gap would load uninitialised states,
+// an overlap two values for one element.
+void check_ranges_tile_tensors(const Manifest& m, const std::string& path, int line_no) {
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> of_tensor(m.tensors.size());
+  for (const RankEntry& rank : m.ranks)
+    for (const Range& range : rank.ranges) of_tensor[range.tensor].emplace_back(range.lo, range.hi);
+  for (std::size_t t = 0; t < of_tensor.size(); ++t) {
+    auto& ranges = of_tensor[t];
+    std::sort(ranges.begin(), ranges.end());
+    std::size_t covered = 0;
+    const auto refuse = [&](const char* why) {
+      bad_manifest(path, line_no, std::string("the ranges of tensor '").append(m.tensors[t].name)
+                                      .append("' do not cover it exactly once (").append(why).append(")"));
+    };
+    for (const auto& [lo, hi] : ranges) {
+      if (lo != covered) refuse(lo < covered ? "elements listed by two ranges" : "elements no rank holds");
+      covered = hi;
+    }
+    if (covered != m.tensors[t].numel) refuse("elements no rank holds");
+  }
+}
+
+}  // namespace
+
 Manifest parse(const std::string& text, const std::string& path) {
   // The version first (a newer format may end differently), then the checksum line: a truncated
   // or edited manifest is refused before anything else is read.
@@ -155,15 +190,41 @@ Manifest parse(const std::string& text, const std::string& path) {
     check(f, "world size");
     if (m.world_size < 1) bad_manifest(path, line_no, "a world size below 1");
   }
-  { auto f = next("stage"); f >> m.stage; check(f, "stage"); }
-  { auto f = next("steps"); f >> m.steps; check(f, "steps"); }
-  { auto f = next("skipped"); f >> m.skipped; check(f, "skipped steps"); }
+  // A checksum says the text is what a writer wrote, not that it means anything: every field is
+  // held to the range a saving engine can produce, and the error names the field and the value.
+  const auto out_of_range = [&](const char* field, const std::string& value, const char* allowed) {
+    bad_manifest(path, line_no, std::string(field).append(" ").append(value).append(" is out of range (")
+                                    .append(allowed).append(")"));
+  };
+  {
+    auto f = next("stage");
+    f >> m.stage;
+    check(f, "stage");
+    if (m.stage < 0 || m.stage > 3) out_of_range("stage", std::to_string(m.stage), "0 to 3");
+  }
+  {
+    auto f = next("steps");
+    f >> m.steps;
+    check(f, "steps");
+    if (m.steps < 0 || m.steps > kMaxSteps) out_of_range("steps", std::to_string(m.steps), "0 to 2^53");
+  }
+  {
+    auto f = next("skipped");
+    f >> m.skipped;
+    check(f, "skipped steps");
+    if (m.skipped < 0 || m.skipped > m.steps) out_of_range("skipped", std::to_string(m.skipped), "0 to steps");
+  }
   {
     auto f = next("loss_scaler");
     std::string scale;
     f >> scale >> m.clean_steps >> m.hysteresis_left;
     check(f, "loss scaler state");
-    m.loss_scale = std::strtod(scale.c_str(), nullptr);
+    char* end = nullptr;
+    m.loss_scale = std::strtod(scale.c_str(), &end);
+    if (*end != '\0' || !std::isfinite(m.loss_scale) || m.loss_scale <= 0)
+      out_of_range("loss scale", scale, "a finite number above 0");
+    if (m.clean_steps < 0) out_of_range("loss scaler clean steps", std::to_string(m.clean_steps), "0 or more");
+    if (m.hysteresis_left < 0) out_of_range("loss scaler hysteresis", std::to_string(m.hysteresis_left), "0 or more");
   }
   { auto f = next("config"); m.config = rest_of_line(f); }
   if (m.version >= 3) {
@@ -206,6 +267,7 @@ Manifest parse(const std::string& text, const std::string& path) {
     std::size_t dims = 0;
     f >> t.group >> t.numel >> dims;
     check(f, "tensor entry");
+    if (t.group < 0) out_of_range("tensor group", std::to_string(t.group), "0 or more");
     // Each dimension takes at least two characters (" 7"): more than the line holds is damage,
     // refused before it sizes anything.
     if (dims > line.size() / 2) bad_manifest(path, line_no, "more dimensions than the line holds");
@@ -220,6 +282,8 @@ Manifest parse(const std::string& text, const std::string& path) {
     if (!add_elements(all_elements, t.numel))
       bad_manifest(path, line_no, "tensors whose element count overflows 64-bit byte sizes");
     t.name = rest_of_line(f);
+    if (const std::string problem = tensor_name_problem(t.name); !problem.empty())
+      bad_manifest(path, line_no, "a tensor name that " + problem);
     m.tensors.push_back(std::move(t));
   }
   { auto f = next("ranks"); f >> count; check(f, "rank count"); }
@@ -249,9 +313,12 @@ Manifest parse(const std::string& text, const std::string& path) {
       check(f, "file entry");
       // The name, size and chunk count are checked against each other before the checksums are
       // read, so the count sizes nothing it does not match.
-      if (file.name.empty() || file.name == "." || file.name == ".." || file.name.find('/') != std::string::npos ||
-          file.name == kManifestName)
-        bad_manifest(path, line_no, "a file name that is empty, '.', '..', holds a '/' or names the manifest");
+      // Each rank's files are its own, each of its kind: a name pointing at another rank's file,
+      // or at the master file for m, would load one state as another.
+      const std::string expected = state_file_name(static_cast<int>(i), static_cast<StateKind>(&file - rank.files.data()));
+      if (file.name != expected)
+        bad_manifest(path, line_no, std::string("rank ").append(std::to_string(i)).append("'s file '").append(file.name)
+                                        .append("' where its own '").append(expected).append("' belongs"));
       if (file.bytes != elements * sizeof(float))
         bad_manifest(path, line_no, std::string("file ").append(file.name).append(" of ").append(std::to_string(file.bytes))
                                         .append(" bytes for ranges of ").append(std::to_string(elements))
@@ -264,6 +331,7 @@ Manifest parse(const std::string& text, const std::string& path) {
     }
     m.ranks.push_back(std::move(rank));
   }
+  check_ranges_tile_tensors(m, path, line_no);
   return m;
 }
 
@@ -373,7 +441,7 @@ void rename_noreplace(const std::string& from, const std::string& to, const std:
 }
 
 FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes) : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("checkpoint: cannot create", path_, 0, 0, errno);
 }
 

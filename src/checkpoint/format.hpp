@@ -29,6 +29,8 @@ constexpr std::uint64_t kChunkBytes = std::uint64_t{4} << 20;
 // chunk is held in memory whole while it is verified.
 constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{256} << 20;
 constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{256} << 20;
+// A step count a run can reach (2^53: exact in a double, and far beyond any training run).
+constexpr std::int64_t kMaxSteps = std::int64_t{1} << 53;
 
 // The three states, in this order everywhere: file names, manifest lines, reads.
 enum class StateKind { master = 0, m = 1, v = 2 };
@@ -78,6 +80,12 @@ struct Manifest {
   std::vector<TensorEntry> tensors;
   std::vector<RankEntry> ranks;  // one per saving rank, index = rank
 };
+
+// The one rule for tensor names, which the Engine applies to ParamSpec names and a manifest to its
+// own: a manifest is lines of text, so a name is not empty, holds no newline (nor a NUL), and is at
+// most kMaxTensorNameBytes long. Empty when `name` is fine, else what is wrong ("is empty", ...).
+constexpr std::size_t kMaxTensorNameBytes = 4096;
+std::string tensor_name_problem(const std::string& name);
 
 std::string state_file_name(int rank, StateKind state);  // rank<r>.<state>.bin
 std::string join(const std::string& dir, const std::string& name);  // dir/name

@@ -1,6 +1,8 @@
 // zest estimate: the memory every stage and offload mode needs for a model of N parameters, per
 // device, per host and on NVMe, from the engine's own sizing (zest/estimate.hpp), before any run.
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -29,13 +31,20 @@ constexpr const char* kEstimateUsage =
     "FILE (marked * where its stage and offload match a row; a FILE that offloads part of the\n"
     "optimizer, offload.optimizer.ratio, or overlaps its step with backward, offload.optimizer.overlap,\n"
     "adds its own row) or the defaults; --dtype overrides its precision (default: FILE's, else bf16).\n"
-    "Activations and framework workspace are not included.\n";
+    "Activations and framework workspace are not included.\n"
+    "\n"
+    "Bounds: N up to 1e15, L up to 100000, R and K up to 1000000 each with R x K at most 2147483647\n"
+    "(MPI numbers ranks with an int). The work is closed form per layer, never per parameter or per\n"
+    "offload sub-group, so time and memory grow with L alone: under 1 s and 100 MiB at every maximum\n"
+    "(well under 0.1 s and 20 MiB at L=32). A figure that would not fit in 64 bits is an error naming\n"
+    "the input, never a wrapped number.\n";
 
 struct Options {
   std::size_t params = 0;
   int layers = 32;
-  int ranks_per_node = 1;
-  int nodes = 1;
+  std::int64_t ranks_per_node = 1;
+  std::int64_t nodes = 1;
+  int ranks = 1;  // ranks_per_node x nodes, checked
   bool dtype_given = false;
   DType dtype = DType::bf16;
   std::string config_path;
@@ -45,6 +54,12 @@ using args::UsageError;
 
 // 10^15 parameters: far past any model, still exact in a double.
 constexpr std::size_t kMaxParams = 1'000'000'000'000'000;
+// Planning is linear in the layers (about 6 us and 400 bytes per layer and row): 10^5 layers,
+// far past any model's, stay under a second and 100 MiB.
+constexpr long long kMaxLayers = 100'000;
+constexpr long long kMaxPerFlag = 1'000'000;  // --ranks-per-node, --nodes each
+// The engine's world is an MPI communicator, whose ranks are numbered with an int.
+constexpr std::int64_t kMaxRanks = INT_MAX;
 
 DType parse_dtype(const std::string& text) {
   if (text == "bf16") return DType::bf16;
@@ -65,17 +80,27 @@ Options parse(int argc, char** argv) {
     if (flag == "--params") {
       o.params = args::parse_count(flag, value, 1, kMaxParams);
       params_given = true;
-    } else if (flag == "--layers" || flag == "--ranks-per-node" || flag == "--nodes") {
-      const int n = static_cast<int>(args::parse_integer(flag, value, 1, 1'000'000));
-      (flag == "--layers" ? o.layers : flag == "--ranks-per-node" ? o.ranks_per_node : o.nodes) = n;
+    } else if (flag == "--layers") {
+      o.layers = static_cast<int>(args::parse_integer(flag, value, 1, kMaxLayers));
+    } else if (flag == "--ranks-per-node" || flag == "--nodes") {
+      (flag == "--ranks-per-node" ? o.ranks_per_node : o.nodes) = args::parse_integer(flag, value, 1, kMaxPerFlag);
     } else if (flag == "--dtype") {
       o.dtype = parse_dtype(std::string(value));
       o.dtype_given = true;
     } else {
+      if (value.empty()) throw UsageError("--config: the path is empty; give a config FILE, or leave --config out for the defaults");
       o.config_path = value;
     }
   }
   if (!params_given) throw UsageError("--params N is required");
+  // Both factors are at most 10^6, so the product is exact in 64 bits; the world must fit an int.
+  const std::int64_t ranks = o.ranks_per_node * o.nodes;
+  if (ranks > kMaxRanks)
+    throw UsageError(std::string("--ranks-per-node ").append(std::to_string(o.ranks_per_node)).append(" x --nodes ")
+                         .append(std::to_string(o.nodes)).append(" = ").append(std::to_string(ranks))
+                         .append(" ranks, more than the ").append(std::to_string(kMaxRanks))
+                         .append(" an MPI world can number; give fewer ranks per node or fewer nodes"));
+  o.ranks = static_cast<int>(ranks);
   if (o.params < static_cast<std::size_t>(o.layers))
     throw UsageError(std::string("--params ").append(std::to_string(o.params)).append(" is fewer than --layers ")
                          .append(std::to_string(o.layers)).append(": give at least one parameter per layer"));
@@ -148,13 +173,23 @@ std::vector<Row> rows(const Config& base) {
   return all;
 }
 
+// A node's figure: one rank's times --ranks-per-node, checked.
+std::size_t per_node(std::size_t per_rank, const Options& o, const char* what) {
+  std::size_t total = 0;
+  if (__builtin_mul_overflow(per_rank, static_cast<std::size_t>(o.ranks_per_node), &total))
+    throw Error(std::string("the ").append(what).append(" per node (").append(std::to_string(per_rank))
+                    .append(" bytes per rank x --ranks-per-node ").append(std::to_string(o.ranks_per_node))
+                    .append(") does not fit in 64 bits; give fewer ranks per node or fewer parameters (--params)"));
+  return total;
+}
+
 void print_table(const Options& o, const Config& base) {
-  const int ranks = o.ranks_per_node * o.nodes;
+  const int ranks = o.ranks;
   const std::vector<ParamSpec> model = uniform_model(o.params, o.layers);
-  const std::size_t per_node = static_cast<std::size_t>(o.ranks_per_node);
-  std::printf("zest estimate: %s parameters (%zu) in %d layers, %s; %d rank%s per node x %d node%s = %d rank%s\n",
+  std::printf("zest estimate: %s parameters (%zu) in %d layers, %s; %lld rank%s per node x %lld node%s = %d rank%s\n",
               readable_count(o.params).c_str(), o.params, o.layers, std::string(dtype_name(base.precision.dtype)).c_str(),
-              o.ranks_per_node, o.ranks_per_node == 1 ? "" : "s", o.nodes, o.nodes == 1 ? "" : "s", ranks,
+              static_cast<long long>(o.ranks_per_node), o.ranks_per_node == 1 ? "" : "s", static_cast<long long>(o.nodes),
+              o.nodes == 1 ? "" : "s", ranks,
               ranks == 1 ? "" : "s");
   std::printf("settings: %s; buckets.reduce %s, stage3.max_live %s, offload.sub_group %s, buffer_count %d\n\n",
               o.config_path.empty() ? "defaults" : o.config_path.c_str(), format_size(base.buckets.reduce_bytes).c_str(),
@@ -180,12 +215,13 @@ void print_table(const Options& o, const Config& base) {
     std::printf("%-*s %12s %12s %12s %12s %12s %16s %12s\n", width, name.c_str(), readable(e.device_total).c_str(),
                 readable(e.device_of(MemoryCategory::params)).c_str(), readable(e.device_of(MemoryCategory::grads)).c_str(),
                 readable(e.device_of(MemoryCategory::optimizer_states)).c_str(),
-                readable(e.device_of(MemoryCategory::buffers)).c_str(), readable(per_node * e.pinned).c_str(),
-                readable(per_node * e.nvme).c_str());
+                readable(e.device_of(MemoryCategory::buffers)).c_str(),
+                readable(per_node(e.pinned, o, "pinned host memory")).c_str(),
+                readable(per_node(e.nvme, o, "NVMe swap space")).c_str());
   }
   std::printf("\ndevice/rank: zest's allocations on each device (add activations and workspace); pinned host and\n"
-              "NVMe per node: %d rank%s' offload buffers and swap files.\n",
-              o.ranks_per_node, o.ranks_per_node == 1 ? "" : "s");
+              "NVMe per node: %lld rank%s' offload buffers and swap files.\n",
+              static_cast<long long>(o.ranks_per_node), o.ranks_per_node == 1 ? "" : "s");
 }
 
 }  // namespace
@@ -205,7 +241,9 @@ int estimate(int argc, char** argv) {
   Config config;
   config.precision.dtype = DType::bf16;
   try {
-    if (!o.config_path.empty()) config = load_config(o.config_path);
+    // The programs' sections are theirs (as `zest config check` takes them): an example config is
+    // estimated as it is trained.
+    if (!o.config_path.empty()) config = load_config(o.config_path, shipped_program_sections());
   } catch (const ConfigError& error) {
     for (const ConfigProblem& problem : error.problems()) std::fprintf(stderr, "%s\n", problem.to_string().c_str());
     return 2;

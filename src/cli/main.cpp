@@ -1,4 +1,5 @@
 // The `zest` command: one entry point, subcommands in their own files.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -25,6 +26,10 @@ constexpr const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, which the writers report
+  // and clean up after (a temporary file removed, the previous output kept), instead of SIGXFSZ
+  // killing the process mid-write and leaving the temporary file behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

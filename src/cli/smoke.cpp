@@ -172,13 +172,18 @@ int smoke(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
       config_path = argv[++i];
+      if (config_path.empty()) {
+        std::fprintf(stderr, "zest smoke: --config: the path is empty; give a config FILE, or leave --config out\n");
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "usage: zest smoke [--config FILE]\n");
       return 2;
     }
   }
   try {
-    const Config config = config_path.empty() ? Config{} : load_config(config_path);
+    // A program's config (zest-train's model:, train:) runs the smoke test as that program would.
+    const Config config = config_path.empty() ? Config{} : load_config(config_path, shipped_program_sections());
     Runtime runtime(config);
     const bool leader = runtime.rank() == 0;
     if (leader)

@@ -49,6 +49,8 @@ void check_number(ProblemSink& sink, const std::string& key, double value, const
 
 void check_size(ProblemSink& sink, const std::string& key, std::size_t bytes, SizeRule rule) {
   const bool ok = rule == SizeRule::any || (rule == SizeRule::positive && bytes > 0) ||
+                  (rule == SizeRule::bucket && bytes >= kMinBucketBytes) ||
+                  (rule == SizeRule::sub_group && bytes >= kMinSubGroupBytes) ||
                   (rule == SizeRule::io_block && bytes >= 4 * kKiB && bytes <= kMaxIoBlock &&
                    (bytes & (bytes - 1)) == 0);
   if (!sink.valid(key) || ok) return;
@@ -70,8 +72,8 @@ void check_ranges(const Config& c, ProblemSink& sink) {
   check_int(sink, "stage", c.stage, kStageRange);
   check_choice(sink, "device.type", kDeviceTypeNames, c.device.type);
   check_choice(sink, "comm.backend", kCommBackendNames, c.comm.backend);
-  check_size(sink, "buckets.reduce", c.buckets.reduce_bytes, SizeRule::positive);
-  check_size(sink, "buckets.allgather", c.buckets.allgather_bytes, SizeRule::positive);
+  check_size(sink, "buckets.reduce", c.buckets.reduce_bytes, SizeRule::bucket);
+  check_size(sink, "buckets.allgather", c.buckets.allgather_bytes, SizeRule::bucket);
   check_size(sink, "stage3.max_live", c.stage3.max_live_bytes, SizeRule::positive);
   check_choice(sink, "optimizer.type", kOptimizerTypeNames, c.optimizer.type);
   check_number(sink, "optimizer.lr", c.optimizer.lr, kPositive);
@@ -111,7 +113,7 @@ void check_ranges(const Config& c, ProblemSink& sink) {
     check_int(sink, prefix + ".buffer_count", target->buffer_count, kBufferCountRange);
   }
   check_number(sink, "offload.optimizer.ratio", c.offload.optimizer_ratio, kOffloadRatio);
-  check_size(sink, "offload.sub_group", c.offload.sub_group_bytes, SizeRule::positive);
+  check_size(sink, "offload.sub_group", c.offload.sub_group_bytes, SizeRule::sub_group);
   check_size(sink, "io.block_size", c.io.block_size, SizeRule::io_block);
   check_int(sink, "io.queue_depth", c.io.queue_depth, kQueueDepthRange);
   check_int(sink, "io.threads", c.io.threads, kIoThreadsRange);
@@ -366,6 +368,12 @@ std::string expected_size(SizeRule rule) {
     case SizeRule::io_block:
       return "a power of two from 4KiB to 1GiB (O_DIRECT moves whole aligned blocks; one read "
              "moves at most 2GiB)";
+    case SizeRule::bucket:
+      return "a size of at least 4B (e.g. 25MiB): a bucket holds at least one element (4 bytes in fp32); any "
+             "size below the smallest group (64 elements) already gives every group a bucket of its own";
+    case SizeRule::sub_group:
+      return "a size of at least 768B (e.g. 256MiB): a sub-group holds at least 64 parameters (the shard "
+             "alignment) whose master, m and v take 12 bytes each; a smaller one would be rounded up silently";
     case SizeRule::any: break;
   }
   return "a size (e.g. 4096, 512KiB, 25MiB, 1.5GiB)";

@@ -58,7 +58,12 @@ extern const NumberRule kUnitInterval;    // betas
 extern const NumberRule kClipping;        // gradient_clipping (0 turns it off)
 extern const NumberRule kOffloadRatio;    // offload.optimizer.ratio: (0, 1]
 
-enum class SizeRule { any, positive, io_block };
+// bucket and sub_group are physical floors: smaller values could only be rounded up silently.
+enum class SizeRule { any, positive, io_block, bucket, sub_group };
+// The floors (bytes): a bucket holds at least one element (of the widest dtype, fp32); a sub-group
+// holds at least 64 parameters (the shard alignment) of 12 bytes of states each.
+inline constexpr std::size_t kMinBucketBytes = 4;
+inline constexpr std::size_t kMinSubGroupBytes = 64 * 12;
 // "a size of at least 1 byte (e.g. 512KiB, 25MiB)" and the like.
 std::string expected_size(SizeRule rule);
 

@@ -600,8 +600,8 @@ Config ConfigReader::read(const YAML::Node* root) {
                    {"timeout", duration(c.comm.timeout)},
                })},
       {"buckets", section({
-                      {"reduce", size(c.buckets.reduce_bytes, SizeRule::positive)},
-                      {"allgather", size(c.buckets.allgather_bytes, SizeRule::positive)},
+                      {"reduce", size(c.buckets.reduce_bytes, SizeRule::bucket)},
+                      {"allgather", size(c.buckets.allgather_bytes, SizeRule::bucket)},
                       {"overlap_comm", flag(c.buckets.overlap_comm)},
                   })},
       {"stage3", section({
@@ -640,7 +640,7 @@ Config ConfigReader::read(const YAML::Node* root) {
                                                    {{"ratio", number(c.offload.optimizer_ratio, detail::kOffloadRatio)},
                                                     {"overlap", flag(c.offload.optimizer_overlap)}})},
                       {"param", offload_target(c.offload.param)},
-                      {"sub_group", size(c.offload.sub_group_bytes, SizeRule::positive)},
+                      {"sub_group", size(c.offload.sub_group_bytes, SizeRule::sub_group)},
                   })},
       {"io", section({
                  {"block_size", size(c.io.block_size, SizeRule::io_block)},

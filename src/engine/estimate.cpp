@@ -13,7 +13,7 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
     throw Error(std::string("estimate_memory: ranks must be at least 1, got ").append(std::to_string(ranks)));
   // The engine partitions over the world from stage 1 on; stage 0 keeps everything on every rank.
   const engine::Layout layout(params, config.stage == 0 ? 1 : ranks);
-  const engine::MemoryPlan plan = engine::plan_memory(config, layout);
+  const engine::MemoryPlan plan = engine::plan_memory(config, layout, engine::SubGroups::sizes_only);
   MemoryEstimate e;
   e.ranks = ranks;
   e.numel = layout.numel();

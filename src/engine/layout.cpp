@@ -4,6 +4,7 @@
 #include <set>
 #include <string>
 
+#include "checkpoint/format.hpp"
 #include "zest/error.hpp"
 
 namespace zest {
@@ -26,6 +27,19 @@ namespace {
 
 std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
+// As ParamSpec::numel's: every byte count derived from the padded layout (fp32 states, overlap's
+// second copy) fits in 64 bits.
+constexpr std::size_t kMaxLayoutElements = std::numeric_limits<std::size_t>::max() / 64;
+
+std::size_t checked_sum(std::size_t a, std::size_t b, int partitions) {
+  std::size_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum) || sum > kMaxLayoutElements)
+    throw Error(std::string("Engine: the parameters, each group padded to split into ").append(std::to_string(partitions))
+                    .append(" aligned shards, hold more than ").append(std::to_string(kMaxLayoutElements))
+                    .append(" elements; use fewer ranks or fewer, larger groups"));
+  return sum;
+}
+
 }  // namespace
 
 Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partitions_(partitions) {
@@ -36,9 +50,11 @@ Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partition
   std::set<std::string_view> names;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& p = params[i];
-    if (p.name.empty())
-      throw Error(std::string("Engine: parameter ").append(std::to_string(i)).append(" has an empty name; "
-                  "name every tensor (checkpoints and optimizer parameter groups find tensors by name)"));
+    if (const std::string problem = checkpoint::tensor_name_problem(p.name); !problem.empty())
+      throw Error(std::string("Engine: the name of parameter ").append(std::to_string(i)).append(" ").append(problem)
+                      .append("; give every tensor a name a checkpoint can hold (one line of text, not empty, at most ")
+                      .append(std::to_string(checkpoint::kMaxTensorNameBytes)).append(" bytes): checkpoints and "
+                      "optimizer parameter groups find tensors by name"));
     if (!names.insert(p.name).second)
       throw Error(std::string("Engine: two parameters are named '").append(p.name).append("'; names must be unique"));
     if (p.numel() == 0)
@@ -64,16 +80,18 @@ Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partition
     }
     GroupPlace& g = groups_.back();
     tensors_.push_back(TensorPlace{p.group, g.padded, p.numel()});
-    g.padded = round_up(g.padded + p.numel(), kAlign);
+    g.padded = round_up(checked_sum(g.padded, p.numel(), partitions), kAlign);
     g.end_tensor = i + 1;
-    numel_ += p.numel();
+    numel_ = checked_sum(numel_, p.numel(), partitions);
   }
   for (GroupPlace& g : groups_) {
-    g.padded = round_up(g.padded, kAlign * static_cast<std::size_t>(partitions));
+    const std::size_t multiple = kAlign * static_cast<std::size_t>(partitions);
+    checked_sum(g.padded, multiple - 1, partitions);  // round_up's sum
+    g.padded = round_up(g.padded, multiple);
     g.shard = g.padded / static_cast<std::size_t>(partitions);
     g.full_offset = full_numel_;
     g.shard_offset = shard_numel_;
-    full_numel_ += g.padded;
+    full_numel_ = checked_sum(full_numel_, g.padded, partitions);
     shard_numel_ += g.shard;
     if (g.padded > largest_segment_) largest_segment_ = g.padded;
   }

@@ -27,14 +27,25 @@ std::size_t device_kept_numel(const Config& config, const Layout& layout) {
 }
 
 void plan_optimizer_offload(const Config& config, const Layout& layout, DType dtype, ShardRange range,
-                            bool grads_on_host, OptimizerOffloadPlan& p) {
+                            bool grads_on_host, SubGroups list, OptimizerOffloadPlan& p) {
   p.range = range;
   p.grads_on_host = grads_on_host;
   p.slots = static_cast<std::size_t>(std::max(0, config.offload.optimizer.buffer_count));
+  const bool nvme = config.offload.optimizer.device == OffloadDevice::nvme;
   // Master, m and v take 12 bytes per parameter.
   const std::size_t per = std::max(Layout::kAlign, config.offload.sub_group_bytes / 12 / Layout::kAlign * Layout::kAlign);
+  p.sub_group_elements = per;
+  // Each group's part splits into full sub-groups of `per` and a last, shorter one: the sizes
+  // follow from the two, without visiting every sub-group (a 10^15-parameter estimate at the
+  // smallest sub-group would otherwise list 10^13 of them).
+  const auto region = [](std::size_t count) { return round_up(3 * count * sizeof(float), kNvmeAlignment); };
   for (int g = 0; g < layout.group_count(); ++g) {
     const ShardRange part = group_part(layout, g, range);
+    const std::size_t full = part.count() / per, rest = part.count() % per;
+    p.sub_group_count += full + (rest > 0 ? 1 : 0);
+    p.largest = std::max(p.largest, full > 0 ? per : rest);
+    if (nvme) p.nvme_bytes += full * region(per) + (rest > 0 ? region(rest) : 0);
+    if (list != SubGroups::listed) continue;
     for (std::size_t first = part.begin; first < part.end; first += per) {
       SubGroupPlace sub;
       sub.group = g;
@@ -43,7 +54,6 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
       sub.count = std::min(per, part.end - first);
       sub.first_of_group = first == part.begin;
       sub.last_of_group = first + sub.count == part.end;
-      p.largest = std::max(p.largest, sub.count);
       p.sub_groups.push_back(sub);
     }
   }
@@ -53,7 +63,6 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
   if (config.offload.optimizer.device == OffloadDevice::nvme) {
     p.state_slot_bytes = round_up(3 * p.largest * sizeof(float), kNvmeAlignment);
     p.state_slots_bytes = p.slots * p.state_slot_bytes;
-    for (const SubGroupPlace& sub : p.sub_groups) p.nvme_bytes += round_up(3 * sub.count * sizeof(float), kNvmeAlignment);
   } else {
     p.states_bytes = 3 * range.count() * sizeof(float);
   }
@@ -123,7 +132,7 @@ ShardRange group_part(const Layout& layout, int g, ShardRange range) {
   return begin < end ? ShardRange{begin, end} : ShardRange{begin, begin};
 }
 
-MemoryPlan plan_memory(const Config& config, const Layout& layout) {
+MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups) {
   MemoryPlan p;
   const DType dtype = config.precision.dtype;
   auto bytes = [dtype](std::size_t elements) { return elements * dtype_size(dtype); };
@@ -179,7 +188,7 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout) {
   add(MemoryCategory::buffers, p.gather_bucket);
   if (p.offload_optimizer)
     plan_optimizer_offload(config, layout, dtype, {p.device_states.end, layout.shard_numel()}, p.grads_on_host,
-                           p.optimizer_offload);
+                           sub_groups, p.optimizer_offload);
   if (p.offload_params) {
     p.param_offload.offloaded.resize(groups);
     for (std::size_t g = 0; g < groups; ++g) p.param_offload.offloaded[g] = p.resident[g] == 0;

@@ -50,6 +50,11 @@ struct SubGroupPlace {
 struct OptimizerOffloadPlan {
   ShardRange range;                      // the elements whose states are offloaded
   std::size_t slots = 0;                 // offload.optimizer.buffer_count
+  std::size_t sub_group_elements = 0;    // the most one sub-group holds (offload.sub_group / 12, aligned)
+  std::size_t sub_group_count = 0;
+  // One entry per sub-group, only with SubGroups::listed (the engine keeps a region and a pipeline
+  // entry per sub-group); the sizes below never need it, so an estimate stays small however many
+  // sub-groups a model has.
   std::vector<SubGroupPlace> sub_groups;
   std::size_t largest = 0;               // elements of the largest sub-group
   // The step reads the gradients in place from MemoryPlan's host shard (grads_on_host): no
@@ -146,7 +151,13 @@ struct MemoryPlan {
 // The part of group g's shard inside `range` (empty where they do not meet).
 ShardRange group_part(const Layout& layout, int g, ShardRange range);
 
+// Whether plan_memory lists the offloaded optimizer's sub-groups (OptimizerOffloadPlan::sub_groups):
+// the engine needs the list, an estimate only the sizes, which come in closed form per group.
+enum class SubGroups { sizes_only, listed };
+
 // The sizes for `config` over `layout` (partitions = 1 for stage 0, the world size otherwise).
-MemoryPlan plan_memory(const Config& config, const Layout& layout);
+// Time and memory grow with the layout's groups and tensors, and with the sub-groups only when
+// listed.
+MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups = SubGroups::listed);
 
 }  // namespace zest::engine

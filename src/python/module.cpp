@@ -128,15 +128,8 @@ PYBIND11_MODULE(_C, m) {
         return std::make_pair(o.get().runtime().rank(), o.get().runtime().world_size());
       })
       .def("full_parameters", [](PyOptimizer& o) {
-        // Collective: every rank reads every tensor's fp32 master weights.
-        zest::Engine& engine = o.get().engine();
         std::vector<std::pair<std::string, at::Tensor>> out;
-        for (std::size_t t = 0; t < engine.tensor_count(); ++t) {
-          const zest::ParamSpec& spec = engine.spec(t);
-          at::Tensor values = at::empty(std::vector<std::int64_t>(spec.shape.begin(), spec.shape.end()), at::kFloat);
-          engine.get_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
-          out.emplace_back(spec.name, std::move(values));
-        }
+        for (const auto& item : o.get().full_parameters()) out.emplace_back(item.key(), item.value());
         return out;
       })
       .def("torch_param_bytes", [](PyOptimizer& o) { return o.get().torch_param_bytes(); })

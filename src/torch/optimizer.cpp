@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -56,6 +57,21 @@ std::vector<int> layer_groups(const std::vector<std::string>& names) {
   return groups;
 }
 
+// Whether the bytes the two tensors can reach overlap.
+bool share_memory(const ::torch::Tensor& a, const ::torch::Tensor& b) {
+  if (!a.has_storage() || !b.has_storage() || a.storage().nbytes() == 0 || b.storage().nbytes() == 0) return false;
+  if (!a.storage().is_alias_of(b.storage())) return false;
+  const auto extent = [](const ::torch::Tensor& t) {
+    std::int64_t last = 0;
+    for (std::int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    const std::int64_t begin = t.storage_offset() * static_cast<std::int64_t>(t.element_size());
+    return std::pair{begin, begin + (last + 1) * static_cast<std::int64_t>(t.element_size())};
+  };
+  const auto [a_begin, a_end] = extent(a);
+  const auto [b_begin, b_end] = extent(b);
+  return a_begin < b_end && b_begin < a_end;
+}
+
 // A 63-bit FNV-1a hash of every parameter's bytes: equal on every rank iff (almost surely) the
 // values are.
 std::int64_t values_hash(const std::vector<::torch::Tensor>& tensors) {
@@ -99,6 +115,11 @@ struct Optimizer::Impl {
   // This contribution (micro-batch) of each group: which tensors were handed over, how many wait.
   std::vector<char> handed;
   std::vector<std::size_t> waiting;
+  // Which tensors got a gradient since the last step, in any micro-batch.
+  std::vector<char> got_grad;
+  // What .grad holds once the gradient is handed over: the tensor's shape, no bytes, and a message
+  // naming where the gradient went, raised by any read (clip_grad_norm_, p.grad().norm()).
+  std::vector<::torch::Tensor> grad_placeholders;
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators;  // autograd holds them weakly
   std::vector<int> zest_group;                    // torch param group -> engine optimizer group
   std::unique_ptr<detail::ParamResidency> residency;  // stage 3
@@ -109,18 +130,36 @@ struct Optimizer::Impl {
   // gradients in .grad as plain torch does.
   std::shared_ptr<Impl*> link = std::make_shared<Impl*>(this);
   bool claimed = false;  // `tensors` are this optimizer's in the registry below
+  Optimizer* owner = nullptr;
 
   Impl() = default;
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
   ~Impl();
   void hand_over(std::size_t tensor);
+  void clear_placeholder(std::size_t tensor);
   void group_ready(int group);
   void finish_backward();
+  void apply_group_options();
   void give_parameters_back() noexcept;
 };
 
 namespace {
+
+// Runs before autograd accumulates a parameter's gradient: takes the placeholder out of .grad, so
+// that autograd stores the new gradient instead of adding to a tensor that holds nothing.
+class ClearPlaceholderHook : public ::torch::autograd::FunctionPreHook {
+ public:
+  ClearPlaceholderHook(std::weak_ptr<Optimizer::Impl*> impl, std::size_t tensor) : impl_(std::move(impl)), tensor_(tensor) {}
+  ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& grads) override {
+    if (const auto impl = impl_.lock()) (*impl)->clear_placeholder(tensor_);
+    return grads;
+  }
+
+ private:
+  std::weak_ptr<Optimizer::Impl*> impl_;
+  std::size_t tensor_;
+};
 
 // Runs after autograd accumulated a parameter's gradient into .grad: moves it to zest's bucket.
 class HandOverHook : public ::torch::autograd::FunctionPostHook {
@@ -167,13 +206,14 @@ Optimizer::Impl::~Impl() {
   if (claimed) unclaim(tensors);
 }
 
-// When the optimizer goes, the module keeps working: each parameter gets storage of its own with
-// its current values (stages 0-2 copy zest's device parameters; stage 3 gathers them, collectively,
+// When the optimizer goes, the module keeps working: .grad holds no placeholder, and each parameter
+// gets storage of its own with its current values (stages 0-2 copy zest's device parameters; stage 3 gathers them, collectively,
 // unless an exception is unwinding, when a collective could wait for ranks that went on: the
 // parameters then stay released, and using one raises torch's error for a storage of size 0).
 void Optimizer::Impl::give_parameters_back() noexcept {
   if (!engine) return;
   try {
+    for (std::size_t t = 0; t < tensors.size(); ++t) clear_placeholder(t);
     ::torch::NoGradGuard no_grad;
     if (residency) {
       residency->drop_all();
@@ -202,12 +242,18 @@ void Optimizer::Impl::hand_over(std::size_t t) {
   if (handed[t]) slot.add_(grad, grad_scale);
   else slot.copy_(grad);
   if (!handed[t] && grad_scale != 1.0) slot.mul_(grad_scale);
-  param.mutable_grad().reset();
+  param.mutable_grad() = grad_placeholders[t];
+  got_grad[t] = 1;
   const int group = engine->spec(t).group;
   if (!handed[t]) {
     handed[t] = 1;
     if (--waiting[static_cast<std::size_t>(group)] == 0) group_ready(group);
   }
+}
+
+void Optimizer::Impl::clear_placeholder(std::size_t t) {
+  ::torch::Tensor& grad = tensors[t].mutable_grad();
+  if (grad.defined() && grad.unsafeGetTensorImpl() == grad_placeholders[t].unsafeGetTensorImpl()) grad.reset();
 }
 
 void Optimizer::Impl::group_ready(int group) {
@@ -218,10 +264,20 @@ void Optimizer::Impl::group_ready(int group) {
   if (residency) residency->drop_backward(group);
 }
 
-// Before a step: a group some of whose tensors got no gradient in this contribution gets zeros for
-// them (the others' gradients must still be reduced); a group none of whose tensors got one is not
-// updated, as torch leaves a parameter without gradient alone.
+// Before a step: a group some of whose tensors got no gradient in this contribution (micro-batch)
+// gets zeros for them, as torch's accumulation in .grad adds nothing for them. A tensor that got no
+// gradient in the whole step is refused: torch's AdamW leaves such a parameter alone, but zest
+// updates every shard whole (momentum and weight decay would move it), so it says so here instead.
 void Optimizer::Impl::finish_backward() {
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    if (got_grad[t]) continue;
+    throw Error("zest::torch::Optimizer::step: parameter '" + engine->spec(t).name +
+                "' got no gradient since the last step. torch.optim.AdamW would leave it unchanged; zest "
+                "updates every trained parameter at every step (momentum and weight decay would still move "
+                "it), so it refuses instead. Freeze it for the whole run (requires_grad false before "
+                "building the optimizer), or make it take part in the loss (adding 0 * p.sum() gives it a "
+                "zero gradient and zest's update)");
+  }
   for (std::size_t g = 0; g < members.size(); ++g) {
     if (waiting[g] == members[g].size()) continue;
     for (std::size_t t : members[g]) {
@@ -231,6 +287,7 @@ void Optimizer::Impl::finish_backward() {
     }
     group_ready(static_cast<int>(g));
   }
+  std::fill(got_grad.begin(), got_grad.end(), 0);
 }
 
 Optimizer::Optimizer(const NamedParameters& params, const Config& config, Runtime* runtime)
@@ -241,6 +298,7 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
     : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{}, std::make_unique<::torch::optim::AdamWOptions>(config.optimizer.lr)),
       impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
+  s.owner = this;
   validate(config);
   if (!runtime) {
     s.owned_runtime = std::make_unique<Runtime>(config);
@@ -248,10 +306,21 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   }
   s.runtime = runtime;
 
-  // The trained tensors (frozen ones stay torch's) in the module's order.
+  // The trained tensors (frozen ones stay torch's) in the module's order. A tensor listed twice
+  // (tied weights: libtorch's named_parameters() lists a shared module's tensors under each name) is
+  // one parameter with one update, as in torch, under its first name; two tensors sharing memory
+  // cannot be two parameters of zest's (each gets memory of its own), so they are refused.
   std::vector<std::string> names;
+  std::unordered_set<const void*> listed;
   for (const auto& item : params) {
     if (!item.value().requires_grad()) continue;
+    if (!listed.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    for (std::size_t t = 0; t < s.tensors.size(); ++t)
+      if (share_memory(s.tensors[t], item.value()))
+        throw Error("zest::torch::Optimizer: parameters '" + names[t] + "' and '" + item.key() +
+                    "' are different tensors over the same memory (views of one another); zest gives each "
+                    "parameter memory of its own, which would untie them. Register one tensor and use it in "
+                    "both places (tied weights), or make them separate tensors");
     const DType dtype = zest_dtype(item.value(), item.key());
     if (dtype != config.precision.dtype)
       throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is " + std::string(dtype_name(dtype)) +
@@ -347,10 +416,18 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   s.members.resize(static_cast<std::size_t>(engine.group_count()));
   for (std::size_t t = 0; t < s.tensors.size(); ++t) s.members[static_cast<std::size_t>(layer[t])].push_back(t);
   s.handed.assign(s.tensors.size(), 0);
+  s.got_grad.assign(s.tensors.size(), 0);
   for (const auto& tensors_of : s.members) s.waiting.push_back(tensors_of.size());
   for (std::size_t t = 0; t < s.tensors.size(); ++t) {
+    s.grad_placeholders.push_back(detail::storage_that_raises(
+        s.tensors[t], "zest: the gradient of parameter '" + names[t] +
+                          "' is not in .grad: zest::torch::Optimizer moved it into zest's reduce buckets as "
+                          "backward made it (one copy, reduced while backward goes on). Clip with the config's "
+                          "gradient_clipping (the step's global norm is in last_step().grad_norm), or train "
+                          "this parameter with a torch optimizer"));
     s.tensors[t].mutable_grad().reset();
     auto accumulator = ::torch::autograd::impl::grad_accumulator(s.tensors[t]);
+    accumulator->add_pre_hook(std::make_unique<ClearPlaceholderHook>(s.link, t));
     accumulator->add_post_hook(std::make_unique<HandOverHook>(s.link, t));
     s.accumulators.push_back(std::move(accumulator));
   }
@@ -375,13 +452,18 @@ Optimizer::~Optimizer() = default;
   if (closure) loss = closure();
   s.finish_backward();
   if (s.residency) s.residency->drop_all();
-  for (std::size_t i = 0; i < param_groups_.size() && i < s.zest_group.size(); ++i) {
-    const OptimizerGroupOptions wanted = from_torch(param_groups_[i].options(), i);
-    if (!same(wanted, s.engine->optimizer_group(s.zest_group[i])))
-      s.engine->set_optimizer_group(s.zest_group[i], wanted);
-  }
+  s.apply_group_options();
   s.last = s.engine->step();
   return loss;
+}
+
+// The param groups' hyper-parameters as torch code left them (a scheduler, a warm-up) become the
+// engine's: before each step, and before a save, so a checkpoint holds them as they are then.
+void Optimizer::Impl::apply_group_options() {
+  for (std::size_t i = 0; i < owner->param_groups().size() && i < zest_group.size(); ++i) {
+    const OptimizerGroupOptions wanted = from_torch(owner->param_groups()[i].options(), i);
+    if (!same(wanted, engine->optimizer_group(zest_group[i]))) engine->set_optimizer_group(zest_group[i], wanted);
+  }
 }
 
 const StepResult& Optimizer::last_step() const { return impl_->last; }
@@ -399,13 +481,25 @@ double Optimizer::grad_scale() const { return impl_->grad_scale; }
 
 void Optimizer::save(const std::string& dir) {
   if (impl_->residency) impl_->residency->drop_all();
+  impl_->apply_group_options();
   impl_->engine->save(dir);
 }
 
-LoadResult Optimizer::load(const std::string& dir) {
+LoadResult Optimizer::load(const std::string& dir, ::torch::optim::LRScheduler* scheduler) {
   Impl& s = *impl_;
   if (s.residency) s.residency->drop_all();
   LoadResult result = s.engine->load(dir);
+  // The scheduler's own position is its count of step() calls, which only step() changes: it is
+  // stepped to the checkpoint's step count, and the learning rates it set on the way are then
+  // replaced by the checkpoint's.
+  if (scheduler) {
+    // torch counts a scheduler's steps in an unsigned int; a checkpoint past what an int holds is
+    // refused rather than stepped for minutes.
+    if (result.steps > std::numeric_limits<int>::max())
+      throw Error("zest::torch::Optimizer::load: the checkpoint's step count " + std::to_string(result.steps) +
+                  " is more than a torch scheduler can count to; load without the scheduler and set its rates yourself");
+    for (std::int64_t i = 0; i < result.steps; ++i) scheduler->step();
+  }
   for (std::size_t i = 0; i < s.zest_group.size(); ++i)
     param_groups_[i].set_options(
         std::make_unique<::torch::optim::AdamWOptions>(to_torch(s.engine->optimizer_group(s.zest_group[i]))));
@@ -420,12 +514,24 @@ void Optimizer::load(::torch::serialize::InputArchive& /*archive*/) {
   throw Error("zest::torch::Optimizer: a torch archive cannot hold a sharded optimizer; use load(dir), a zest checkpoint");
 }
 
+NamedParameters Optimizer::full_parameters() {
+  Impl& s = *impl_;
+  NamedParameters full;
+  for (std::size_t t = 0; t < s.tensors.size(); ++t) {
+    ::torch::Tensor values = ::torch::empty(s.tensors[t].sizes(), ::torch::kFloat);
+    s.engine->get_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
+    full.insert(s.engine->spec(t).name, values.to(s.tensors[t].scalar_type()));
+  }
+  return full;
+}
+
 Engine& Optimizer::engine() { return *impl_->engine; }
 Runtime& Optimizer::runtime() { return *impl_->runtime; }
 
 std::size_t Optimizer::torch_param_bytes() const {
   std::size_t bytes = 0;
   for (const ::torch::Tensor& t : impl_->tensors) {
+    if (detail::bytes_held(t) == 0) continue;  // released (stage 3)
     const c10::DataPtr& data = t.storage().data_ptr();
     // Aliased or released storages hold a non-owning pointer (no context to free).
     if (data.get_context() != nullptr) bytes += t.storage().nbytes();

@@ -28,6 +28,25 @@ void point_storage(const ::torch::Tensor& tensor, void* data, std::size_t nbytes
 
 }  // namespace
 
+::torch::Tensor storage_that_raises(const ::torch::Tensor& like, std::string message) {
+  // No bytes are allocated: the sizes are set on an empty tensor, whose storage then refuses every
+  // access to its data with the message (torch's own mechanism for tensors without data). Its
+  // byte count is the tensor's, so that views (weight.t() in a layer) pass torch's bounds checks
+  // and reach the access that raises the message.
+  ::torch::Tensor tensor = ::torch::empty({0}, like.options().requires_grad(false));
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(like.sizes());
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_nbytes(static_cast<std::size_t>(like.numel()) * like.element_size());
+  storage->release_data_and_set_meta_custom_data_ptr_error_msg_(std::move(message));
+  return tensor;
+}
+
+std::size_t bytes_held(const ::torch::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.has_storage()) return 0;
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  return storage->_mutable_data_ptr_no_checks().get() ? storage->nbytes() : 0;
+}
+
 ParamResidency::ParamResidency(Engine& engine, std::vector<::torch::Tensor> tensors, std::vector<int> group_of)
     : engine_(engine), tensors_(std::move(tensors)) {
   members_.resize(static_cast<std::size_t>(engine.group_count()));
@@ -36,10 +55,17 @@ ParamResidency::ParamResidency(Engine& engine, std::vector<::torch::Tensor> tens
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     members_[static_cast<std::size_t>(group_of[t])].push_back(t);
     ::torch::Tensor& param = tensors_[t];
-    // A storage of the parameter's own (contiguous, offset 0), so that pointing it elsewhere
-    // touches no other tensor; then released.
-    param.set_data(::torch::empty(param.sizes(), param.options()));
-    point_storage(param, nullptr, 0);
+    // The gathered storage is the parameter's own (contiguous, offset 0, nothing allocated), so
+    // that pointing it at a lease touches no other tensor.
+    gathered_.push_back(::torch::empty({0}, param.options().requires_grad(false)));
+    gathered_.back().unsafeGetTensorImpl()->set_sizes_contiguous(param.sizes());
+    released_.push_back(storage_that_raises(
+        param, "zest: parameter '" + engine.spec(t).name +
+                   "' is released (ZeRO stage 3): it holds values only while its module runs, gathered "
+                   "(C++: inside zest::torch::gathered(); Python: zest's module hooks). Run the module that "
+                   "uses it that way, or read the full values with the optimizer's full_parameters() "
+                   "(collective), or use stage 0-2"));
+    param.set_data(released_.back());
     index_.emplace(param.unsafeGetTensorImpl(), t);
   }
   std::lock_guard lock(registry_mutex);
@@ -73,16 +99,22 @@ void ParamResidency::make_present(int group) {
   Hold& hold = holds_[static_cast<std::size_t>(group)];
   if (hold.lease) return;
   hold.lease.emplace(engine_.acquire(group));
+  ::torch::NoGradGuard no_grad;
   for (std::size_t t : members_[static_cast<std::size_t>(group)]) {
     const TensorView view = hold.lease->param(t);
-    point_storage(tensors_[t], view.data, view.numel * dtype_size(view.dtype));
+    point_storage(gathered_[t], view.data, view.numel * dtype_size(view.dtype));
+    tensors_[t].set_data(gathered_[t]);
   }
 }
 
 void ParamResidency::release_if_unheld(int group) {
   Hold& hold = holds_[static_cast<std::size_t>(group)];
   if (hold.forward > 0 || hold.backward || !hold.lease) return;
-  for (std::size_t t : members_[static_cast<std::size_t>(group)]) point_storage(tensors_[t], nullptr, 0);
+  ::torch::NoGradGuard no_grad;
+  for (std::size_t t : members_[static_cast<std::size_t>(group)]) {
+    point_storage(gathered_[t], nullptr, 0);
+    tensors_[t].set_data(released_[t]);
+  }
   hold.lease.reset();
 }
 

@@ -1,9 +1,12 @@
 // Stage 3 for a torch module: between uses a parameter holds no storage; while some forward or
 // backward needs its group, its storage points at the engine's gathered parameters (a lease).
 //
-// The swap is done on the StorageImpl, not with set_data: autograd saves views of parameters
-// (Linear saves weight.t()), which share the parameter's StorageImpl, so pointing the storage
-// elsewhere reaches them too, and releasing it really frees nothing of torch's but the pointer.
+// Each parameter has two storages of its own. The gathered one is swapped on the StorageImpl, not
+// with set_data: autograd saves views of parameters (Linear saves weight.t()), which share the
+// parameter's StorageImpl, so pointing that storage at the lease reaches them too, and releasing it
+// frees nothing of torch's but the pointer. Between uses the parameter itself is switched (set_data)
+// to a storage that holds nothing and raises, on any read, a message naming the parameter and the
+// fix: torch would otherwise read through a null pointer (SIGSEGV) or speak of an unallocated storage.
 // A group is present while forward holds (counted: nested gathered() calls) or a backward hold
 // (set by the backward of a gathered() output, dropped when the group's gradients are handed
 // over) is on it.
@@ -13,12 +16,19 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "zest/engine.hpp"
 
 namespace zest::torch::detail {
+
+// A tensor shaped like `like` whose storage holds nothing and raises `message` (as a c10::Error,
+// which Python sees as RuntimeError) on any access to its data.
+::torch::Tensor storage_that_raises(const ::torch::Tensor& like, std::string message);
+// The bytes of memory the tensor's storage holds (0 for storage_that_raises and released ones).
+std::size_t bytes_held(const ::torch::Tensor& tensor);
 
 class ParamResidency {
  public:
@@ -54,6 +64,8 @@ class ParamResidency {
 
   Engine& engine_;
   std::vector<::torch::Tensor> tensors_;
+  std::vector<::torch::Tensor> gathered_;  // per tensor: the storage pointed at the lease
+  std::vector<::torch::Tensor> released_;  // per tensor: the storage that raises
   std::vector<std::vector<std::size_t>> members_;  // tensors of each group
   std::vector<Hold> holds_;
   std::unordered_map<const void*, std::size_t> index_;  // TensorImpl -> tensor

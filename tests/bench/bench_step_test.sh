@@ -47,16 +47,16 @@ if problems:
     print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)
 print(f"bench step: {r['step_seconds']:.4f} s per step, ratio {r['ratio']:.2f} to the disk-bound limit")
 PY
-if ls "$work"/*.swap > /dev/null 2>&1; then echo "FAIL: a swap file was left behind"; ls -l "$work"; exit 1; fi
+if ls -d "$work"/zest-* > /dev/null 2>&1; then echo "FAIL: a swap directory was left behind"; ls -lR "$work"; exit 1; fi
 # The states on the device: no path, no disk, the --allgather given.
-"$zest" bench step --optimizer-on-device --params 2e5 --steps 2 --allgather 1 --json > "$work/device.json"
+"$zest" bench step --optimizer-on-device --params 2e5 --steps 2 --allgather 4 --json > "$work/device.json"
 python3 - "$work/device.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 problems = []
 if r["optimizer_on_device"] is not True: problems.append(f"optimizer_on_device {r['optimizer_on_device']}")
 if r["nvme_bytes"] != 0: problems.append(f"nvme_bytes {r['nvme_bytes']} with the states on the device")
-if r["allgather_bucket_bytes"] != 1: problems.append(f"allgather_bucket_bytes {r['allgather_bucket_bytes']} for --allgather 1")
+if r["allgather_bucket_bytes"] != 4: problems.append(f"allgather_bucket_bytes {r['allgather_bucket_bytes']} for --allgather 4")
 if not r["step_seconds"] > 0 or not r["grad_norm"] > 0: problems.append(f"step {r['step_seconds']} s, grad_norm {r['grad_norm']}")
 if problems:
     print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)

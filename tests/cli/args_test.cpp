@@ -81,6 +81,20 @@ TEST(ValueOf, AFlagWithoutItsValue) {
   EXPECT_EQ(refusal([&] { value_of(1, argv, i); }), "--steps needs a value");
 }
 
+// `--save ''` (an unset variable) named the flag nowhere on main: zest-train saved nothing, exit 0.
+TEST(PathOf, AnEmptyPathIsRefusedByItsFlag) {
+  char flag[] = "--save", empty[] = "", dir[] = "ckpt";
+  char* argv[] = {flag, empty, flag, dir};
+  int i = 0;
+  EXPECT_EQ(refusal([&] { path_of(2, argv, i); }),
+            "--save: the path is empty (an unset variable?); give a path, or leave --save out");
+  i = 2;
+  EXPECT_EQ(path_of(4, argv, i), "ckpt");
+  EXPECT_EQ(i, 3);
+  i = 0;
+  EXPECT_EQ(refusal([&] { path_of(1, argv, i); }), "--save needs a value");
+}
+
 class Scratch : public testing::Test {
  protected:
   void SetUp() override {

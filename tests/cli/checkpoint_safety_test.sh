@@ -4,7 +4,9 @@
 # `zest checkpoint consolidate` refuses an output inside the checkpoint it reads, a FIFO, a device,
 # a symbolic link, a directory, '.', '..', '' and an existing file zest did not write, before any
 # work and leaving it as it was, and replaces a safetensors file it wrote; and a FIFO named
-# `manifest` is refused by inspect, consolidate and `zest-train --load` instead of hanging them.
+# `manifest` is refused by inspect, consolidate and `zest-train --load` instead of hanging them;
+# consolidate past the file-size limit fails with an error and leaves no temporary file; a
+# checkpoint past 2^31 steps resumes without wrapping, and one of stage 9 is refused by name.
 # usage: checkpoint_safety_test.sh ZEST MAKE_TEST_CHECKPOINT ZEST_TRAIN SOURCE_ROOT
 set -eu
 
@@ -127,6 +129,34 @@ expect_text "$work/err" "is a FIFO, not a regular file" "consolidate with a FIFO
 run_train --load "$work/fifo-ckpt"
 expect_rc 1 "zest-train --load with a FIFO manifest"
 expect_text "$work/err" "is a FIFO, not a regular file" "zest-train --load with a FIFO manifest"
+
+# --- a checkpoint whose step count passes what an int holds (edited, checksum resealed): zest-train
+# resumes after it and trains no more steps (it used to wrap to step -2^31 and train 2^31 steps)
+run_train --save "$work/far"
+expect_rc 0 "save for the step-count case"
+sed -i 's/^steps .*/steps 2147483647/' "$work/far/manifest"
+"$make_checkpoint" --reseal "$work/far/manifest"
+run_train --load "$work/far"
+expect_rc 0 "load a checkpoint at step 2^31-1"
+expect_text "$work/out" "resumed from $work/far after step 2147483647" "load a checkpoint at step 2^31-1"
+grep -q '^step ' "$work/out" && fail "load a checkpoint at step 2^31-1: it trained more steps"
+# Out of range, though resealed: refused before training, naming the field.
+sed -i 's/^stage .*/stage 9/' "$work/far/manifest"
+"$make_checkpoint" --reseal "$work/far/manifest"
+run_train --load "$work/far"
+expect_rc 1 "load a checkpoint of stage 9"
+expect_text "$work/err" "stage 9 is out of range (0 to 3)" "load a checkpoint of stage 9"
+
+# --- consolidate past the file-size limit (ulimit -f): an error naming the output, no temporary
+# file left behind (SIGXFSZ used to kill it mid-write, leaving OUT.tmp-<n>)
+rc=0
+(ulimit -f 1 && exec timeout 60 "$zest" checkpoint consolidate "$ckpt" "$work/limited.safetensors") \
+  >"$work/out" 2>"$work/err" </dev/null || rc=$?
+expect_rc 1 "consolidate past the file-size limit"
+expect_text "$work/err" "consolidate: cannot write $work/limited.safetensors" "consolidate past the file-size limit"
+for left in "$work"/limited.safetensors*; do
+  [ -e "$left" ] && fail "consolidate past the file-size limit left $left behind"
+done
 
 [ "$failures" -eq 0 ] || exit 1
 echo "checkpoint safety: all cases passed"

@@ -133,7 +133,7 @@ bad "--params: expected a whole count" --params 7X
 bad "--params: expected a whole count" --params -5
 bad "--params: expected a whole count" --params nan
 bad "--params: expected a whole count" --params 1e19
-bad "--layers: expected a whole number from 1 to 1000000, found '0'" --params 100 --layers 0
+bad "--layers: expected a whole number from 1 to 100000, found '0'" --params 100 --layers 0
 bad "--ranks-per-node: expected a whole number" --params 100 --ranks-per-node two
 bad "--nodes: expected a whole number" --params 100 --nodes 0
 bad "--dtype: expected bf16, fp16 or fp32, found 'fp8'" --params 100 --dtype fp8

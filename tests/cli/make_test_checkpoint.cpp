@@ -1,16 +1,24 @@
-// Writes a synthetic checkpoint (tests/engine/synthetic_checkpoint.hpp) for the CLI tests.
+// Writes a synthetic checkpoint (tests/engine/synthetic_checkpoint.hpp) for the CLI tests, or
+// reseals a hand-edited manifest.
 // usage: make_test_checkpoint DIR RANKS CHUNK_BYTES SHAPE:NAME...
 //   SHAPE is dimensions joined by 'x' ("331x3", "4096"; empty for a scalar); NAME is the rest of
 //   the argument, any characters. Tensor i is in group i.
+// usage: make_test_checkpoint --reseal MANIFEST
+//   Recomputes MANIFEST's closing checksum line after an edit (sed), as a user who edits a
+//   manifest by hand would: only the checks behind the checksum stop what the edit means.
+#include <cstdint>
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/synthetic_checkpoint.hpp"
+#include "offload/checksum.hpp"
 
 namespace {
 
@@ -28,7 +36,19 @@ zest::ParamSpec parse_spec(const std::string& text, int group) {
 
 }  // namespace
 
+// The manifest with its closing "end <crc32c>" line made anew over the text before it.
+int reseal(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (const std::size_t end = text.rfind("end "); end != std::string::npos) text.erase(end);
+  const std::uint32_t crc = zest::offload::crc32c(text.data(), text.size());  // of the text before the line
+  text.append("end ").append(std::to_string(crc)).append("\n");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--reseal") return reseal(argv[2]);
   if (argc < 5) {
     std::fprintf(stderr, "usage: make_test_checkpoint DIR RANKS CHUNK_BYTES SHAPE:NAME...\n");
     return 2;

@@ -611,7 +611,7 @@ TEST(ConfigSizes, BadSizesSayWhy) {
   expect_problem(problems, "stage3.prefetch", 7, 13, {"'99999999TiB'", "too large"});
   expect_problem(problems, "stage3.max_live", 8, 13, {"'25mib'", "did you mean 'MiB'"});
   expect_problem(problems, "stage3.persistence_threshold", 9, 26, {"'64K'", "ambiguous"});
-  expect_problem(problems, "offload.sub_group", 11, 14, {"at least 1 byte", "found '0B'"});
+  expect_problem(problems, "offload.sub_group", 11, 14, {"at least 768B", "12 bytes each", "found '0B'"});
   expect_problem(problems, "io.block_size", 13, 15, {"power of two from 4KiB", "found '2KiB'"});
 }
 

@@ -103,7 +103,8 @@ const std::vector<Case>& cases() {
        "expected a power of two from 4KiB to 1GiB (O_DIRECT moves whole aligned blocks; one read "
        "moves at most 2GiB), found '2GiB' (2147483648 bytes)"},
       {"empty sub-group", "offload: {sub_group: 0}", [](Config& c) { c.offload.sub_group_bytes = 0; },
-       "expected a size of at least 1 byte (e.g. 512KiB, 25MiB), found '0B' (0 bytes)"},
+       "expected a size of at least 768B (e.g. 256MiB): a sub-group holds at least 64 parameters (the shard alignment) "
+       "whose master, m and v take 12 bytes each; a smaller one would be rounded up silently, found '0B' (0 bytes)"},
       {"negative accumulation", "gradient_accumulation_steps: -1",
        [](Config& c) { c.gradient_accumulation_steps = -1; }, "expected an integer >= 1, found '-1'"},
       {"NaN loss scale", "precision: {dtype: fp16, loss_scale: {static_scale: nan}}",

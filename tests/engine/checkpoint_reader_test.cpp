@@ -242,6 +242,27 @@ TEST_F(ReaderTest, ElementCountsWhoseBytesOverflowAreRefused) {
   expect_refused("overflows 64-bit byte sizes");
 }
 
+// Resealed with a valid checksum, a manifest whose fields mean nothing a saving engine writes is
+// refused before any training, naming the field and the value (each was loaded before).
+TEST_F(ReaderTest, OutOfRangeFieldsAreRefusedByNameDespiteAValidChecksum) {
+  m.stage = 3;
+  m.steps = 7;
+  m.skipped = 1;
+  m.loss_scale = 256;
+  const auto edited = [&](const std::string& from, const std::string& to, const std::string& expected) {
+    write_edited_manifest(from, to);
+    expect_refused(expected);
+  };
+  edited("stage 3", "stage 9", "stage 9 is out of range (0 to 3)");
+  edited("steps 7", "steps -5", "steps -5 is out of range");
+  edited("skipped 1", "skipped 8", "skipped 8 is out of range (0 to steps)");
+  edited("loss_scaler 0x1p+8 0 0", "loss_scaler nan 0 0", "loss scale nan is out of range");
+  edited("loss_scaler 0x1p+8 0 0", "loss_scaler 0x1p+8 0 -1", "loss scaler hysteresis -1 is out of range");
+  edited("file rank0.m.bin", "file rank0.master.bin", "rank 0's file 'rank0.master.bin' where its own 'rank0.m.bin' belongs");
+  edited("file rank1.v.bin", "file rank0.v.bin", "rank 1's file 'rank0.v.bin' where its own 'rank1.v.bin' belongs");
+  edited("tensor 1 37 1 37 b", "tensor -1 37 1 37 b", "tensor group -1 is out of range");
+}
+
 TEST_F(ReaderTest, AWorldSizeBelowOneIsRefused) {
   write_edited_manifest("world_size 2", "world_size -1");
   expect_refused("a world size below 1");

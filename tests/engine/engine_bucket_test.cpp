@@ -127,7 +127,7 @@ TEST_P(Coalescing, OneReductionPerBucketAndTheReferenceParameters) {
 
   const int ranks = comm.size(), partitions = k.stage == 0 ? 1 : ranks;
   const int buckets = expected_buckets(o.specs, k.reduce_bytes, partitions);
-  if (k.reduce_bytes == 1) {
+  if (k.reduce_bytes == 4) {
     EXPECT_EQ(buckets, kGroups);  // a bucket per group
   } else if (k.reduce_bytes == 8192) {
     EXPECT_GT(buckets, 2);
@@ -144,17 +144,17 @@ TEST_P(Coalescing, OneReductionPerBucketAndTheReferenceParameters) {
 
 INSTANTIATE_TEST_SUITE_P(
     StagesAndBucketSizes, Coalescing,
-    testing::Values(Case{0, 1, "stage0_one_group_each"}, Case{0, 8192, "stage0_8KiB"}, Case{0, 25u << 20, "stage0_25MiB"},
-                    Case{1, 1, "stage1_one_group_each"}, Case{1, 8192, "stage1_8KiB"}, Case{1, 25u << 20, "stage1_25MiB"},
-                    Case{2, 1, "stage2_one_group_each"}, Case{2, 8192, "stage2_8KiB"}, Case{2, 25u << 20, "stage2_25MiB"},
-                    Case{3, 1, "stage3_one_group_each"}, Case{3, 8192, "stage3_8KiB"}, Case{3, 25u << 20, "stage3_25MiB"}),
+    testing::Values(Case{0, 4, "stage0_one_group_each"}, Case{0, 8192, "stage0_8KiB"}, Case{0, 25u << 20, "stage0_25MiB"},
+                    Case{1, 4, "stage1_one_group_each"}, Case{1, 8192, "stage1_8KiB"}, Case{1, 25u << 20, "stage1_25MiB"},
+                    Case{2, 4, "stage2_one_group_each"}, Case{2, 8192, "stage2_8KiB"}, Case{2, 25u << 20, "stage2_25MiB"},
+                    Case{3, 4, "stage3_one_group_each"}, Case{3, 8192, "stage3_8KiB"}, Case{3, 25u << 20, "stage3_25MiB"}),
     [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Accumulated micro-batches: a group's second micro-batch lands in the same bucket as its first
 // (large buckets) or in a bucket of its own (one group each); both sum to the whole batch.
 TEST(Buckets, AccumulationAcrossMicroBatchesInEveryBucketSize) {
   for (int stage : {0, 2, 3}) {
-    for (std::size_t reduce : {std::size_t{1}, std::size_t{8192}, std::size_t{25} << 20}) {
+    for (std::size_t reduce : {std::size_t{4}, std::size_t{8192}, std::size_t{25} << 20}) {
       Options o;
       o.stage = stage;
       o.specs = small_groups();
@@ -178,7 +178,7 @@ TEST(Buckets, MemoryIsThePlannedBucketSize) {
     auto device = make_cpu_device(std::size_t{256} << 20);
     auto comm = make_mpi_communicator(session, *device);
     std::size_t buffers[2] = {};
-    const std::size_t reduce[2] = {1, 8192};
+    const std::size_t reduce[2] = {4, 8192};
     for (int i = 0; i < 2; ++i) {
       Options o;
       o.stage = stage;
@@ -262,7 +262,7 @@ TEST_P(GatherCoalescing, OneAllGatherPerRunAndTheReferenceParameters) {
   // Bit for bit the run that gathers one group per collective: the bucket only moves bytes (the
   // gradients, hence the weights, depend on the gathered parameters).
   Options unbucketed_options = o;
-  unbucketed_options.allgather_bucket = 1;
+  unbucketed_options.allgather_bucket = 4;
   EXPECT_EQ(got, train_engine(unbucketed_options, kSteps, *device, comm));
 
   const int ranks = comm.size();
@@ -279,7 +279,7 @@ TEST_P(GatherCoalescing, OneAllGatherPerRunAndTheReferenceParameters) {
   }
   EXPECT_EQ(want.device_of(MemoryCategory::buffers) - unbucketed.device_of(MemoryCategory::buffers),
             runs.largest_shared);
-  if (k.allgather_bytes == 1) {
+  if (k.allgather_bytes == 4) {
     EXPECT_EQ(runs.runs, runs.gathered_groups);  // one per group
     EXPECT_EQ(runs.largest_shared, 0u);
   } else if (k.allgather_bytes < (std::size_t{1} << 20)) {
@@ -299,10 +299,10 @@ TEST_P(GatherCoalescing, OneAllGatherPerRunAndTheReferenceParameters) {
 // resident groups (3 KiB at 2 or 4 ranks), so its middle size is smaller.
 INSTANTIATE_TEST_SUITE_P(
     StagesAndBucketSizes, GatherCoalescing,
-    testing::Values(GatherCase{1, 1, "stage1_one_group_each"}, GatherCase{1, 8192, "stage1_8KiB"},
-                    GatherCase{1, 25u << 20, "stage1_25MiB"}, GatherCase{2, 1, "stage2_one_group_each"},
+    testing::Values(GatherCase{1, 4, "stage1_one_group_each"}, GatherCase{1, 8192, "stage1_8KiB"},
+                    GatherCase{1, 25u << 20, "stage1_25MiB"}, GatherCase{2, 4, "stage2_one_group_each"},
                     GatherCase{2, 8192, "stage2_8KiB"}, GatherCase{2, 25u << 20, "stage2_25MiB"},
-                    GatherCase{3, 1, "stage3_one_group_each"}, GatherCase{3, 2048, "stage3_2KiB"},
+                    GatherCase{3, 4, "stage3_one_group_each"}, GatherCase{3, 2048, "stage3_2KiB"},
                     GatherCase{3, 25u << 20, "stage3_25MiB"}),
     [](const testing::TestParamInfo<GatherCase>& info) { return std::string(info.param.name); });
 
@@ -312,7 +312,7 @@ TEST(Buckets, TrainerErrorsNameTheGroupAndWhatToDo) {
   auto comm = make_mpi_communicator(session, *device);
   Options o;
   o.specs = small_groups();
-  o.reduce_bucket = 1;  // one group per bucket: two buckets hold two groups
+  o.reduce_bucket = 4;  // one group per bucket: two buckets hold two groups
   Engine engine(make_config(o), *device, *comm, o.specs);
   {
     auto a = engine.acquire(5), b = engine.acquire(4), c = engine.acquire(3);

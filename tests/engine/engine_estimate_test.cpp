@@ -132,7 +132,7 @@ TEST_P(EstimateEqualsEngine, DevicePinnedAndNvmeBytes) {
     if (k.optimizer == OffloadDevice::nvme || k.param == OffloadDevice::nvme) {
       EXPECT_GT(want.nvme, 0u);
       struct stat st {};
-      const std::string swap = dir.path() + "/zest-rank" + std::to_string(comm->rank()) + ".swap";
+      const std::string swap = test::swap_file(dir.path(), comm->rank());
       ASSERT_EQ(::stat(swap.c_str(), &st), 0) << swap;
       EXPECT_EQ(static_cast<std::size_t>(st.st_size), want.nvme) << swap;
     } else {

@@ -236,10 +236,9 @@ TEST(OffloadStriping, TwoDirectoriesGiveTheBitsOfOneAndHoldHalfTheSwapEach) {
       o.nvme_dirs = {a.path(), b.path()};
       o.io_threads = threads;
       std::size_t in_a = 0, in_b = 0;
-      const std::string file = "/zest-rank" + std::to_string(test_rank()) + ".swap";
       const auto sizes = [&] {
-        in_a = file_bytes(a.path() + file);
-        in_b = file_bytes(b.path() + file);
+        in_a = file_bytes(test::swap_file(a.path(), test_rank()));
+        in_b = file_bytes(test::swap_file(b.path(), test_rank()));
       };
       MpiSession session;
       auto device = make_cpu_device(std::size_t{256} << 20);
@@ -254,6 +253,36 @@ TEST(OffloadStriping, TwoDirectoriesGiveTheBitsOfOneAndHoldHalfTheSwapEach) {
       EXPECT_GT(in_b, 0u);
     }
   }
+}
+
+// Two engines on one offload directory (two engines of one process, or two jobs started at
+// once): the second is built and trained to the end while the first is between its steps, with
+// another schedule. Each trains to its own single-run bits (before, the second's swap file took
+// the first's name, truncated it and overwrote its states).
+TEST(OffloadSharedDirectory, TwoEnginesOnOneDirectoryEachTrainToTheirOwnBits) {
+  test::ScratchDir dir;
+  Options first;
+  first.stage = 2;
+  first.offload_optimizer = OffloadDevice::nvme;
+  first.offload_param = OffloadDevice::none;
+  first.sub_group_bytes = kSubGroupBytes;
+  first.nvme_path = dir.path();
+  Options second = first;
+  second.stage = 3;
+  second.offload_param = OffloadDevice::nvme;
+  second.lr_factor = [](int step) { return 1.0 / step; };
+  const TrainedRun first_alone = train(first), second_alone = train(second);
+
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{256} << 20);
+  auto comm = make_mpi_communicator(session, *device);
+  std::vector<std::vector<float>> second_beside;
+  int steps_before = 0;
+  const auto first_beside = train_engine(first, kSteps, *device, *comm, nullptr, {}, [&] {
+    if (++steps_before == kSteps / 2) second_beside = train_engine(second, kSteps, *device, *comm);
+  });
+  EXPECT_TRUE(identical(first_beside, first_alone.params)) << "the second engine disturbed the first's states";
+  EXPECT_TRUE(identical(second_beside, second_alone.params)) << "the second engine read the first's states";
 }
 
 TEST(OffloadMemory, CpuOptimizerKeepsNoStatesOnTheDeviceAndTwelveBytesPerParameterPinned) {
@@ -453,8 +482,8 @@ TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   o.offload_ratio = GetParam().ratio;
   o.overlap = GetParam().overlap;
   Engine engine(make_config(o), *device, *comm, model());
-  const std::string path = dir.path() + "/zest-rank" + std::to_string(comm->rank()) + ".swap";
-  ASSERT_EQ(::access(path.c_str(), F_OK), 0) << path;
+  const std::string path = test::swap_file(dir.path(), comm->rank());
+  ASSERT_EQ(::access(path.c_str(), F_OK), 0) << "no swap file of rank " << comm->rank() << " in " << dir.path();
   auto backward = [&] {
     for (int g = engine.group_count() - 1; g >= 0; --g) {
       auto lease = engine.acquire(g);

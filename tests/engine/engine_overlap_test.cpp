@@ -68,7 +68,7 @@ class Overlap : public testing::TestWithParam<Mode> {
     o.dtype = GetParam().dtype;
     o.nvme_path = dir.path();
     o.sub_group_bytes = 12 * 128;
-    o.reduce_bucket = 1;
+    o.reduce_bucket = 4;
     o.overlap = true;
     return o;
   }
@@ -201,7 +201,7 @@ TEST_P(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
   o.stage = 2;
   o.offload_optimizer = GetParam();
   o.sub_group_bytes = 12 * 128;
-  o.reduce_bucket = 1;
+  o.reduce_bucket = 4;
   const std::string plain_swap = swap.path() + "/plain", overlap_swap = swap.path() + "/overlap";
   ASSERT_EQ(::mkdir(plain_swap.c_str(), 0700), 0);
   ASSERT_EQ(::mkdir(overlap_swap.c_str(), 0700), 0);

@@ -132,7 +132,7 @@ TEST_P(EveryStage, OverlappedWithBackwardMatchesTheReference) {
   Options o = options();
   o.offload_optimizer = OffloadDevice::cpu;
   o.overlap = true;
-  o.reduce_bucket = 1;  // a group per bucket: updated during backward
+  o.reduce_bucket = 4;  // a group per bucket: updated during backward
   o.sub_group_bytes = 12 * 1024;
   EngineStats stats;
   EXPECT_LT(max_relative_error(train(o, kSteps, &stats), train_reference(o, kSteps)), 1e-6);

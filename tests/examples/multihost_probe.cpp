@@ -45,8 +45,11 @@ void step(zest::Engine& engine, int rank, int step_number) {
 std::string listing(const std::string& dir) {
   if (dir.empty()) return "-";
   std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir))
-    names.push_back(entry.path().filename().string() + ":" + std::to_string(entry.file_size()));
+  // Each engine keeps its swap file in a directory of its own there (zest-<host>-<pid>-<random>).
+  for (const auto& own : std::filesystem::directory_iterator(dir))
+    if (own.is_directory())
+      for (const auto& entry : std::filesystem::directory_iterator(own.path()))
+        names.push_back(entry.path().filename().string() + ":" + std::to_string(entry.file_size()));
   std::sort(names.begin(), names.end());
   std::string out;
   for (const std::string& name : names) out.append(out.empty() ? "" : ",").append(name);

@@ -1,13 +1,16 @@
 // libFuzzer target: the checkpoint manifest parser (checkpoint::parse, what every reader of a
 // checkpoint runs first). The input's closing checksum line is recomputed, so mutations reach the
 // checks behind it (a hand-edited manifest with its checksum recomputed is a case users hit).
-// Any input either throws zest::Error or parses into a manifest whose sizes are consistent, which
+// Any input either throws zest::Error or parses into a manifest whose sizes are consistent and whose
+// every field is in the range a saving engine produces (the checks behind the checksum), which
 // serializes and parses back to the same, and whose safetensors header is written or refused
 // with zest::Error. No allocation may be sized by an unchecked count (-rss_limit_mb catches it).
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "checkpoint/format.hpp"
 #include "checkpoint/safetensors_header.hpp"
@@ -32,6 +35,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (file.bytes != rank.elements() * sizeof(float) ||
           file.chunk_crcs.size() != file.bytes / m.chunk_bytes + (file.bytes % m.chunk_bytes != 0))
         std::abort();
+  // What it means is in range: the fields a load acts on, each rank's files its own and of their
+  // kind, every tensor element held by exactly one range, every name one the Engine accepts.
+  if (m.stage < 0 || m.stage > 3 || m.steps < 0 || m.steps > ckpt::kMaxSteps || m.skipped < 0 || m.skipped > m.steps ||
+      !std::isfinite(m.loss_scale) || m.loss_scale <= 0 || m.clean_steps < 0 || m.hysteresis_left < 0)
+    std::abort();
+  for (std::size_t r = 0; r < m.ranks.size(); ++r)
+    for (int state = 0; state < ckpt::kStates; ++state)
+      if (m.ranks[r].files[static_cast<std::size_t>(state)].name !=
+          ckpt::state_file_name(static_cast<int>(r), static_cast<ckpt::StateKind>(state)))
+        std::abort();
+  std::vector<std::uint64_t> held(m.tensors.size(), 0);
+  for (const ckpt::RankEntry& rank : m.ranks)
+    for (const ckpt::Range& range : rank.ranges) held[range.tensor] += range.hi - range.lo;
+  for (std::size_t t = 0; t < m.tensors.size(); ++t)
+    if (held[t] != m.tensors[t].numel || m.tensors[t].group < 0 || !ckpt::tensor_name_problem(m.tensors[t].name).empty())
+      std::abort();
   try {
     const ckpt::Manifest again = ckpt::parse(ckpt::serialize(m), "<fuzz round trip>");
     if (ckpt::serialize(again) != ckpt::serialize(m)) std::abort();

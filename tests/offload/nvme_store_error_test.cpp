@@ -57,7 +57,7 @@ TEST(NvmeStoreErrors, UnwritableDirectoryNamesTheFileAndTheErrno) {
     NvmeStore store(options_for(dir.path()));
     FAIL() << "a store opened in an unwritable directory";
   } catch (const IoError& error) {
-    EXPECT_EQ(error.path(), dir.path() + "/zest-rank0.swap");
+    EXPECT_EQ(error.path(), dir.path());  // zest's own directory cannot be made there
     EXPECT_TRUE(error.error_number() == EROFS || error.error_number() == EACCES) << error.error_number();
     EXPECT_TRUE(contains(error.what(), "not writable")) << error.what();
   }

@@ -8,7 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -29,6 +34,29 @@ NvmeStoreOptions options_for(const test::ScratchDir& dir, std::size_t block_size
   return options;
 }
 
+// Whether `path` is DIRECTORY/zest-<host>-<pid>-<random>/NAME: a file in zest's own directory.
+bool in_own_directory(const std::string& path, const std::string& directory, const std::string& name) {
+  const std::string prefix = directory + "/zest-";
+  const std::string suffix = "/" + name;
+  return path.rfind(prefix, 0) == 0 && path.size() > prefix.size() + suffix.size() &&
+         path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+         path.find('/', prefix.size()) == path.size() - suffix.size();
+}
+
+std::vector<std::string> entries(const std::string& directory) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 bool equal_prefix(const unsigned char* a, const unsigned char* b, std::size_t bytes) {
   return std::memcmp(a, b, bytes) == 0;
 }
@@ -39,11 +67,74 @@ TEST(NvmeStore, OneO_DirectFilePerRankThatIsRemovedAtTheEnd) {
   {
     NvmeStore store(options_for(dir, 1 << 16, 4));
     path = store.path();
-    EXPECT_EQ(path, dir.path() + "/zest-rank3.swap");
+    EXPECT_TRUE(in_own_directory(path, dir.path(), "zest-rank3.swap")) << path;
     EXPECT_TRUE(store.direct()) << "/tmp is ext4 here, which takes O_DIRECT";
     EXPECT_EQ(::access(path.c_str(), F_OK), 0);
   }
   EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the swap file outlived its store";
+  EXPECT_TRUE(entries(dir.path()).empty()) << "zest's directory outlived its store";
+}
+
+// The offload directory is shared ground: a hostile user who can write it plants symlinks and
+// files under every name zest ever used there; zest opens, truncates and removes none of them.
+TEST(NvmeStore, PlantedSymlinksAndForeignFilesInTheDirectoryAreNeverTouched) {
+  test::ScratchDir dir, elsewhere;
+  const std::string victim = elsewhere.path() + "/precious";
+  write_file(victim, "precious data");
+  write_file(dir.path() + "/zest-rank3.swap", "a user's file");  // the name zest used to take
+  ASSERT_EQ(::symlink(victim.c_str(), (dir.path() + "/zest-rank3.swap.link").c_str()), 0);
+  ASSERT_EQ(::symlink(elsewhere.path().c_str(), (dir.path() + "/zest-vm-1-planted").c_str()), 0);
+  std::string path;
+  {
+    NvmeStore store(options_for(dir, 1 << 16, 4));
+    path = store.path();
+    const RegionId id = store.allocate("a", 1 << 20);
+    test::PatternBuffer data(store.region(id).padded_bytes, 7);
+    store.write_async(id, data.data()).wait();
+    store.flush();
+  }
+  EXPECT_EQ(read_file(victim), "precious data");
+  EXPECT_EQ(read_file(dir.path() + "/zest-rank3.swap"), "a user's file");
+  EXPECT_EQ(entries(elsewhere.path()), std::vector<std::string>{"precious"});
+  EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"zest-rank3.swap", "zest-rank3.swap.link", "zest-vm-1-planted"}));
+}
+
+// Two stores on one directory and rank (two engines of one process, or two jobs started at once)
+// each get files of their own: what one writes, the other never reads.
+TEST(NvmeStore, TwoStoresOnOneDirectoryAndRankKeepTheirOwnFiles) {
+  test::Watchdog watchdog;
+  test::ScratchDir dir;
+  NvmeStore first(options_for(dir, 1 << 16, 4)), second(options_for(dir, 1 << 16, 4));
+  EXPECT_NE(first.path(), second.path());
+  const RegionId a = first.allocate("states", 1 << 20), b = second.allocate("states", 1 << 20);
+  const std::size_t bytes = first.region(a).padded_bytes;
+  test::PatternBuffer ones(bytes, 1), twos(bytes, 2), back_one(bytes, 0), back_two(bytes, 0);
+  first.write_async(a, ones.data()).wait();
+  second.write_async(b, twos.data()).wait();
+  first.read_async(a, back_one.data()).wait();
+  second.read_async(b, back_two.data()).wait();
+  EXPECT_TRUE(equal_prefix(back_one.data(), ones.data(), bytes));
+  EXPECT_TRUE(equal_prefix(back_two.data(), twos.data(), bytes));
+}
+
+// A directory left by a job that died (no process holds its lock) is reported by name and left
+// alone; a live store's directory is not called stale.
+TEST(NvmeStore, StaleDirectoriesOfDeadJobsAreReportedAndLeftAlone) {
+  test::ScratchDir dir;
+  ASSERT_EQ(::mkdir((dir.path() + "/zest-otherhost-12345-deadbeef").c_str(), 0700), 0);
+  write_file(dir.path() + "/zest-otherhost-12345-deadbeef/zest-rank0.swap", "old states");
+  std::vector<std::string> warnings;
+  NvmeStoreOptions options = options_for(dir, 1 << 16, 4);
+  options.warn = [&](const std::string& message) { warnings.push_back(message); };
+  NvmeStore live(options_for(dir, 1 << 16, 4));
+  {
+    NvmeStore store(options);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("zest-otherhost-12345-deadbeef"), std::string::npos) << warnings[0];
+    EXPECT_EQ(warnings[0].find(live.path().substr(dir.path().size() + 1, 20)), std::string::npos)
+        << "a live store's directory was called stale: " << warnings[0];
+  }
+  EXPECT_EQ(read_file(dir.path() + "/zest-otherhost-12345-deadbeef/zest-rank0.swap"), "old states");
 }
 
 TEST(NvmeStore, AllocatedRegionsArePreallocatedOnDisk) {

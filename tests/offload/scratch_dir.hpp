@@ -2,6 +2,7 @@
 // aligned buffer with a known pattern, and plain pread of a file for checking what is on disk.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mount.h>
@@ -17,6 +18,27 @@
 #include <vector>
 
 namespace zest::test {
+
+// The swap file a rank's NvmeStore keeps in `dir`: DIR/zest-<host>-<pid>-<random>/zest-rank<R>.swap
+// (each store makes a directory of its own). Empty when there is none, or more than one.
+inline std::string swap_file(const std::string& dir, int rank) {
+  const std::string name = "zest-rank" + std::to_string(rank) + ".swap";
+  std::string found;
+  int count = 0;
+  if (DIR* listing = ::opendir(dir.c_str())) {
+    while (const dirent* entry = ::readdir(listing)) {
+      const std::string sub = entry->d_name;
+      if (sub.rfind("zest-", 0) != 0) continue;
+      const std::string path = dir + "/" + sub + "/" + name;
+      if (::access(path.c_str(), F_OK) == 0) {
+        found = path;
+        ++count;
+      }
+    }
+    ::closedir(listing);
+  }
+  return count == 1 ? found : std::string();
+}
 
 class ScratchDir {
  public:

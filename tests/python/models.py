@@ -81,3 +81,25 @@ NO_DECAY = [{"match": ["*.bias", "norm.*"], "weight_decay": 0.0}]
 
 def max_diff(a_params, b_params):
     return max((a.detach() - b.detach()).abs().max().item() for a, b in zip(a_params, b_params))
+
+
+def held(p):
+    """Bytes of values a parameter holds: 0 when zest released it (stage 3 between uses: any
+    access to its data raises zest's message)."""
+    storage = p.untyped_storage()
+    try:
+        pointer = storage.data_ptr()
+    except RuntimeError as e:
+        assert "released" in str(e), e
+        return 0
+    return storage.nbytes() if pointer else 0
+
+
+def gradient_went_to_zest(p):
+    """.grad of a trained parameter after backward: a placeholder whose any read says where the
+    gradient went."""
+    try:
+        p.grad.sum()
+    except RuntimeError as e:
+        return "not in .grad" in str(e)
+    return False
