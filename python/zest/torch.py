@@ -5,7 +5,7 @@ import json
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Iterable, List, Mapping, Tuple, Union
 
 import torch
 
@@ -49,8 +49,14 @@ def _at_exit():
 
 def _load_config(config):
     if isinstance(config, Mapping):
+        def path_or_refuse(value):
+            if isinstance(value, os.PathLike):
+                return os.fspath(value)
+            raise Error(f"zest.torch.Optimizer: config holds a {type(value).__name__} ({value!r}); give "
+                        "numbers, strings, booleans, lists and dicts, as a YAML config would")
+
         # JSON is YAML: the same keys and checks as a YAML file, reported against "<dict>".
-        return _C.parse_config(json.dumps(config), "<dict>")
+        return _C.parse_config(json.dumps(config, default=path_or_refuse), "<dict>")
     if isinstance(config, (str, os.PathLike)):
         return _C.load_config(os.fspath(config))
     raise Error(
@@ -59,7 +65,10 @@ def _load_config(config):
 
 
 def _check_launcher(world_size):
-    launched = int(os.environ.get("WORLD_SIZE", "1") or "1")
+    try:
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return  # not torchrun's
     if world_size == 1 and launched > 1:
         raise Error(
             f"zest.torch.Optimizer: WORLD_SIZE is {launched} (torchrun?) but MPI sees 1 rank: zest takes "
