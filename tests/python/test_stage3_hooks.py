@@ -121,6 +121,8 @@ def test_errors_name_the_zest_way():
         zest.torch.Optimizer(model, {"stgae": 2})
     with pytest.raises(zest.Error, match="path of a zest YAML"):
         zest.torch.Optimizer(model, 3)
+    with pytest.raises(zest.Error, match="config holds a set"):
+        zest.torch.Optimizer(model, {"stage": 1, "optimizer": {"betas": {0.9, 0.99}}})
     opt = zest.torch.Optimizer(model, dict(CONFIG, stage=1))
     with pytest.raises(zest.Error, match=r"save\(dir\)"):
         opt.state_dict()
