@@ -78,6 +78,12 @@ class Optimizer : public ::torch::optim::Optimizer {
   const StepResult& last_step() const;
   // The factor to multiply the loss by before backward (1 unless fp16 loss scaling).
   double loss_scale() const;
+  // Multiplies every gradient as it is handed over (default 1): 1 / world size gives the mean over
+  // ranks that torch's DistributedDataParallel gives, where the engine itself sums. Must be the
+  // same on every rank; takes effect for the gradients handed over after the call. Error unless
+  // finite and > 0.
+  void set_grad_scale(double scale);
+  double grad_scale() const;
 
   // zest checkpoints (Engine::save/load: any rank count and stage). save() records the groups'
   // hyper-parameters as param_groups() hold them then (a scheduler stepped after the last step()
@@ -111,5 +117,16 @@ class Optimizer : public ::torch::optim::Optimizer {
 // tensor. Where no zest optimizer at stage 3 manages the module's parameters (stages 0-2, or a
 // plain torch optimizer), it just calls `forward`, so one model serves both.
 ::torch::Tensor gathered(::torch::nn::Module& module, const std::function<::torch::Tensor()>& forward);
+
+// gathered()'s steps one by one, for frameworks that run modules themselves (the Python package's
+// module hooks): each takes a module's own parameters (not its submodules'), and acts on those a
+// zest optimizer at stage 3 manages (the others, and every tensor at stages 0-2, are left alone).
+// hold_for_forward gathers them until the matching drop_after_forward (holds nest: a module used
+// twice in one forward) and returns whether any was zest's; hold_for_backward gathers them for
+// their backward, until their gradients are handed over (or the next step()). Collective where the
+// gather is: every rank calls them in the same order.
+bool hold_for_forward(const std::vector<::torch::Tensor>& params);
+void drop_after_forward(const std::vector<::torch::Tensor>& params);
+void hold_for_backward(const std::vector<::torch::Tensor>& params);
 
 }  // namespace zest::torch

@@ -42,6 +42,9 @@ class ForwardHolds {
   ~ForwardHolds() {
     for (std::size_t i = 0; i < held_; ++i) residency_.drop_forward(groups_[i]);
   }
+  // The holds outlive this object (hold_for_forward: dropped by a later drop_after_forward); a
+  // gather failing part way still drops those taken.
+  void keep() { held_ = 0; }
   ForwardHolds(const ForwardHolds&) = delete;
   ForwardHolds& operator=(const ForwardHolds&) = delete;
 
@@ -67,6 +70,42 @@ class ForwardHolds {
   if (::torch::GradMode::is_enabled() && output.requires_grad())
     output = GatherForBackward::apply(output, residency, &groups);
   return output;
+}
+
+}  // namespace zest::torch
+
+namespace zest::torch {
+namespace {
+
+// The residency managing any of `params`, with the groups they are in.
+detail::ParamResidency* residency_of(const std::vector<::torch::Tensor>& params, std::vector<int>& groups) {
+  detail::ParamResidency* residency = nullptr;
+  for (std::size_t i = 0; i < params.size() && !residency; ++i) residency = detail::ParamResidency::of(params[i]);
+  if (residency) groups = residency->groups_of(params);
+  return residency;
+}
+
+}  // namespace
+
+bool hold_for_forward(const std::vector<::torch::Tensor>& params) {
+  std::vector<int> groups;
+  detail::ParamResidency* residency = residency_of(params, groups);
+  if (!residency) return false;
+  ForwardHolds holds(*residency, groups);
+  holds.keep();
+  return true;
+}
+
+void drop_after_forward(const std::vector<::torch::Tensor>& params) {
+  std::vector<int> groups;
+  if (detail::ParamResidency* residency = residency_of(params, groups))
+    for (int group : groups) residency->drop_forward(group);
+}
+
+void hold_for_backward(const std::vector<::torch::Tensor>& params) {
+  std::vector<int> groups;
+  if (detail::ParamResidency* residency = residency_of(params, groups))
+    for (int group : groups) residency->hold_backward(group);
 }
 
 }  // namespace zest::torch

@@ -3,6 +3,7 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -124,6 +125,7 @@ struct Optimizer::Impl {
   std::unique_ptr<detail::ParamResidency> residency;  // stage 3
   StepResult last;
   std::size_t peak_grad_bytes = 0;
+  double grad_scale = 1.0;  // set_grad_scale: e.g. 1 / world size for DDP's mean
   // The hooks' way back to this optimizer: gone with it, so a backward after that leaves the
   // gradients in .grad as plain torch does.
   std::shared_ptr<Impl*> link = std::make_shared<Impl*>(this);
@@ -237,8 +239,9 @@ void Optimizer::Impl::hand_over(std::size_t t) {
   ::torch::NoGradGuard no_grad;
   ::torch::Tensor slot = ::torch::from_blob(view.data, param.sizes(), param.options().requires_grad(false));
   // A second gradient in one contribution (a tensor used twice, e.g. tied weights) adds up.
-  if (handed[t]) slot.add_(grad);
+  if (handed[t]) slot.add_(grad, grad_scale);
   else slot.copy_(grad);
+  if (!handed[t] && grad_scale != 1.0) slot.mul_(grad_scale);
   param.mutable_grad() = grad_placeholders[t];
   got_grad[t] = 1;
   const int group = engine->spec(t).group;
@@ -466,6 +469,15 @@ void Optimizer::Impl::apply_group_options() {
 const StepResult& Optimizer::last_step() const { return impl_->last; }
 
 double Optimizer::loss_scale() const { return impl_->engine->loss_scale(); }
+
+void Optimizer::set_grad_scale(double scale) {
+  if (!std::isfinite(scale) || scale <= 0)
+    throw Error("zest::torch::Optimizer::set_grad_scale: " + std::to_string(scale) +
+                " is not a finite number > 0; give e.g. 1.0 (sum over ranks) or 1.0 / world size (their mean)");
+  impl_->grad_scale = scale;
+}
+
+double Optimizer::grad_scale() const { return impl_->grad_scale; }
 
 void Optimizer::save(const std::string& dir) {
   if (impl_->residency) impl_->residency->drop_all();

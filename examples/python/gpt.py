@@ -1,0 +1,153 @@
+"""A small GPT (nanoGPT's shape: token and position embeddings, pre-norm blocks of causal
+self-attention and an MLP, a head tied to the token embedding) trained on a local text by
+characters, with zest in place of torch.optim.AdamW:
+
+    mpirun -np 2 python examples/python/gpt.py              # zest, stage 3, 2 ranks (about a minute here)
+    mpirun -np 2 python examples/python/gpt.py --stage 1 --save ckpt
+    mpirun -np 4 python examples/python/gpt.py --load ckpt  # resumes on another rank count
+
+The one line that differs from training with torch.optim.AdamW is marked below. Each rank trains
+on its slice of every global batch and computes its mean loss, as under DistributedDataParallel;
+zest averages the gradients over ranks as DDP does.
+"""
+
+import argparse
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import zest.torch
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, embed, heads):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(embed, 3 * embed)
+        self.c_proj = nn.Linear(embed, embed)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, embed, heads):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(embed)
+        self.attn = CausalSelfAttention(embed, heads)
+        self.ln_2 = nn.LayerNorm(embed)
+        self.mlp = nn.Sequential(nn.Linear(embed, 4 * embed), nn.GELU(), nn.Linear(4 * embed, embed))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, context, embed, heads, layers):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, embed)
+        self.wpe = nn.Embedding(context, embed)
+        self.blocks = nn.ModuleList(Block(embed, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(embed)
+        self.lm_head = nn.Linear(embed, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in GPT-2 (zest trains it once)
+        self.register_buffer("positions", torch.arange(context), persistent=False)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.wpe(self.positions[: tokens.shape[1]])
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def batch(data, step, global_batch, context, rank, world):
+    """This rank's slice of the global batch of `step`: the same windows on any rank count."""
+    g = torch.Generator().manual_seed(step)
+    starts = torch.randint(0, len(data) - context - 1, (global_batch,), generator=g)
+    per = global_batch // world
+    starts = starts[rank * per:(rank + 1) * per]
+    windows = torch.stack([data[s:s + context + 1] for s in starts.tolist()])
+    return windows[:, :-1], windows[:, 1:]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--text", default="/usr/share/common-licenses/GPL-3", help="a local text file")
+    parser.add_argument("--config", help="a zest YAML config (default: the dict below)")
+    parser.add_argument("--stage", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--global-batch", type=int, default=32, help="windows per step, split across ranks")
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--embed", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--save", help="write a zest checkpoint here at the end")
+    parser.add_argument("--load", help="resume from a zest checkpoint (any rank count and stage)")
+    args = parser.parse_args()
+
+    # mpirun's ranks (one process without it); the same with AdamW, which then trains alone.
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    if args.global_batch % world:
+        parser.error(f"--global-batch {args.global_batch} does not split into {world} equal slices")
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+
+    with open(args.text, encoding="utf-8") as f:
+        text = f.read()
+    chars = sorted(set(text))
+    data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+    split = int(0.9 * len(data))
+    train_data, val_data = data[:split], data[split:]
+
+    torch.manual_seed(1)  # the same initial weights on every rank
+    model = GPT(len(chars), args.context, args.embed, args.heads, args.layers)
+    config = args.config or {
+        "stage": args.stage,
+        "optimizer": {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.1},
+        "stage3": {"persistence_threshold": "1KiB"},  # LayerNorms stay resident, the rest is sharded
+    }
+    # opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = zest.torch.Optimizer(model, config)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps, eta_min=3e-4)
+    start = 0
+    if args.load:
+        start = opt.load(args.load, sched).steps
+
+    if rank == 0:
+        params = sum(p.numel() for p in model.parameters())
+        print(f"{params} parameters, {world} ranks, {len(chars)} characters, steps {start}..{args.steps}")
+    began = time.time()
+    for step in range(start, args.steps):
+        x, y = batch(train_data, step, args.global_batch, args.context, rank, world)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        if rank == 0 and (step % 50 == 0 or step == args.steps - 1):
+            print(f"step {step} loss {loss.item():.4f} lr {sched.get_last_lr()[0]:.2e} ({time.time() - began:.0f} s)")
+
+    with torch.no_grad():
+        x, y = batch(val_data, 0, args.global_batch, args.context, rank, world)
+        val = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    if rank == 0:
+        print(f"validation loss (rank 0's slice) {val.item():.4f}")
+    if args.save:
+        opt.save(args.save)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""zest: a ZeRO-style partitioned optimizer with offload, for PyTorch programs.
+
+    import zest.torch
+    # was: opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    opt = zest.torch.Optimizer(model, "zest.yaml")
+
+Launch with ``mpirun -np N python train.py``: zest takes ranks from MPI. See zest.torch.Optimizer.
+"""
+
+# torch first: zest._C is linked against torch's libraries, which this import loads.
+import torch as _torch  # noqa: F401
+
+from zest._C import ConfigError, Error
+
+__all__ = ["Error", "ConfigError"]
+__version__ = "0.1.0"

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The Python package's tests, as meson's suite `python` runs them:
+#   run_tests.sh SOURCE_ROOT BUILD_DIR PYTHON MPIRUN
+# pip-installs the package from SOURCE_ROOT with PYTHON (--no-build-isolation: the environment
+# already has torch and meson-python) into BUILD_DIR/python-site, keeping meson-python's build
+# directory in BUILD_DIR/python-build so that a rerun rebuilds only what changed, then runs pytest
+# under mpirun at 2, 4 and 1 ranks. The three runs share one directory: each resumes the
+# checkpoint the previous one saved (2 -> 2, 2 -> 4, 4 -> 1 ranks). Last, README's example
+# (examples/python/gpt.py, smaller and shorter) saves at 2 ranks and resumes at 1.
+set -euo pipefail
+src=$1 build=$2 python=$3 mpirun=$4
+
+site=$build/python-site
+rm -rf "$site"
+"$python" -m pip install --quiet --no-build-isolation --no-deps --no-index --target "$site" \
+  --config-settings=build-dir="$build/python-build" "$src"
+
+shared=$(mktemp -d "${TMPDIR:-/tmp}/zest-python-test.XXXXXX")
+trap 'rm -rf "$shared"' EXIT
+export PYTHONPATH=$site ZEST_TEST_SHARED=$shared
+previous=
+for np in 2 4 1; do
+  export MASTER_PORT
+  MASTER_PORT=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  export ZEST_TEST_RESUME_FROM=${previous:-$np}
+  echo "== $np ranks (resuming the checkpoint of $ZEST_TEST_RESUME_FROM ranks)"
+  # Each rank writes its own report; rank 0's goes to the test's output, the others' only on failure.
+  "$mpirun" --oversubscribe --bind-to none -np "$np" \
+    -x PYTHONPATH -x ZEST_TEST_SHARED -x MASTER_PORT -x ZEST_TEST_RESUME_FROM \
+    sh -c 'cd "$0" && exec "$1" -m pytest -q -p no:cacheprovider --color=no -o console_output_style=classic \
+             > "$2/pytest-np$3-rank$OMPI_COMM_WORLD_RANK.log" 2>&1' \
+    "$src/tests/python" "$python" "$shared" "$np" || {
+      for log in "$shared"/pytest-np"$np"-rank*.log; do echo "--- $log"; cat "$log"; done
+      exit 1
+    }
+  cat "$shared/pytest-np$np-rank0.log"
+  previous=$np
+done
+
+echo "== examples/python/gpt.py: 2 ranks, stage 3, saved; resumed on 1 rank at stage 1"
+gpt=("$python" "$src/examples/python/gpt.py" --context 32 --embed 32 --layers 2 --global-batch 8)
+"$mpirun" --oversubscribe --bind-to none -np 2 -x PYTHONPATH "${gpt[@]}" --steps 20 --save "$shared/gpt-ckpt"
+"$mpirun" --oversubscribe --bind-to none -np 1 -x PYTHONPATH "${gpt[@]}" --steps 30 --stage 1 --load "$shared/gpt-ckpt" \
+  | tee "$shared/gpt-resumed.log"
+grep -q "steps 20..30" "$shared/gpt-resumed.log"
+grep -q "^validation loss" "$shared/gpt-resumed.log"
