@@ -34,6 +34,9 @@
 // a bucket of the largest such run; a larger group is gathered in place.
 // Threading: one host thread drives an Engine. Every rank makes the same calls in the same order
 // (acquire/grads_ready/step are collective where the stage needs it).
+// Each engine issues its collectives from a comm stream of its own: two engines with collectives
+// in flight at once need a Communicator each (make_mpi_communicator again duplicates the MPI
+// communicator), or their collectives may pair up differently on different ranks.
 //
 // Offload (config offload.*): optimizer.device cpu|nvme keeps this rank's fp32 master weights and
 // Adam moments in pinned host memory or in an NVMe swap file (DIRECTORY/zest-<host>-<pid>-<random>/

@@ -273,13 +273,15 @@ TEST(OffloadSharedDirectory, TwoEnginesOnOneDirectoryEachTrainToTheirOwnBits) {
   second.lr_factor = [](int step) { return 1.0 / step; };
   const TrainedRun first_alone = train(first), second_alone = train(second);
 
+  // Each engine with a device and a communicator of its own, as two jobs (or two engines of one
+  // trainer) have: the first may still have collectives in flight on its own.
   MpiSession session;
-  auto device = make_cpu_device(std::size_t{256} << 20);
-  auto comm = make_mpi_communicator(session, *device);
+  auto device = make_cpu_device(std::size_t{256} << 20), other_device = make_cpu_device(std::size_t{256} << 20);
+  auto comm = make_mpi_communicator(session, *device), other_comm = make_mpi_communicator(session, *other_device);
   std::vector<std::vector<float>> second_beside;
   int steps_before = 0;
   const auto first_beside = train_engine(first, kSteps, *device, *comm, nullptr, {}, [&] {
-    if (++steps_before == kSteps / 2) second_beside = train_engine(second, kSteps, *device, *comm);
+    if (++steps_before == kSteps / 2) second_beside = train_engine(second, kSteps, *other_device, *other_comm);
   });
   EXPECT_TRUE(identical(first_beside, first_alone.params)) << "the second engine disturbed the first's states";
   EXPECT_TRUE(identical(second_beside, second_alone.params)) << "the second engine read the first's states";
