@@ -72,9 +72,6 @@ class ForwardHolds {
   return output;
 }
 
-}  // namespace zest::torch
-
-namespace zest::torch {
 namespace {
 
 // The residency managing any of `params`, with the groups they are in.
