@@ -51,9 +51,12 @@ class OutputFile {
       }
     }
   }
+  // Removes the temporary file unless committed, and only if its path still names the file this
+  // created: whatever someone else put at that path is theirs.
   ~OutputFile() {
+    const ckpt::FileIdentity mine = writer_->identity();
     writer_.reset();  // closes it
-    if (!committed_) std::remove(temp_.c_str());
+    if (!committed_ && ckpt::path_names(temp_, mine)) std::remove(temp_.c_str());
   }
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -65,6 +68,10 @@ class OutputFile {
   void commit() {
     guarded([&] { writer_->finish(); });
     const std::string what = std::string("consolidate: cannot rename ").append(temp_).append(" to OUT");
+    if (!ckpt::path_names(temp_, writer_->identity()))
+      throw Error(std::string("consolidate: ").append(temp_)
+                      .append(" is no longer the file it wrote (someone who can write its directory moved it); "
+                              "nothing was renamed: write OUT to a directory only you can write"));
     if (!ckpt::check_output_target(out_, dir_)) {
       ckpt::rename_noreplace(temp_, out_, what);
     } else if (std::rename(temp_.c_str(), out_.c_str()) != 0) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -135,18 +136,20 @@ void agree(Device& device, Communicator& comm, Stream& stream, const std::except
 }
 
 // A save that fails once its temporary directory exists removes what it wrote there, so that a
-// failed save leaves nothing behind: each rank its own state files, then (once every rank has)
-// rank 0 the manifest and the directory. Only names this save writes are unlinked, and rmdir removes
-// the directory only when that emptied it. A failure here must not hide the save's own error: it
-// leaves the directory, which the next save skips (create_temp_dir never reuses one).
-void discard_temp(const EngineParts& e, const std::string& temp) {
+// failed save leaves nothing behind: each rank its own state files (by name in `dir`, the handle it
+// holds, null where it could not open it), then (once every rank has) rank 0 the manifest and the
+// directory, if its path still names it. Only names this save writes are unlinked, and rmdir
+// removes the directory only when that emptied it. A failure here must not hide the save's own
+// error: it leaves the directory, which the next save skips (create_temp_dir never reuses one).
+void discard_temp(const EngineParts& e, const Directory* dir) {
   try {
     const int rank = e.comm.rank();
-    for (int k = 0; k < kStates; ++k) ::unlink(join(temp, state_file_name(rank, StateKind(k))).c_str());
+    if (dir)
+      for (int k = 0; k < kStates; ++k) ::unlinkat(dir->fd(), state_file_name(rank, StateKind(k)).c_str(), 0);
     gather_words(e.device, e.comm, e.stream, {0u});  // every rank's files are gone
-    if (rank == 0) {
-      ::unlink(join(temp, kManifestName).c_str());
-      ::rmdir(temp.c_str());
+    if (rank == 0 && dir) {
+      ::unlinkat(dir->fd(), kManifestName, 0);
+      if (path_names(dir->path(), dir->identity())) ::rmdir(dir->path().c_str());
     }
   } catch (...) {
   }
@@ -160,27 +163,36 @@ void save(const EngineParts& e, const std::string& dir) {
   const char* op = "Engine::save";
   const std::string target = save_target(dir);
 
-  // Rank 0 checks the target and creates the temporary directory; every rank learns its name.
+  // Rank 0 checks the target and creates the temporary directory; every rank learns its name and
+  // inode, and holds it open to write its files there.
   std::exception_ptr failure;
+  std::optional<Directory> held;
+  std::uint64_t inode = 0;
   std::uint32_t token = 0;
   if (rank == 0) {
     try {
       check_save_target(target);
-      token = create_temp_dir(target, static_cast<std::uint32_t>(::getpid()));
+      TempDir made = create_temp_dir(target, static_cast<std::uint32_t>(::getpid()));
+      token = made.token;
+      inode = made.dir.identity().inode;
+      held.emplace(std::move(made.dir));
     } catch (...) {
       failure = std::current_exception();
     }
   }
   agree(e.device, e.comm, stream, failure, op);
-  const std::string temp = temp_dir(target, gather_words(e.device, e.comm, stream, {token})[0]);
+  const auto made = gather_words(e.device, e.comm, stream,
+                                 {token, static_cast<std::uint32_t>(inode), static_cast<std::uint32_t>(inode >> 32)});
+  const std::string temp = temp_dir(target, made[0]);
 
   // This rank's three files: each state of each of its ranges, in shard order.
   RankEntry mine;
   mine.ranges = ranges_of(e.layout, rank, true);
   try {
+    if (rank != 0) held.emplace(open_temp_dir(temp, made[1] | std::uint64_t{made[2]} << 32));
     std::vector<std::unique_ptr<FileWriter>> writers;
     for (int k = 0; k < kStates; ++k)
-      writers.push_back(std::make_unique<FileWriter>(join(temp, state_file_name(rank, StateKind(k)))));
+      writers.push_back(std::make_unique<FileWriter>(*held, state_file_name(rank, StateKind(k))));
     if (!mine.ranges.empty()) {
       // One pass over the shard: each NVMe sub-group is read once, into pinned host memory.
       const auto& last = mine.ranges.back();
@@ -202,7 +214,7 @@ void save(const EngineParts& e, const std::string& dir) {
   } catch (...) {
     failure = std::current_exception();
   }
-  const auto discard = [&] { discard_temp(e, temp); };
+  const auto discard = [&] { discard_temp(e, held ? &*held : nullptr); };
   agree(e.device, e.comm, stream, failure, op, std::string(target).append(" is unchanged"), discard);
 
   // Rank 0 writes the manifest: every rank's chunk checksums travel to it as 32-bit words.
@@ -237,8 +249,8 @@ void save(const EngineParts& e, const std::string& dir) {
         m.ranks.push_back(std::move(entry));
       }
       const std::string text = serialize(m);
-      write_file_synced(join(temp, kManifestName), text.data(), text.size());
-      fsync_directory(temp);
+      write_file_synced(*held, kManifestName, text.data(), text.size());
+      held->sync();
     } catch (...) {
       failure = std::current_exception();
     }
@@ -250,7 +262,7 @@ void save(const EngineParts& e, const std::string& dir) {
     const std::string kept = std::string("; the new checkpoint is complete in ").append(temp)
                                  .append(": move it into place yourself, or save again");
     try {
-      publish(temp, target);
+      publish(*held, target);
     } catch (const Error& error) {
       failure = std::make_exception_ptr(Error(std::string(error.what()).append(kept)));
     } catch (const std::exception& error) {  // std::filesystem's

@@ -1,5 +1,6 @@
 #include "checkpoint/format.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "offload/checksum.hpp"
@@ -335,8 +337,75 @@ Manifest parse(const std::string& text, const std::string& path) {
   return m;
 }
 
+namespace {
+
+FileIdentity identity_from(const struct stat& info) {
+  return {static_cast<std::uint64_t>(info.st_dev), static_cast<std::uint64_t>(info.st_ino)};
+}
+
+// fstat of a descriptor just opened, which is closed when that fails.
+struct stat stat_or_close(int fd, const std::string& path, const std::string& what) {
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw IoError(what, path, 0, 0, error);
+  }
+  return info;
+}
+
+}  // namespace
+
+bool path_names(const std::string& path, const FileIdentity& id) {
+  struct stat info {};
+  return ::lstat(path.c_str(), &info) == 0 && identity_from(info) == id;
+}
+
+Directory::Directory(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd_ < 0) throw IoError("cannot open the directory", path_, 0, 0, errno);
+  const struct stat info = stat_or_close(fd_, path_, "cannot look at the directory");
+  identity_ = identity_from(info);
+  owner_ = info.st_uid;
+}
+
+Directory::~Directory() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Directory::Directory(Directory&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), identity_(other.identity_), owner_(other.owner_) {}
+
+std::vector<std::string> Directory::names() const {
+  // A stream of its own (fdopendir takes the descriptor it is given), reading from the start.
+  const int copy = ::openat(fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR* stream = copy < 0 ? nullptr : ::fdopendir(copy);
+  if (!stream) {
+    const int error = errno;
+    if (copy >= 0) ::close(copy);
+    throw IoError("cannot list the directory", path_, 0, 0, error);
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(stream)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(stream);
+  return names;
+}
+
+void Directory::sync() const {
+  if (::fsync(fd_) != 0) throw IoError("checkpoint: cannot fsync directory", path_, 0, 0, errno);
+}
+
 void write_file_synced(const std::string& path, const void* data, std::size_t bytes) {
   FileWriter writer(path);
+  writer.append(data, bytes);
+  writer.finish();
+}
+
+void write_file_synced(const Directory& dir, const std::string& name, const void* data, std::size_t bytes) {
+  FileWriter writer(dir, name);
   writer.append(data, bytes);
   writer.finish();
 }
@@ -346,25 +415,34 @@ Manifest read_manifest(const std::string& dir) {
   return parse(read_regular_file(path, kMaxManifestBytes, "checkpoint manifest"), path);
 }
 
-int open_regular_file(const std::string& path, const std::string& what) {
+Manifest read_manifest(const Directory& dir) {
+  return parse(read_regular_file(dir, kManifestName, kMaxManifestBytes, "checkpoint manifest"), dir.path_of(kManifestName));
+}
+
+namespace {
+
+// open_regular_file of `name` relative to `at` (a directory, or AT_FDCWD); `shown` is its path for
+// messages. `follow`: whether a symbolic link at `name` is followed (a user's path) or refused
+// (a name in a directory zest holds open).
+int open_regular_at(int at, const std::string& name, const std::string& shown, const std::string& what, bool follow) {
   // stat before open: opening a FIFO blocks until a writer comes, and opening some devices acts.
   struct stat info {};
-  if (::stat(path.c_str(), &info) != 0) throw IoError(std::string("cannot open ").append(what), path, 0, 0, errno);
+  if (::fstatat(at, name.c_str(), &info, follow ? 0 : AT_SYMLINK_NOFOLLOW) != 0)
+    throw IoError(std::string("cannot open ").append(what), shown, 0, 0, errno);
   const auto refuse = [&](const struct stat& st) {
     if (!S_ISREG(st.st_mode))
-      throw Error(std::string(what).append(" ").append(path).append(" is ")
-                      .append(S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a special file")
+      throw Error(std::string(what).append(" ").append(shown).append(" is ")
+                      .append(S_ISDIR(st.st_mode)    ? "a directory"
+                              : S_ISFIFO(st.st_mode) ? "a FIFO"
+                              : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                                                     : "a special file")
                       .append(", not a regular file: zest does not read it; give a checkpoint written by Engine::save"));
   };
   refuse(info);
   // O_NONBLOCK: should the name have become a FIFO since the stat, the open does not wait.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw IoError(std::string("cannot open ").append(what), path, 0, 0, errno);
-  if (::fstat(fd, &info) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw IoError(std::string("cannot look at ").append(what), path, 0, 0, error);
-  }
+  const int fd = ::openat(at, name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
+  if (fd < 0) throw IoError(std::string("cannot open ").append(what), shown, 0, 0, errno);
+  info = stat_or_close(fd, shown, std::string("cannot look at ").append(what));
   if (!S_ISREG(info.st_mode)) {
     ::close(fd);
     refuse(info);
@@ -372,8 +450,8 @@ int open_regular_file(const std::string& path, const std::string& what) {
   return fd;
 }
 
-std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what) {
-  const int fd = open_regular_file(path, what);
+// The whole of the regular file open at `fd`, at most `max_bytes`; closes `fd`.
+std::string read_whole(int fd, const std::string& path, std::uint64_t max_bytes, const std::string& what) {
   struct stat info {};
   ::fstat(fd, &info);  // open_regular_file's fstat succeeded on this descriptor
   if (static_cast<std::uint64_t>(info.st_size) > max_bytes) {
@@ -403,6 +481,22 @@ std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, 
   }
   ::close(fd);
   return text;
+}
+
+}  // namespace
+
+int open_regular_file(const std::string& path, const std::string& what) {
+  return open_regular_at(AT_FDCWD, path, path, what, true);
+}
+
+std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what) {
+  return read_whole(open_regular_file(path, what), path, max_bytes, what);
+}
+
+std::string read_regular_file(const Directory& dir, const std::string& name, std::uint64_t max_bytes,
+                              const std::string& what) {
+  const std::string path = dir.path_of(name);
+  return read_whole(open_regular_at(dir.fd(), name, path, what, false), path, max_bytes, what);
 }
 
 void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std::uint64_t offset) {
@@ -440,9 +534,16 @@ void rename_noreplace(const std::string& from, const std::string& to, const std:
   throw IoError(what, to, 0, 0, errno);
 }
 
-FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes) : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes) : FileWriter(AT_FDCWD, path, path.c_str(), chunk_bytes) {}
+
+FileWriter::FileWriter(const Directory& dir, const std::string& name, std::uint64_t chunk_bytes)
+    : FileWriter(dir.fd(), dir.path_of(name), name.c_str(), chunk_bytes) {}
+
+FileWriter::FileWriter(int at, std::string path, const char* name, std::uint64_t chunk_bytes)
+    : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
+  fd_ = ::openat(at, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("checkpoint: cannot create", path_, 0, 0, errno);
+  identity_ = identity_from(stat_or_close(fd_, path_, "checkpoint: cannot look at"));
 }
 
 FileWriter::~FileWriter() {

@@ -97,17 +97,60 @@ std::string serialize(const Manifest& manifest);
 // too) before anything is allocated for it: the result's byte sizes and element counts, per
 // tensor and summed, fit in 64 bits as fp32.
 Manifest parse(const std::string& text, const std::string& path);
+
+// A file's identity: a path may come to name another file, this stays with the file.
+struct FileIdentity {
+  std::uint64_t device = 0, inode = 0;
+  friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
+};
+// Whether `path` names the file `id` itself (a symbolic link there is not followed).
+bool path_names(const std::string& path, const FileIdentity& id);
+
+// A directory held open. Files are created in it, read from it and removed from it by name
+// relative to this handle, so that whatever anyone who can write its parent puts at its path
+// meanwhile (another directory, a symbolic link) changes nothing zest writes, reads or deletes.
+class Directory {
+ public:
+  // Opens the directory at `path`; a symbolic link there is refused (O_NOFOLLOW). Throws IoError.
+  explicit Directory(std::string path);
+  ~Directory();
+  Directory(Directory&& other) noexcept;
+  Directory& operator=(Directory&&) = delete;
+  Directory(const Directory&) = delete;
+  Directory& operator=(const Directory&) = delete;
+
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }  // as opened, for messages
+  std::string path_of(const std::string& name) const { return join(path_, name); }
+  FileIdentity identity() const { return identity_; }
+  unsigned owner() const { return owner_; }  // uid
+  std::vector<std::string> names() const;    // its entries but "." and ".."; throws IoError
+  void sync() const;                         // fsync; throws IoError
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  FileIdentity identity_;
+  unsigned owner_ = 0;
+};
+
 // The manifest of the checkpoint in `dir`: read_regular_file(dir/manifest, kMaxManifestBytes), parsed.
 Manifest read_manifest(const std::string& dir);
+Manifest read_manifest(const Directory& dir);
 
 // Files. Each throws IoError naming the path, the operation and errno. Writers create their file
-// exclusively (O_EXCL): zest never overwrites a file it did not create.
+// exclusively (O_EXCL | O_NOFOLLOW): zest never overwrites a file it did not create, nor writes
+// through a link.
 void write_file_synced(const std::string& path, const void* data, std::size_t bytes);  // create, write, fsync
+void write_file_synced(const Directory& dir, const std::string& name, const void* data, std::size_t bytes);
 // Opens `path` for reading; throws Error, without opening it, unless it is a regular file (a FIFO
 // would block the reader forever, a device would never end). `what` names it in the error.
 int open_regular_file(const std::string& path, const std::string& what);
 // The whole of a regular file of at most `max_bytes` (else Error, before reading it).
 std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what);
+// The same for `name` in `dir`, where a symbolic link is refused like any other non-regular file.
+std::string read_regular_file(const Directory& dir, const std::string& name, std::uint64_t max_bytes,
+                              const std::string& what);
 void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std::uint64_t offset);
 void fsync_directory(const std::string& path);
 // Renames `from` to `to` unless `to` exists (then IoError, EEXIST): whatever appeared there is
@@ -120,19 +163,24 @@ void rename_noreplace(const std::string& from, const std::string& to, const std:
 class FileWriter {
  public:
   explicit FileWriter(std::string path, std::uint64_t chunk_bytes = kChunkBytes);
+  FileWriter(const Directory& dir, const std::string& name, std::uint64_t chunk_bytes = kChunkBytes);
   ~FileWriter();
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
   void append(const void* data, std::size_t bytes);
   void finish();  // fsync, close
   std::uint64_t bytes() const { return bytes_; }
+  FileIdentity identity() const { return identity_; }  // of the file it created
   // Valid after finish().
   const std::vector<std::uint32_t>& chunk_crcs() const { return crcs_; }
 
  private:
+  FileWriter(int at, std::string path, const char* name, std::uint64_t chunk_bytes);
+
   std::string path_;
   std::uint64_t chunk_bytes_;
   int fd_ = -1;
+  FileIdentity identity_;
   std::uint64_t bytes_ = 0;
   std::uint32_t crc_ = 0;  // of the chunk being written
   std::vector<std::uint32_t> crcs_;

@@ -5,11 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "checkpoint/format.hpp"
 #include "zest/checkpoint.hpp"
@@ -28,11 +31,11 @@ constexpr const char* kWhat = "Engine::save";
                           "lost: save to another path, or move it away first"));
 }
 
-// What a save finds at its target: nothing, or a directory and the files the save may delete
-// when it replaces it (a checkpoint's manifest and the files it lists; none for an empty
-// directory). look_at refuses anything else.
+// What a save finds at its target: nothing, or the directory, held open, and the files the save
+// may delete when it replaces it (a checkpoint's manifest and the files it lists; none for an
+// empty directory). look_at refuses anything else.
 struct Existing {
-  bool exists = false;
+  std::optional<Directory> dir;
   std::set<std::string> files;
 };
 
@@ -46,17 +49,16 @@ Existing look_at(const std::string& target) {
   // the path the save was given.
   if (S_ISLNK(info.st_mode)) refuse(target, "is a symbolic link (give the directory it points to)");
   if (!S_ISDIR(info.st_mode)) refuse(target, S_ISREG(info.st_mode) ? "is a regular file, not a directory" : "is a special file, not a directory");
-  Existing existing{true, {}};
-  std::error_code error;
-  fs::directory_iterator entries(target, error);
-  if (error) throw IoError(std::string(kWhat).append(": cannot list the target"), target, 0, 0, error.value());
-  std::set<std::string> present;
-  for (const fs::directory_entry& entry : entries) present.insert(entry.path().filename().string());
+  // From here on through a handle: what is checked is what is later replaced and deleted from.
+  Existing existing{Directory(target), {}};
+  const Directory& dir = *existing.dir;
+  const std::vector<std::string> present = dir.names();
   if (present.empty()) return existing;
-  if (!present.count(kManifestName)) refuse(target, "is a directory that is not a zest checkpoint (it has no manifest)");
+  if (std::find(present.begin(), present.end(), kManifestName) == present.end())
+    refuse(target, "is a directory that is not a zest checkpoint (it has no manifest)");
   Manifest manifest;
   try {
-    manifest = read_manifest(target);
+    manifest = read_manifest(dir);
   } catch (const Error& e) {
     refuse(target, std::string("is not a checkpoint zest can read (").append(e.what()).append(")"));
   }
@@ -65,21 +67,32 @@ Existing look_at(const std::string& target) {
     for (const StateFile& file : rank.files) existing.files.insert(file.name);
   for (const std::string& name : present) {
     struct stat file {};
-    const std::string path = join(target, name);
     if (!existing.files.count(name))
       refuse(target, std::string("is a zest checkpoint that also holds '").append(name).append("', which zest did not write"));
-    if (::lstat(path.c_str(), &file) != 0 || !S_ISREG(file.st_mode))
+    if (::fstatat(dir.fd(), name.c_str(), &file, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(file.st_mode))
       refuse(target, std::string("is a zest checkpoint whose '").append(name).append("' is not a regular file"));
   }
   return existing;
 }
 
-// Deletes, in the replaced checkpoint now at `old`, what look_at found (each file by name, never
-// recursively), then the directory itself when that emptied it. Whatever else appeared there since
-// stays: the new checkpoint is published, so nothing here fails the save.
-void remove_replaced(const std::string& old, const Existing& existing) {
-  for (const std::string& name : existing.files) ::unlink(join(old, name).c_str());
-  ::rmdir(old.c_str());
+// After the renames of a publish: `new_at` must name the new checkpoint and `old_at` (when there
+// was one) the replaced one. Else someone moved a directory in or out at one of the paths while
+// the save ran, and nothing is deleted: Error says where each is.
+void check_moved(const Directory& temp, const std::string& new_at, const Existing& existing, const std::string& old_at) {
+  if (path_names(new_at, temp.identity()) && (!existing.dir || path_names(old_at, existing.dir->identity()))) return;
+  throw Error(std::string(kWhat).append(": a directory was moved to or from ").append(new_at)
+                  .append(existing.dir ? std::string(" or ").append(old_at) : std::string())
+                  .append(" while the save ran (by someone who can write its parent), so what is at ").append(new_at)
+                  .append(" may not be this save's checkpoint; nothing was deleted: look at both paths"));
+}
+
+// Deletes, in the replaced checkpoint (the directory look_at checked, now at `now_at`), what
+// look_at found (each file by name, never recursively), then the directory itself when that
+// emptied it. Whatever else appeared there since stays: the new checkpoint is published, so
+// nothing here fails the save.
+void remove_replaced(const Existing& existing, const std::string& now_at) {
+  for (const std::string& name : existing.files) ::unlinkat(existing.dir->fd(), name.c_str(), 0);
+  if (path_names(now_at, existing.dir->identity())) ::rmdir(now_at.c_str());  // only an empty one
 }
 
 std::string parent_of(const std::string& path) {
@@ -106,7 +119,7 @@ std::string temp_dir(const std::string& target, std::uint32_t token) {
   return std::string(target).append(".tmp-").append(std::to_string(token));
 }
 
-std::uint32_t create_temp_dir(const std::string& target, std::uint32_t first) {
+TempDir create_temp_dir(const std::string& target, std::uint32_t first) {
   std::error_code error;
   fs::create_directories(parent_of(target), error);  // creates only what is missing
   if (error) throw IoError(std::string(kWhat).append(": cannot create the parent directory"), parent_of(target), 0, 0, error.value());
@@ -114,24 +127,58 @@ std::uint32_t create_temp_dir(const std::string& target, std::uint32_t first) {
   // is skipped, never reused or removed.
   for (std::uint32_t token = first, tries = 0; tries < 1000; ++token, ++tries) {
     const std::string path = temp_dir(target, token);
-    if (::mkdir(path.c_str(), 0755) == 0) return token;
-    if (errno != EEXIST) throw IoError(std::string(kWhat).append(": cannot create the directory"), path, 0, 0, errno);
+    if (::mkdir(path.c_str(), 0755) != 0) {
+      if (errno == EEXIST) continue;
+      throw IoError(std::string(kWhat).append(": cannot create the directory"), path, 0, 0, errno);
+    }
+    TempDir made{token, Directory(path)};
+    // Between the mkdir and the open, another directory may have taken the path: refused unless
+    // what was opened is an empty directory of this user (only root could have made another).
+    if (made.dir.owner() != ::geteuid() || !made.dir.names().empty())
+      throw Error(std::string(kWhat).append(": the directory ").append(path)
+                      .append(" it created was replaced by another before it was opened (someone who can write its "
+                              "parent moved it); save again, or to a directory only you can write"));
+    return made;
   }
   throw IoError(std::string(kWhat).append(": 1000 temporary directories beside the target exist already (left by crashed "
                                           "saves?); remove them"), temp_dir(target, first), 0, 0, EEXIST);
 }
 
-void publish(const std::string& temp, const std::string& target) {
+Directory open_temp_dir(const std::string& path, std::uint64_t inode) {
+  const auto refuse = [&] {
+    throw Error(std::string(kWhat).append(": ").append(path)
+                    .append(" is not the temporary directory rank 0 created (the ranks do not share one file system "
+                            "there, or someone who can write its parent put something else at its path); save to a "
+                            "directory every rank sees, that only you can write"));
+  };
+  try {
+    Directory dir(path);
+    if (dir.identity().inode != inode || dir.owner() != ::geteuid()) refuse();
+    return dir;
+  } catch (const IoError& e) {
+    if (e.error_number() == ENOTDIR || e.error_number() == ELOOP) refuse();  // a link, or a file
+    throw;
+  }
+}
+
+void publish(const Directory& temp, const std::string& target) {
+  if (!path_names(temp.path(), temp.identity()))
+    throw Error(std::string(kWhat).append(": the temporary directory ").append(temp.path())
+                    .append(" was moved away while the save ran (by someone who can write its parent); the new checkpoint "
+                            "is where it was moved to, and nothing was published: save again, to a directory only you can "
+                            "write"));
   const Existing existing = look_at(target);  // again: the target may have changed during the save
-  if (!existing.exists) {
-    rename_noreplace(temp, target, std::string(kWhat).append(": cannot rename the new checkpoint into place"));
-  } else if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-    remove_replaced(temp, existing);  // temp now names the previous checkpoint
+  if (!existing.dir) {
+    rename_noreplace(temp.path(), target, std::string(kWhat).append(": cannot rename the new checkpoint into place"));
+    check_moved(temp, target, existing, temp.path());
+  } else if (::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    check_moved(temp, target, existing, temp.path());  // temp's path now names the previous checkpoint
+    remove_replaced(existing, temp.path());
   } else {
     // No atomic exchange here: the previous checkpoint moves aside onto an empty directory this
     // save creates (a rename may replace only an empty directory), then the new one takes its
     // name. A crash between the two leaves the previous one at the aside path.
-    const std::string aside = std::string(target).append(".old-").append(temp.substr(temp.rfind(".tmp-") + 5));
+    const std::string aside = std::string(target).append(".old-").append(temp.path().substr(temp.path().rfind(".tmp-") + 5));
     if (::mkdir(aside.c_str(), 0755) != 0)
       throw IoError(std::string(kWhat).append(": cannot create a directory to move the previous checkpoint to"), aside, 0, 0, errno);
     if (::rename(target.c_str(), aside.c_str()) != 0) {
@@ -139,10 +186,11 @@ void publish(const std::string& temp, const std::string& target) {
       ::rmdir(aside.c_str());
       throw IoError(std::string(kWhat).append(": cannot move the previous checkpoint aside"), target, 0, 0, error);
     }
-    if (::rename(temp.c_str(), target.c_str()) != 0)
+    if (::rename(temp.path().c_str(), target.c_str()) != 0)
       throw IoError(std::string(kWhat).append(": cannot rename the new checkpoint into place (the previous one is at ")
                         .append(aside).append(")"), target, 0, 0, errno);
-    remove_replaced(aside, existing);
+    check_moved(temp, target, existing, aside);
+    remove_replaced(existing, aside);
   }
   fsync_directory(parent_of(target));
 }

@@ -4,13 +4,16 @@
 // The target is checked before any work: it may be absent, an empty directory, or a zest
 // checkpoint whose directory holds only its manifest and the files that manifest lists. The new
 // checkpoint is written into a temporary directory this save created (an exclusive mkdir, so it is
-// never a path that already existed) and published by one rename (an atomic exchange where the
-// file system has it). Of the replaced checkpoint, only its manifest and the files it lists are
-// deleted, then its directory if that left it empty.
+// never a path that already existed), through a handle held open on it, and published by one
+// rename (an atomic exchange where the file system has it). Of the replaced checkpoint, only its
+// manifest and the files it lists are deleted, by name in the directory that was checked, then
+// that directory if that left it empty.
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+#include "checkpoint/format.hpp"
 
 namespace zest::checkpoint {
 
@@ -26,13 +29,27 @@ void check_save_target(const std::string& target);
 // The temporary directory of a save of `target`: "<target>.tmp-<token>".
 std::string temp_dir(const std::string& target, std::uint32_t token);
 
+// A save's temporary directory, held open: every file of the save is created in it by name
+// relative to the handle, so nothing put at its path during the save (by anyone who can write the
+// target's parent) receives a byte.
+struct TempDir {
+  std::uint32_t token = 0;
+  Directory dir;
+};
+
 // Creates temp_dir(target, token) for the first token from `first` on whose path does not exist
-// (and the target's parent directories if missing); returns that token. Throws IoError.
-std::uint32_t create_temp_dir(const std::string& target, std::uint32_t first);
+// (and the target's parent directories if missing), and opens it, checking that what it opened is
+// the empty directory of this user it made. Throws IoError or Error.
+TempDir create_temp_dir(const std::string& target, std::uint32_t first);
+
+// Opens, on another rank, the temporary directory at `path` that rank 0 created: throws Error
+// unless it is a directory (not a link) of this user with inode `inode`, the one rank 0 holds.
+Directory open_temp_dir(const std::string& path, std::uint64_t inode);
 
 // Publishes `temp` (a complete checkpoint, synced) as `target`, checking the target again first,
 // then deletes the files of the checkpoint it replaced and fsyncs the parent directory. A crash at
-// any moment leaves the previous or the new checkpoint at `target`. Throws Error or IoError.
-void publish(const std::string& temp, const std::string& target);
+// any moment leaves the previous or the new checkpoint at `target`. Should anything be put at
+// either path meanwhile, nothing is deleted and Error says what is where. Throws Error or IoError.
+void publish(const Directory& temp, const std::string& target);
 
 }  // namespace zest::checkpoint
