@@ -15,10 +15,15 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
 #include "args/args.hpp"
+#include "charlm/batch_sampler.hpp"
+#include "checkpoint/format.hpp"
 #include "charlm/text_corpus.hpp"
 #include "cli/commands.hpp"
 #include "memory_report.hpp"
@@ -41,7 +46,13 @@ constexpr const char* kUsage =
     "  parameters (1e9; a row that reaches it says \">=\"), outputs zest-memory.json,\n"
     "  zest-memory.csv and zest-memory.svg in the current directory.\n"
     "  The nvme offload rows keep their swap files in --nvme-path (default: a fresh directory in the\n"
-    "  current directory, removed afterwards).\n";
+    "  current directory, removed afterwards).\n"
+    "  Peers (torch DDP, FSDP2) beside zest's rows, on the same model, batches and rank count:\n"
+    "    zest bench memory --write-peer-inputs DIR [--params N] [--steps N]   (one process: the model's\n"
+    "      shape, initial weights and batches, into DIR, which must not hold them yet)\n"
+    "    mpirun -np 4 python bench/memory_peers.py DIR --json DIR/peers.json\n"
+    "    mpirun -np 4 zest bench memory --peers DIR/peers.json [...]   (their rows in the table, JSON,\n"
+    "      CSV and chart, and every row's loss against torch DDP's)\n";
 
 struct Options {
   std::string config_path;
@@ -52,6 +63,8 @@ struct Options {
   std::size_t fit_cap = 1'000'000'000;  // parameters: the largest model a search tries
   std::string json = "zest-memory.json", csv = "zest-memory.csv", chart = "zest-memory.svg";
   std::string nvme_path;
+  std::string write_peer_inputs;  // a directory: write the peers' inputs there, and stop
+  std::string peers;              // bench/memory_peers.py's JSON: add its rows
 };
 
 struct Configuration {
@@ -410,6 +423,112 @@ Config default_config() {
   return c;
 }
 
+// What bench/memory_peers.py needs to train the same model on the same data as zest's rows: the
+// model's shape and the optimizer's settings (model.json), every tensor's initial fp32 values in
+// parameters() order (init.f32), and each step's global batch of windows (batches.i32: steps x
+// global_batch x window tokens). Files are created exclusively: a directory that holds them
+// already is refused, not overwritten.
+void write_peer_inputs(const std::string& dir, const Config& config, const train::TrainConfig& train,
+                       const charlm::TextCorpus& corpus, int steps) {
+  const charlm::CharMlp model(train.model, 1, 1);
+  std::string tensors;
+  std::vector<float> init;
+  for (std::size_t t = 0; t < model.parameters().size(); ++t) {
+    const charlm::ParamInfo& p = model.parameters()[t];
+    std::string shape;
+    for (std::size_t d : p.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    tensors += std::string(tensors.empty() ? "" : ",\n    ") + "{\"name\": \"" + p.name + "\", \"shape\": [" + shape + "]}";
+    std::vector<float> values(p.numel());
+    model.init_tensor(t, 0, values, train.seed);
+    init.insert(init.end(), values.begin(), values.end());
+  }
+  const charlm::BatchSampler sampler(corpus.tokens().size(), train.model.context, train.global_batch, train.seed);
+  std::vector<charlm::Token> batches(static_cast<std::size_t>(steps) * train.global_batch * sampler.window());
+  for (int step = 1; step <= steps; ++step) {
+    const std::size_t at = static_cast<std::size_t>(step - 1) * train.global_batch * sampler.window();
+    sampler.gather(corpus.tokens(), static_cast<std::uint64_t>(step), {0, train.global_batch},
+                   std::span<charlm::Token>(batches.data() + at, train.global_batch * sampler.window()));
+  }
+  const auto& m = train.model;
+  const auto& opt = config.optimizer;
+  char head[1024];
+  std::snprintf(head, sizeof head,
+                "{\n  \"vocab\": %zu, \"context\": %zu, \"embed\": %zu, \"hidden\": %zu, \"layers\": %zu, "
+                "\"activation\": \"%s\",\n  \"global_batch\": %zu, \"steps\": %d, \"dtype\": \"%s\",\n"
+                "  \"optimizer\": \"%s\", \"lr\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g, "
+                "\"weight_decay\": %.9g,\n  \"tensors\": [\n    ",
+                m.vocab, m.context, m.embed, m.hidden, m.layers, m.activation == charlm::Activation::gelu ? "gelu" : "tanh",
+                train.global_batch, steps, std::string(dtype_name(config.precision.dtype)).c_str(),
+                opt.type == OptimizerType::adam ? "adam" : "adamw", opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
+  const std::string json = std::string(head) + tensors + "\n  ]\n}\n";
+  checkpoint::write_file_synced((std::filesystem::path(dir) / "model.json").string(), json.data(), json.size());
+  checkpoint::write_file_synced((std::filesystem::path(dir) / "init.f32").string(), init.data(), init.size() * sizeof(float));
+  checkpoint::write_file_synced((std::filesystem::path(dir) / "batches.i32").string(), batches.data(),
+                                batches.size() * sizeof(charlm::Token));
+  std::printf("zest bench memory: wrote the peers' inputs (%zu parameters, %d steps of %zu windows) to %s\n",
+              init.size(), steps, train.global_batch, dir.c_str());
+}
+
+// The rows bench/memory_peers.py measured, checked to be of this model and world size.
+std::vector<MemoryRecord> read_peers(const std::string& path, std::size_t params, int ranks) {
+  const std::string what = "zest bench memory: --peers " + path;
+  // A results file of a few rows: anything near a MiB is not one.
+  const std::string text = checkpoint::read_regular_file(path, std::size_t{1} << 20, what);
+  std::vector<MemoryRecord> peers;
+  try {
+    const YAML::Node root = YAML::Load(text);  // JSON is YAML
+    for (const YAML::Node& p : root["peers"]) {
+      MemoryRecord r;
+      r.name = p["name"].as<std::string>();
+      r.system = p["system"].as<std::string>();
+      r.error = p["error"].as<std::string>();
+      r.ranks = p["ranks"].as<int>();
+      r.params = p["params"].as<std::size_t>();
+      if (r.error.empty()) {
+        r.peak_params_bytes = p["peak_params_bytes"].as<std::size_t>();
+        r.peak_grads_bytes = p["peak_grads_bytes"].as<std::size_t>();
+        r.peak_optimizer_bytes = p["peak_optimizer_states_bytes"].as<std::size_t>();
+        r.peak_device_bytes = p["peak_model_state_bytes"].as<std::size_t>();
+        r.start_host_rss_bytes = p["start_host_rss_bytes"].as<std::size_t>();
+        r.peak_host_rss_bytes = p["peak_host_rss_bytes"].as<std::size_t>();
+        r.step_seconds = p["step_seconds"].as<double>();
+        r.final_loss = p["final_loss"].as<double>();
+      }
+      if (r.ranks != ranks || r.params != params)
+        throw Error(what + ": '" + r.name + "' ran " + std::to_string(r.params) + " parameters on " +
+                    std::to_string(r.ranks) + " ranks, this run has " + std::to_string(params) + " on " +
+                    std::to_string(ranks) + ": write the inputs and run the peers again with the same --params and ranks");
+      peers.push_back(r);
+    }
+  } catch (const YAML::Exception& e) {
+    throw Error(what + " is not bench/memory_peers.py's output (" + e.what() + ")");
+  }
+  if (peers.empty()) throw Error(what + " holds no peer rows");
+  return peers;
+}
+
+// Every row against stage 0 (zest's DDP) and, when it ran, the "torch DDP + AdamW" peer: ratios of
+// memory and step time, and whether the final loss agrees. bf16/fp16 round differently per stage
+// and per system; fp32 agrees to 1e-5.
+void compare_losses(std::vector<MemoryRecord>& records, DType dtype) {
+  const double tolerance = dtype == DType::f32 ? 1e-5 : 2e-3;
+  const MemoryRecord ddp = records.front();
+  const auto torch_ddp = std::find_if(records.begin(), records.end(), [](const MemoryRecord& r) {
+    return r.name == "torch DDP + AdamW" && r.error.empty();
+  });
+  const std::optional<double> reference = torch_ddp == records.end() ? std::nullopt : std::optional(torch_ddp->final_loss);
+  for (MemoryRecord& r : records) {
+    if (!r.error.empty()) continue;
+    r.ratio_to_ddp = static_cast<double>(r.peak_device_bytes) / static_cast<double>(ddp.peak_device_bytes);
+    r.step_time_ratio_to_ddp = r.step_seconds / ddp.step_seconds;
+    r.loss_matches_ddp = std::abs(r.final_loss - ddp.final_loss) <= tolerance * std::abs(ddp.final_loss);
+    if (reference) {
+      r.loss_difference_to_torch_ddp = std::abs(r.final_loss - *reference) / std::abs(*reference);
+      r.loss_matches_torch_ddp = *r.loss_difference_to_torch_ddp <= tolerance;
+    }
+  }
+}
+
 }  // namespace
 
 int bench_memory(int argc, char** argv) {
@@ -428,6 +547,8 @@ int bench_memory(int argc, char** argv) {
       else if (arg == "--csv") o.csv = args::value_of(argc, argv, i);
       else if (arg == "--chart") o.chart = args::value_of(argc, argv, i);
       else if (arg == "--nvme-path") o.nvme_path = args::path_of(argc, argv, i);
+      else if (arg == "--write-peer-inputs") o.write_peer_inputs = args::path_of(argc, argv, i);
+      else if (arg == "--peers") o.peers = args::path_of(argc, argv, i);
       else if (arg == "--no-fit") o.fit = false;
       else if (arg == "--fit-cap") o.fit_cap = args::parse_count(arg, args::value_of(argc, argv, i), 1000, 100'000'000'000);
       else throw args::UsageError(std::string("invalid argument '").append(arg).append("'"));
@@ -437,6 +558,7 @@ int bench_memory(int argc, char** argv) {
     args::check_output_file("--csv", o.csv);
     args::check_output_file("--chart", o.chart);
     if (!o.nvme_path.empty()) args::check_output_directory("--nvme-path", o.nvme_path);
+    if (!o.write_peer_inputs.empty()) args::check_output_directory("--write-peer-inputs", o.write_peer_inputs);
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest bench memory: %s\n%s", error.what(), kUsage);
     return 2;
@@ -449,6 +571,10 @@ int bench_memory(int argc, char** argv) {
     const charlm::TextCorpus corpus = charlm::TextCorpus::load(train.text);
     if (o.config_path.empty()) train.model.layers = 8;  // many layers: what stage 3 gathers one at a time
     train.model = shape_for(o.params, corpus.vocab_size(), train.model);
+    if (!o.write_peer_inputs.empty()) {
+      if (leader) write_peer_inputs(o.write_peer_inputs, config, train, corpus, o.steps);
+      return 0;
+    }
     Config tuned = config;
     fit_stage3_to(tuned, charlm::CharMlp(train.model, 1, 1));
     auto stream = runtime.device().create_stream();
@@ -480,14 +606,11 @@ int bench_memory(int argc, char** argv) {
       progress.show(done++, "training " + conf.name);
       records.push_back(measure(conf, tuned, train, corpus, runtime, *stream, o.steps, swap.path()));
     }
-    const MemoryRecord& ddp = records.front();
-    for (MemoryRecord& r : records) {
-      r.ratio_to_ddp = static_cast<double>(r.peak_device_bytes) / static_cast<double>(ddp.peak_device_bytes);
-      r.step_time_ratio_to_ddp = r.step_seconds / ddp.step_seconds;
-      // bf16/fp16 reductions round in a different order per stage; fp32 agrees to 1e-5.
-      const double tolerance = config.precision.dtype == DType::f32 ? 1e-5 : 2e-3;
-      r.loss_matches_ddp = std::abs(r.final_loss - ddp.final_loss) <= tolerance * std::abs(ddp.final_loss);
+    if (!o.peers.empty()) {
+      const std::vector<MemoryRecord> peers = read_peers(o.peers, records.front().params, runtime.world_size());
+      records.insert(records.end(), peers.begin(), peers.end());
     }
+    compare_losses(records, config.precision.dtype);
     std::vector<FitRecord> fit_records;
     const HostLimits limits = host_limits(swap.path(), runtime.local_size(), o.fit_cap);
     if (o.fit) {
@@ -507,7 +630,7 @@ int bench_memory(int argc, char** argv) {
                   bench::format_fit_table(fit_records).c_str());
       write_file(o.json, bench::to_json(records, fit_records));
       write_file(o.csv, bench::to_csv(records));
-      write_file(o.chart, bench::to_svg(records));
+      write_file(o.chart, bench::to_svg(records, fit_records));
       std::printf("\nwrote %s, %s and the chart %s\n", o.json.c_str(), o.csv.c_str(), o.chart.c_str());
     }
     return 0;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 namespace zest::bench {
 namespace {
@@ -35,15 +37,31 @@ std::string purposes_json(const std::array<std::size_t, kHostPurposeCount>& byte
 }  // namespace
 
 std::string format_table(const std::vector<MemoryRecord>& records) {
-  std::string out = printf_string("%-42s %9s %8s %8s %8s %8s %7s %10s %8s %8s %8s %8s %7s %s\n",
+  std::string out = printf_string("%-42s %9s %8s %8s %8s %8s %7s %10s %8s %8s %8s %8s %7s %-10s %s\n",
                                   "configuration (per rank)", "peak MiB", "params", "grads", "optim", "buffers",
-                                  "vs DDP", "formula", "dev", "pinned", "nvme", "step ms", "vs DDP", "loss = DDP");
+                                  "vs DDP", "formula", "dev", "pinned", "nvme", "step ms", "vs DDP", "loss = DDP",
+                                  "loss = torch DDP");
   for (const MemoryRecord& r : records) {
-    out += printf_string("%-42s %9.1f %8.1f %8.1f %8.1f %8.1f %6.2fx %10.1f %+7.1f%% %8.1f %8.1f %8.1f %6.2fx %s\n",
+    if (!r.error.empty()) {
+      out += printf_string("%-42s could not run: %s\n", r.name.c_str(), r.error.c_str());
+      continue;
+    }
+    const std::string torch_ddp =
+        r.loss_difference_to_torch_ddp
+            ? printf_string("%s (%.1e)", r.loss_matches_torch_ddp ? "yes" : "NO", *r.loss_difference_to_torch_ddp)
+            : std::string("-");
+    // A peer has no buffers, pinned or NVMe bytes, formula or estimate of zest's: dashes, not zeros.
+    const auto zest_only = [&](const char* format, double value) {
+      return r.peer() ? std::string("-") : printf_string(format, value);
+    };
+    out += printf_string("%-42s %9.1f %8.1f %8.1f %8.1f %8s %6.2fx %10s %8s %8s %8s %8.1f %6.2fx %-10s %s\n",
                          r.name.c_str(), mib(r.peak_device_bytes), mib(r.peak_params_bytes), mib(r.peak_grads_bytes),
-                         mib(r.peak_optimizer_bytes), mib(r.peak_buffers_bytes), r.ratio_to_ddp, mib(r.formula_bytes),
-                         100 * r.formula_deviation, mib(r.peak_host_pinned_bytes), mib(r.nvme_bytes),
-                         1000 * r.step_seconds, r.step_time_ratio_to_ddp, r.loss_matches_ddp ? "yes" : "NO");
+                         mib(r.peak_optimizer_bytes), zest_only("%.1f", mib(r.peak_buffers_bytes)).c_str(),
+                         r.ratio_to_ddp, zest_only("%.1f", mib(r.formula_bytes)).c_str(),
+                         zest_only("%+.1f%%", 100 * r.formula_deviation).c_str(),
+                         zest_only("%.1f", mib(r.peak_host_pinned_bytes)).c_str(),
+                         zest_only("%.1f", mib(r.nvme_bytes)).c_str(), 1000 * r.step_seconds,
+                         r.step_time_ratio_to_ddp, r.loss_matches_ddp ? "yes" : "NO", torch_ddp.c_str());
   }
   return out;
 }
@@ -57,6 +75,12 @@ std::string format_host_table(const std::vector<MemoryRecord>& records) {
   }
   out += "\n";
   for (const MemoryRecord& r : records) {
+    if (!r.error.empty()) continue;
+    if (r.peer()) {  // its RSS; pinned memory and a placement formula are zest's
+      out += printf_string("%-42s %7.1f/%7.1f/%-7s\n", r.name.c_str(), mib(r.start_host_rss_bytes),
+                           mib(r.peak_host_rss_bytes), "-");
+      continue;
+    }
     out += printf_string("%-42s %7.1f/%7.1f/%-7.1f %7.1f/%-7.1f", r.name.c_str(), mib(r.start_host_rss_bytes),
                          mib(r.peak_host_rss_bytes), mib(r.host_need_bytes),
                          mib(r.peak_host_pinned_bytes), mib(r.estimate_pinned_bytes));
@@ -89,7 +113,13 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
   std::string out = "{\n  \"records\": [\n";
   for (std::size_t i = 0; i < records.size(); ++i) {
     const MemoryRecord& r = records[i];
-    out += "    {\"name\": " + json_string(r.name) + printf_string(", \"stage\": %d", r.stage) +
+    const std::string torch_ddp =
+        r.loss_difference_to_torch_ddp
+            ? printf_string("%.6g, \"loss_matches_torch_ddp\": %s", *r.loss_difference_to_torch_ddp,
+                            r.loss_matches_torch_ddp ? "true" : "false")
+            : std::string("null, \"loss_matches_torch_ddp\": null");
+    out += "    {\"name\": " + json_string(r.name) + ", \"system\": " + json_string(r.system) +
+           ", \"error\": " + json_string(r.error) + printf_string(", \"stage\": %d", r.stage) +
            ", \"offload_optimizer\": " + json_string(r.offload_optimizer) +
            ", \"offload_param\": " + json_string(r.offload_param) +
            printf_string(", \"offload_ratio\": %g", r.offload_ratio) +
@@ -111,8 +141,9 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
                          r.estimate_device_bytes, r.estimate_deviation) +
            printf_string(", \"step_seconds\": %.6f, \"step_time_ratio_to_ddp\": %.6f", r.step_seconds,
                          r.step_time_ratio_to_ddp) +
-           printf_string(", \"final_loss\": %.6f, \"loss_matches_ddp\": %s}", r.final_loss,
+           printf_string(", \"final_loss\": %.6f, \"loss_matches_ddp\": %s", r.final_loss,
                          r.loss_matches_ddp ? "true" : "false") +
+           ", \"loss_difference_to_torch_ddp\": " + torch_ddp + "}" +
            (i + 1 < records.size() ? ",\n" : "\n");
   }
   out += "  ],\n  \"largest_model_that_fits\": [\n";
@@ -130,7 +161,8 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
       "name,stage,offload_optimizer,offload_param,offload_ratio,ranks,params,peak_device_bytes,peak_params_bytes,"
       "peak_grads_bytes,peak_optimizer_states_bytes,peak_buffers_bytes,peak_host_pinned_bytes,nvme_bytes,"
       "ratio_to_ddp,formula_bytes,formula_deviation,step_seconds,step_time_ratio_to_ddp,final_loss,"
-      "loss_matches_ddp,start_host_rss_bytes,peak_host_rss_bytes,host_need_bytes,estimate_pinned_bytes";
+      "loss_matches_ddp,start_host_rss_bytes,peak_host_rss_bytes,host_need_bytes,estimate_pinned_bytes,system,error,"
+      "loss_difference_to_torch_ddp,loss_matches_torch_ddp";
   for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
     const std::string name(host_purpose_name(static_cast<HostPurpose>(p)));
     out += ",peak_pinned_" + name + "_bytes,estimate_pinned_" + name + "_bytes";
@@ -146,6 +178,12 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
                          r.step_time_ratio_to_ddp, r.final_loss, r.loss_matches_ddp ? "true" : "false");
     out += printf_string(",%zu,%zu,%zu,%zu", r.start_host_rss_bytes, r.peak_host_rss_bytes, r.host_need_bytes,
                          r.estimate_pinned_bytes);
+    std::string error = r.error;  // CSV quoting: a quote doubles
+    for (std::size_t at = error.find('"'); at != std::string::npos; at = error.find('"', at + 2)) error.insert(at, 1, '"');
+    out += ",\"" + r.system + "\",\"" + error + "\"," +
+           (r.loss_difference_to_torch_ddp ? printf_string("%.6g,%s", *r.loss_difference_to_torch_ddp,
+                                                           r.loss_matches_torch_ddp ? "true" : "false")
+                                           : std::string(","));
     for (std::size_t p = 0; p < kHostPurposeCount; ++p)
       out += printf_string(",%zu,%zu", r.peak_pinned_by[p], r.estimate_pinned_by[p]);
     out += "\n";
@@ -153,50 +191,118 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
   return out;
 }
 
-std::string to_svg(const std::vector<MemoryRecord>& records) {
-  constexpr int kWidth = 640, kBarWidth = 70, kGap = 40, kLeft = 80, kTop = 50, kHeight = 300;
-  constexpr std::array<const char*, 4> kNames = {"params", "grads", "optimizer states", "buffers"};
-  constexpr std::array<const char*, 4> kColors = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2"};
-  std::size_t largest = 1;
-  for (const MemoryRecord& r : records)
-    largest = std::max(largest, r.peak_params_bytes + r.peak_grads_bytes + r.peak_optimizer_bytes + r.peak_buffers_bytes);
-  const int width = std::max(kWidth, kLeft + static_cast<int>(records.size()) * (kBarWidth + kGap) + 40);
-  std::string out = printf_string(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
-      "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-      "<text x=\"%d\" y=\"24\" font-size=\"16\">Peak device memory per rank by category (MiB)</text>\n",
-      width, kTop + kHeight + 110, kLeft);
-  // Axis with four ticks.
-  for (int t = 0; t <= 4; ++t) {
-    const double value = mib(largest) * t / 4;
-    const int y = kTop + kHeight - kHeight * t / 4;
+namespace {
+
+// One horizontal bar chart: a row per label (names on the left, right-aligned), stacked segments,
+// a value after each bar, and a legend under it. Rows without segments show `note` instead.
+struct BarRow {
+  std::string label;
+  std::vector<std::pair<double, int>> segments;  // (value, series index)
+  std::string value_text, note;
+};
+struct Series {
+  const char* name;
+  const char* color;
+};
+
+std::string xml_text(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else out += c;
+  }
+  return out;
+}
+
+// The chart at vertical offset `top`; returns its SVG and advances `top` past it.
+std::string bar_chart(const std::string& title, const std::string& unit, const std::vector<BarRow>& rows,
+                      const std::vector<Series>& series, int& top) {
+  constexpr int kLabel = 330, kBars = 520, kRow = 22, kBar = 15;
+  double largest = 0;
+  for (const BarRow& r : rows) {
+    double sum = 0;
+    for (const auto& [value, _] : r.segments) sum += value;
+    largest = std::max(largest, sum);
+  }
+  if (largest <= 0) largest = 1;
+  std::string out = printf_string("<text x=\"10\" y=\"%d\" font-size=\"16\">%s</text>\n", top + 20,
+                                  xml_text(title).c_str());
+  const int axis_top = top + 34, axis_bottom = axis_top + static_cast<int>(rows.size()) * kRow;
+  for (int t = 0; t <= 4; ++t) {  // grid and scale along the bottom
+    const int x = kLabel + kBars * t / 4;
     out += printf_string("<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#ddd\"/>\n"
-                         "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.0f</text>\n",
-                         kLeft, y, width - 20, y, kLeft - 6, y + 4, value);
+                         "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#555\">%.0f</text>\n",
+                         x, axis_top, x, axis_bottom, x, axis_bottom + 14, largest * t / 4);
   }
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    const MemoryRecord& r = records[i];
-    const std::array<std::size_t, 4> parts = {r.peak_params_bytes, r.peak_grads_bytes, r.peak_optimizer_bytes,
-                                              r.peak_buffers_bytes};
-    const int x = kLeft + 20 + static_cast<int>(i) * (kBarWidth + kGap);
-    double y = kTop + kHeight;
-    for (std::size_t c = 0; c < parts.size(); ++c) {
-      const double h = kHeight * static_cast<double>(parts[c]) / static_cast<double>(largest);
-      y -= h;
-      out += printf_string("<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"><title>%s: %.1f MiB"
-                           "</title></rect>\n", x, y, kBarWidth, h, kColors[c], kNames[c], mib(parts[c]));
+  out += printf_string("<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#555\">%s</text>\n",
+                       kLabel + kBars / 2, axis_bottom + 30, xml_text(unit).c_str());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const BarRow& r = rows[i];
+    const int y = axis_top + static_cast<int>(i) * kRow + (kRow - kBar) / 2;
+    out += printf_string("<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s</text>\n", kLabel - 8, y + kBar - 3,
+                         xml_text(r.label).c_str());
+    double x = kLabel;
+    for (const auto& [value, s] : r.segments) {
+      const double w = kBars * value / largest;
+      out += printf_string("<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s: %.1f %s"
+                           "</title></rect>\n", x, y, w, kBar, series[static_cast<std::size_t>(s)].color,
+                           series[static_cast<std::size_t>(s)].name, value, xml_text(unit).c_str());
+      x += w;
     }
-    out += printf_string("<text x=\"%d\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", x + kBarWidth / 2, y - 4,
-                         mib(parts[0] + parts[1] + parts[2] + parts[3]));
-    out += printf_string("<text x=\"%d\" y=\"%d\" text-anchor=\"end\" transform=\"rotate(-30 %d %d)\">%s</text>\n",
-                         x + kBarWidth / 2, kTop + kHeight + 16, x + kBarWidth / 2, kTop + kHeight + 16, r.name.c_str());
+    const std::string text = r.segments.empty() ? r.note : r.value_text;
+    out += printf_string("<text x=\"%.1f\" y=\"%d\" fill=\"#333\">%s</text>\n", x + 6, y + kBar - 3,
+                         xml_text(text).c_str());
   }
-  for (std::size_t c = 0; c < kNames.size(); ++c)
+  int legend_y = axis_bottom + 44;
+  for (std::size_t s = 0; s < series.size(); ++s) {
+    const int x = 10 + static_cast<int>(s % 4) * 215;
+    if (s > 0 && s % 4 == 0) legend_y += 18;
     out += printf_string("<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
                          "<text x=\"%d\" y=\"%d\">%s</text>\n",
-                         kLeft + static_cast<int>(c) * 150, kTop + kHeight + 80, kColors[c],
-                         kLeft + 16 + static_cast<int>(c) * 150, kTop + kHeight + 91, kNames[c]);
-  return out + "</svg>\n";
+                         x, legend_y, series[s].color, x + 16, legend_y + 11, series[s].name);
+  }
+  top = legend_y + 36;
+  return out;
+}
+
+}  // namespace
+
+std::string to_svg(const std::vector<MemoryRecord>& records, const std::vector<FitRecord>& fits) {
+  // zest's categories in blues and oranges, a peer's in purples: the two systems read apart at once.
+  const std::vector<Series> series = {{"zest params", "#4e79a7"},         {"zest grads", "#f28e2b"},
+                                      {"zest optimizer states", "#e15759"}, {"zest buffers", "#76b7b2"},
+                                      {"peer params", "#54278f"},          {"peer grads", "#807dba"},
+                                      {"peer optimizer states", "#bcbddc"}};
+  std::vector<BarRow> memory;
+  for (const MemoryRecord& r : records) {
+    // The error's start: the table and the JSON have all of it.
+    const std::string why = r.error.size() > 60 ? r.error.substr(0, 60) + "..." : r.error;
+    BarRow row{r.name, {}, printf_string("%.1f", mib(r.peak_device_bytes)), "could not run: " + why};
+    if (r.error.empty()) {
+      const int base = r.peer() ? 4 : 0;
+      row.segments = {{mib(r.peak_params_bytes), base}, {mib(r.peak_grads_bytes), base + 1},
+                      {mib(r.peak_optimizer_bytes), base + 2}};
+      if (!r.peer()) row.segments.push_back({mib(r.peak_buffers_bytes), 3});
+    }
+    memory.push_back(row);
+  }
+  int top = 0;
+  std::string charts = bar_chart("Peak memory per rank by category", "MiB per rank", memory, series, top);
+  if (!fits.empty()) {
+    std::vector<BarRow> sizes;
+    for (const FitRecord& f : fits)
+      sizes.push_back({f.name, {{static_cast<double>(f.largest_params) / 1e6, 0}},
+                       printf_string("%s%.1fM (bound by %s)", f.at_least ? ">=" : "", static_cast<double>(f.largest_params) / 1e6,
+                                     f.bound.c_str()), ""});
+    charts += bar_chart(printf_string("Largest model that trains within %.0f MiB of device memory per rank",
+                                      mib(fits.front().device_budget)),
+                        "million parameters", sizes, {{"zest", "#4e79a7"}}, top);
+  }
+  return printf_string("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1060\" height=\"%d\" "
+                       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" "
+                       "fill=\"white\"/>\n", top) + charts + "</svg>\n";
 }
 
 }  // namespace zest::bench

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,12 @@
 namespace zest::bench {
 
 struct MemoryRecord {
-  std::string name;                 // "stage 2", "stage 3 + offload optimizer=cpu", ...
+  std::string name;                 // "stage 2", "stage 3 + offload optimizer=cpu", "torch DDP + AdamW", ...
+  // "zest", or the library of a peer measured beside it (bench/memory_peers.py): "torch". A peer's
+  // row has no buffers, pinned, NVMe, formula or estimate figures; its categories are counted from
+  // its tensors (parameters, gradients, optimizer states) at the step's peak.
+  std::string system = "zest";
+  std::string error;                // a peer that could not run: why (its figures are then 0)
   int stage = 0;
   std::string offload_optimizer = "none";
   std::string offload_param = "none";
@@ -47,6 +53,11 @@ struct MemoryRecord {
   double step_time_ratio_to_ddp = 0;
   double final_loss = 0;
   bool loss_matches_ddp = false;
+  // Against the "torch DDP + AdamW" peer's final loss, when it ran: |loss - its| / its, and whether
+  // that is within the dtype's tolerance.
+  std::optional<double> loss_difference_to_torch_ddp;
+  bool loss_matches_torch_ddp = false;
+  bool peer() const { return system != "zest"; }
 };
 
 struct FitRecord {
@@ -65,7 +76,8 @@ std::string format_host_table(const std::vector<MemoryRecord>& records);
 std::string format_fit_table(const std::vector<FitRecord>& fits);
 std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<FitRecord>& fits);
 std::string to_csv(const std::vector<MemoryRecord>& records);
-// Stacked bars (params, grads, optimizer states, buffers) of per-rank peak memory per configuration.
-std::string to_svg(const std::vector<MemoryRecord>& records);
+// Two horizontal bar charts in one SVG: per-rank peak memory per configuration, stacked by category
+// (peers in their own colours), and the largest model each searched configuration trains.
+std::string to_svg(const std::vector<MemoryRecord>& records, const std::vector<FitRecord>& fits);
 
 }  // namespace zest::bench
