@@ -5,13 +5,18 @@ characters, with zest in place of torch.optim.AdamW:
     mpirun -np 2 python examples/python/gpt.py              # zest, stage 3, 2 ranks (about a minute here)
     mpirun -np 2 python examples/python/gpt.py --stage 1 --save ckpt
     mpirun -np 4 python examples/python/gpt.py --load ckpt  # resumes on another rank count
+    mpirun -np 2 python examples/python/gpt.py --optimizer adamw-ddp   # the same with torch alone
 
 The one line that differs from training with torch.optim.AdamW is marked below. Each rank trains
 on its slice of every global batch and computes its mean loss, as under DistributedDataParallel;
-zest averages the gradients over ranks as DDP does.
+zest averages the gradients over ranks as DDP does. `--optimizer adamw-ddp` trains the same model
+on the same batches with torch's DistributedDataParallel (gloo) and torch.optim.AdamW instead, for
+comparison (bench/gpt_curves.py draws both); `--log FILE` writes rank 0's loss per step and, at
+the end, tokens per second per rank and the ranks' peak resident memory, as JSON lines.
 """
 
 import argparse
+import json
 import math
 import os
 import time
@@ -83,9 +88,18 @@ def batch(data, step, global_batch, context, rank, world):
     return windows[:, :-1], windows[:, 1:]
 
 
+def unigram_entropy(data):
+    """The loss (nats per character) of predicting each character by its frequency alone: a model
+    below it has learnt something of the text's order."""
+    p = torch.bincount(data).double() / len(data)
+    p = p[p > 0]
+    return float(-(p * p.log()).sum())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--text", default="/usr/share/common-licenses/GPL-3", help="a local text file")
+    parser.add_argument("--text", nargs="+", default=["/usr/share/common-licenses/GPL-3"],
+                        help="local text files, read as one text")
     parser.add_argument("--config", help="a zest YAML config (default: the dict below)")
     parser.add_argument("--stage", type=int, default=3)
     parser.add_argument("--steps", type=int, default=800)
@@ -96,7 +110,14 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--save", help="write a zest checkpoint here at the end")
     parser.add_argument("--load", help="resume from a zest checkpoint (any rank count and stage)")
+    parser.add_argument("--optimizer", choices=["zest", "adamw-ddp"], default="zest")
+    parser.add_argument("--offload", choices=["none", "cpu", "nvme"], default="none",
+                        help="zest: where the optimizer states live (nvme: in --offload-path)")
+    parser.add_argument("--offload-path", default="", help="a directory for --offload nvme's swap files")
+    parser.add_argument("--log", help="rank 0 writes its loss per step and a summary here (JSON lines)")
     args = parser.parse_args()
+    if args.optimizer != "zest" and (args.save or args.load or args.offload != "none"):
+        parser.error("--save, --load and --offload are zest's: leave them out with --optimizer adamw-ddp")
 
     # mpirun's ranks (one process without it); the same with AdamW, which then trains alone.
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
@@ -105,8 +126,10 @@ def main():
         parser.error(f"--global-batch {args.global_batch} does not split into {world} equal slices")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
-    with open(args.text, encoding="utf-8") as f:
-        text = f.read()
+    text = ""
+    for path in args.text:
+        with open(path, encoding="utf-8") as f:
+            text += f.read()
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
     split = int(0.9 * len(data))
@@ -119,8 +142,18 @@ def main():
         "optimizer": {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.1},
         "stage3": {"persistence_threshold": "1KiB"},  # LayerNorms stay resident, the rest is sharded
     }
-    # opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    opt = zest.torch.Optimizer(model, config)
+    if args.offload != "none" and not args.config:
+        config["offload"] = {"optimizer": {"device": args.offload, "path": args.offload_path}}
+    trained = model
+    if args.optimizer == "zest":
+        # opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+        opt = zest.torch.Optimizer(model, config)
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29518")
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+        trained = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps, eta_min=3e-4)
     start = 0
     if args.load:
@@ -129,22 +162,36 @@ def main():
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"{params} parameters, {world} ranks, {len(chars)} characters, steps {start}..{args.steps}")
+    log = open(args.log, "w") if args.log and rank == 0 else None
     began = time.time()
     for step in range(start, args.steps):
         x, y = batch(train_data, step, args.global_batch, args.context, rank, world)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss = F.cross_entropy(trained(x).flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad()
         sched.step()
+        if log:
+            log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
         if rank == 0 and (step % 50 == 0 or step == args.steps - 1):
             print(f"step {step} loss {loss.item():.4f} lr {sched.get_last_lr()[0]:.2e} ({time.time() - began:.0f} s)")
+    seconds = time.time() - began
 
     with torch.no_grad():
         x, y = batch(val_data, 0, args.global_batch, args.context, rank, world)
         val = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
     if rank == 0:
         print(f"validation loss (rank 0's slice) {val.item():.4f}")
+    if log:
+        # Rank 0's figures: each rank trains the same number of tokens; the resident peak is rank 0's
+        # (the ranks' are alike: the same shard sizes).
+        tokens = (args.steps - start) * args.global_batch // world * args.context
+        with open("/proc/self/status") as status:
+            rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+        log.write(json.dumps({"tokens_per_second_per_rank": tokens / seconds, "peak_rss_bytes": rss,
+                              "validation_loss": val.item(), "unigram_entropy": unigram_entropy(train_data),
+                              "ranks": world}) + "\n")
+        log.close()
     if args.save:
         opt.save(args.save)
 

@@ -44,3 +44,25 @@ gpt=("$python" "$src/examples/python/gpt.py" --context 32 --embed 32 --layers 2 
   | tee "$shared/gpt-resumed.log"
 grep -q "steps 20..30" "$shared/gpt-resumed.log"
 grep -q "^validation loss" "$shared/gpt-resumed.log"
+
+echo "== examples/python/gpt.py: torch DDP + AdamW and zest stage 3 (optimizer on cpu), 2 ranks, same losses"
+# bench/gpt_curves.py's claim, in small: the two curves coincide within fp32 noise.
+for run in "adamw-ddp --optimizer adamw-ddp" "zest --stage 3 --offload cpu"; do
+  set -- $run
+  name=$1; shift
+  MASTER_PORT=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$mpirun" --oversubscribe --bind-to none -np 2 -x PYTHONPATH -x MASTER_PORT "${gpt[@]}" --steps 20 \
+    --log "$shared/gpt-$name.jsonl" "$@" > /dev/null
+done
+"$python" - "$shared" <<'PY'
+import json, sys
+runs = {name: [json.loads(l) for l in open(f"{sys.argv[1]}/gpt-{name}.jsonl")] for name in ("adamw-ddp", "zest")}
+losses = {name: [l["loss"] for l in lines if "loss" in l] for name, lines in runs.items()}
+summary = runs["zest"][-1]
+assert len(losses["zest"]) == len(losses["adamw-ddp"]) == 20, {k: len(v) for k, v in losses.items()}
+worst = max(abs(a - b) for a, b in zip(losses["zest"], losses["adamw-ddp"]))
+assert worst <= 1e-4, f"zest's loss curve leaves torch DDP + AdamW's by {worst}"
+assert losses["zest"][-1] < losses["zest"][0] - 0.5, "the example did not learn"
+assert summary["tokens_per_second_per_rank"] > 0 and summary["peak_rss_bytes"] > 0 and summary["ranks"] == 2, summary
+print(f"the loss curves agree within {worst:.1e} over 20 steps")
+PY
