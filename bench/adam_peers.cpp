@@ -37,12 +37,12 @@ AdamPeers::AdamPeers(const std::string& python, std::size_t params, const optim:
   // A child that dies makes our next write fail with EPIPE (reported below), not kill zest.
   std::signal(SIGPIPE, SIG_IGN);
   int in[2], out[2];
-  if (pipe2(in, O_CLOEXEC) != 0) throw SystemError(std::string("zest bench adam --peers: pipe: ") + std::strerror(errno));
+  if (pipe2(in, O_CLOEXEC) != 0) throw SystemError(std::string("--peers: pipe: ") + std::strerror(errno));
   if (pipe2(out, O_CLOEXEC) != 0) {
     const int e = errno;
     close(in[0]);
     close(in[1]);
-    throw SystemError(std::string("zest bench adam --peers: pipe: ") + std::strerror(e));
+    throw SystemError(std::string("--peers: pipe: ") + std::strerror(e));
   }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -63,7 +63,7 @@ AdamPeers::AdamPeers(const std::string& python, std::size_t params, const optim:
     close(in[1]);
     close(out[0]);
     pid_ = -1;
-    throw Error("zest bench adam --peers: cannot run the Python of the peers '" + python + "' (" +
+    throw Error("--peers: cannot run the Python of the peers '" + python + "' (" +
                 std::strerror(rc) + "): " + kFix);
   }
   to_ = fdopen(in[1], "w");
@@ -71,11 +71,11 @@ AdamPeers::AdamPeers(const std::string& python, std::size_t params, const optim:
   if (to_ == nullptr || from_ == nullptr) {
     if (to_ == nullptr) close(in[1]);
     if (from_ == nullptr) close(out[0]);
-    throw SystemError(std::string("zest bench adam --peers: fdopen: ") + std::strerror(errno));
+    throw SystemError(std::string("--peers: fdopen: ") + std::strerror(errno));
   }
   // "ready\ttorch:V deepspeed:V\t<ok or why not>\t..." (a field per peer)
   const std::string ready = read_line();
-  if (ready.rfind("error ", 0) == 0) throw Error("zest bench adam --peers: " + ready.substr(6));
+  if (ready.rfind("error ", 0) == 0) throw Error("--peers: " + ready.substr(6));
   std::vector<std::string> fields;
   for (std::size_t at = 0;;) {
     const std::size_t tab = ready.find('\t', at);
@@ -84,7 +84,7 @@ AdamPeers::AdamPeers(const std::string& python, std::size_t params, const optim:
     at = tab + 1;
   }
   if (fields.size() != 2 + why_not_.size() || fields[0] != "ready")
-    throw Error("zest bench adam --peers: unexpected answer from the peers: " + ready);
+    throw Error("--peers: unexpected answer from the peers: " + ready);
   versions_ = fields[1];
   for (std::size_t i = 0; i < why_not_.size(); ++i) why_not_[i] = fields[2 + i] == "ok" ? "" : fields[2 + i];
 }
@@ -103,7 +103,7 @@ std::string AdamPeers::read_line() {
   std::string line;
   for (int c; (c = std::fgetc(from_)) != '\n';) {
     if (c == EOF)
-      throw Error("zest bench adam --peers: the peers' Python process ended (its error is above); " +
+      throw Error("--peers: the peers' Python process ended (its error is above); " +
                   std::string(kFix));
     line.push_back(static_cast<char>(c));
   }
@@ -112,7 +112,7 @@ std::string AdamPeers::read_line() {
 
 std::string AdamPeers::request(const std::string& line) {
   if (std::fputs((line + "\n").c_str(), to_) == EOF || std::fflush(to_) != 0)
-    throw Error("zest bench adam --peers: the peers' Python process ended (its error is above)");
+    throw Error("--peers: the peers' Python process ended (its error is above)");
   return read_line();
 }
 
@@ -127,7 +127,7 @@ std::array<double, 3> AdamPeers::round(int threads) {
     words >> text;
     s = std::strtod(text.c_str(), nullptr);  // "nan" where a peer cannot run
   }
-  if (word != "times" || !words) throw Error("zest bench adam --peers: unexpected answer from the peers: " + answer);
+  if (word != "times" || !words) throw Error("--peers: unexpected answer from the peers: " + answer);
   return seconds;
 }
 
@@ -136,7 +136,7 @@ std::array<std::vector<float>, 3> AdamPeers::check(std::size_t count, int steps)
   for (std::size_t i = 0; i < values.size(); ++i) {
     const std::string answer = i == 0 ? request("check " + std::to_string(count) + " " + std::to_string(steps))
                                       : read_line();
-    if (answer.rfind("values", 0) != 0) throw Error("zest bench adam --peers: unexpected answer from the peers: " + answer.substr(0, 200));
+    if (answer.rfind("values", 0) != 0) throw Error("--peers: unexpected answer from the peers: " + answer.substr(0, 200));
     if (answer == "values unavailable") continue;
     const char* p = answer.c_str() + 6;
     for (char* end = nullptr;; p = end) {
@@ -145,7 +145,7 @@ std::array<std::vector<float>, 3> AdamPeers::check(std::size_t count, int steps)
       values[i].push_back(x);
     }
     if (values[i].size() != count)
-      throw Error("zest bench adam --peers: " + std::string(kNames[i]) + " returned " +
+      throw Error("--peers: " + std::string(kNames[i]) + " returned " +
                   std::to_string(values[i].size()) + " values for a check of " + std::to_string(count));
   }
   return values;

@@ -99,6 +99,12 @@ with tempfile.TemporaryDirectory() as tmp:
             problems.append(f"--peers {' '.join(args)}: exit {r.returncode}, expected 1 naming "
                             f"scripts/python-env.sh:\n{r.stderr}")
 
+# --- the peers are timed in fp32 on the cpu: other modes are refused as usage errors
+for args in (["--mode", "bf16-grad"], ["--device", "cuda"]):
+    r = run("--peers", "--python", python, *args)
+    if r.returncode != 2 or "--peers measures the cpu Adam in fp32" not in r.stderr:
+        problems.append(f"--peers {' '.join(args)}: exit {r.returncode}, expected 2:\n{r.stderr}")
+
 # --- without --peers: zest's three rows, nothing else
 r = run("--params", "1000", "--reps", "1")
 lines = [line.split()[0] for line in r.stdout.splitlines()[1:]]
