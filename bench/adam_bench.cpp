@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -272,12 +273,23 @@ int bench_adam(int argc, char** argv) {
       arm.scalar->step(ps, ms, vs, gs, {step++}, os);
       if (peers) peers->round(arm.ours->threads());
     }
+    // With the peers, a pause before each timed pass: the idle threads of the one before (oneTBB's
+    // workers, libgomp's) spin a while before they sleep, and on a machine with few cores they
+    // would run beside the next one's threads (measured here: at 2 threads and 1e6 parameters
+    // DeepSpeed's step took 70 times as long right after zest's passes as 20 ms later).
+    auto settle = [&] {
+      if (peers) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    };
     for (long long r = 0; r < reps; ++r) {
       for (Arm& arm : arms) {
+        settle();
         arm.t_roof.push_back(time_pass([&] { arm.ours->roofline_pass(ps, ms, vs, gs, os); }));
+        settle();
         arm.t_ours.push_back(time_pass([&] { arm.ours->step(ps, ms, vs, gs, {step++}, os); }));
+        settle();
         arm.t_scalar.push_back(time_pass([&] { arm.scalar->step(ps, ms, vs, gs, {step++}, os); }));
         if (!peers) continue;
+        settle();
         const std::array<double, 3> seconds = peers->round(arm.ours->threads());
         for (std::size_t j = 0; j < seconds.size(); ++j) arm.t_peer[j].push_back(seconds[j]);
       }

@@ -7,7 +7,8 @@ in lines on stdin/stdout:
   started with  --params N --lr X --beta1 X --beta2 X --eps X --weight-decay X
   it answers    "ready<TAB>torch:V deepspeed:V<TAB><ok or why not><TAB>..." (a field per peer) once
                 its peers are built, or "error <text>"
-  "round T"     one timed step of each peer at T threads -> "times <seconds or nan> ..."
+  "round T"     one untimed, then one timed step of each peer at T threads -> "times <seconds or
+                nan> ..." (seconds of the timed step)
   "check N K"   K steps of every peer on N parameters from the inputs check_inputs() makes
                 (zest makes the same) -> one line per peer "values <v1> ... <vN>" (or
                 "values unavailable"), so zest can compare the updates with its own
@@ -111,6 +112,11 @@ def main():
                 if peer not in opts:
                     times.append("nan")
                     continue
+                # An untimed step first, so the timed one finds its arrays in the caches as
+                # zest's step finds its own (after zest's roofline pass over the same arrays):
+                # at sizes that fit in the caches all rows are timed warm; at 1e8 parameters
+                # (1.6 GB each) the caches hold nothing from one step to the next either way.
+                opts[peer].step()
                 start = time.perf_counter()
                 opts[peer].step()
                 times.append(repr(time.perf_counter() - start))
