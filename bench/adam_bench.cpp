@@ -273,10 +273,12 @@ int bench_adam(int argc, char** argv) {
       arm.scalar->step(ps, ms, vs, gs, {step++}, os);
       if (peers) peers->round(arm.ours->threads());
     }
-    // With the peers, a pause before each timed pass: the idle threads of the one before (oneTBB's
-    // workers, libgomp's) spin a while before they sleep, and on a machine with few cores they
-    // would run beside the next one's threads (measured here: at 2 threads and 1e6 parameters
-    // DeepSpeed's step took 70 times as long right after zest's passes as 20 ms later).
+    // With the peers, a pause where zest hands over to them and back: the idle threads of the one
+    // before (oneTBB's workers, libgomp's) spin a while before they sleep, and on a machine with
+    // few cores they would run beside the next one's threads (measured here: at 2 threads and 1e6
+    // parameters DeepSpeed's step took 70 times as long right after zest's passes as 20 ms later).
+    // Not between zest's roofline pass and its step: the step then finds its arrays in the caches
+    // as each peer's timed step does after its untimed one.
     auto settle = [&] {
       if (peers) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     };
@@ -284,9 +286,7 @@ int bench_adam(int argc, char** argv) {
       for (Arm& arm : arms) {
         settle();
         arm.t_roof.push_back(time_pass([&] { arm.ours->roofline_pass(ps, ms, vs, gs, os); }));
-        settle();
         arm.t_ours.push_back(time_pass([&] { arm.ours->step(ps, ms, vs, gs, {step++}, os); }));
-        settle();
         arm.t_scalar.push_back(time_pass([&] { arm.scalar->step(ps, ms, vs, gs, {step++}, os); }));
         if (!peers) continue;
         settle();
