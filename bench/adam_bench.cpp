@@ -1,19 +1,27 @@
 // zest bench adam: the CPU Adam's throughput against the machine's in-place roofline for the same
 // access pattern (a streaming kernel reading p, g, m, v and writing p, m, v [, low-precision p]
-// with the same tiles and threads) and against the scalar variant, all measured in one run.
+// with the same tiles and threads) and against the scalar variant, all measured in one run; with
+// --peers also against DeepSpeed's CPU Adam and torch's AdamW, timed in a Python child (AdamPeers)
+// whose rounds interleave with zest's.
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
+#include <thread>
 #include <string>
 #include <vector>
 
+#include "adam_peers.hpp"
 #include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "kernels/adam_bench.hpp"
@@ -25,10 +33,13 @@ namespace {
 
 constexpr const char* kBenchUsage =
     "usage: zest bench adam [--threads N] [--params N] [--mode MODE] [--reps N] [--json]\n"
-    "                       [--device cpu|cuda]\n"
+    "                       [--device cpu|cuda] [--peers [--python PATH]]\n"
     "  MODE: fp32 | bf16-grad | fp16-grad | fp32-bf16-out | bf16-grad-bf16-out | fp16-grad-fp16-out\n"
     "  defaults: --threads 1 --params 100000000 --mode fp32 --reps 7 --device cpu\n"
-    "  ZEST_ADAM_ISA=scalar|avx2|avx512 forces the CPU variant.\n";
+    "  ZEST_ADAM_ISA=scalar|avx2|avx512 forces the CPU variant.\n"
+    "  --peers: also DeepSpeed's CPU Adam and torch.optim.AdamW (fp32, cpu), at 1 thread and at all\n"
+    "  threads unless --threads is given; PATH: the Python with torch and deepspeed (default\n"
+    "  $ZEST_VENV/bin/python3; scripts/python-env.sh makes that environment).\n";
 
 struct Mode {
   const char* name;
@@ -71,6 +82,58 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double spread(const std::vector<double>& t) {
+  return (*std::max_element(t.begin(), t.end()) - *std::min_element(t.begin(), t.end())) / median(t);
+}
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out.append(1, '\\').append(1, c);
+    else if (static_cast<unsigned char>(c) < 0x20) out.append(" ");
+    else out.append(1, c);
+  }
+  return out.append("\"");
+}
+
+// The peers' check: their parameters after kCheckSteps steps on kCheckParams parameters (several
+// tiles and a vector tail) against zest's. The tolerance is about 4 ulps of these values (< 2) per
+// step: the same update rounded in another order (DeepSpeed applies the decay as a multiply of its
+// own: 5 ulps after 5 steps), while a different update (decay coupled to the gradient as in Adam,
+// no bias correction) moves them by more than 1e-5 a step (1% of lr).
+constexpr std::size_t kCheckParams = 40009;
+constexpr int kCheckSteps = 5;
+constexpr double kCheckTolerance = 4e-6;
+
+// Largest |peer - zest| per peer (NaN where a peer cannot run); throws when one exceeds the tolerance.
+std::array<double, 3> check_peers(AdamPeers& peers, const optim::AdamHyperParams& hp) {
+  optim::CpuAdam adam(hp, 1);
+  std::vector<float> p(kCheckParams), m(kCheckParams), v(kCheckParams), g(kCheckParams);
+  for (std::size_t i = 0; i < kCheckParams; ++i) p[i] = AdamPeers::check_input(i, 0);
+  for (int k = 1; k <= kCheckSteps; ++k) {
+    for (std::size_t i = 0; i < kCheckParams; ++i) g[i] = AdamPeers::check_input(i, k);
+    adam.step(p, m, v, {g.data(), DType::f32, kCheckParams}, {k});
+  }
+  const std::array<std::vector<float>, 3> theirs = peers.check(kCheckParams, kCheckSteps);
+  std::array<double, 3> diff{};
+  for (std::size_t j = 0; j < diff.size(); ++j) {
+    if (theirs[j].empty()) {
+      diff[j] = std::nan("");
+      continue;
+    }
+    for (std::size_t i = 0; i < theirs[j].size(); ++i) {
+      const double d = std::fabs(static_cast<double>(theirs[j][i]) - p[i]);
+      if (!(d <= diff[j])) diff[j] = d;  // a NaN sticks
+    }
+    if (!(diff[j] <= kCheckTolerance))
+      throw Error(std::string("--peers: ").append(AdamPeers::kNames[j])
+                      .append(" computes another update than zest: largest difference ")
+                      .append(std::to_string(diff[j])).append(" after ").append(std::to_string(kCheckSteps))
+                      .append(" steps (tolerance ").append(std::to_string(kCheckTolerance)).append(")"));
+  }
+  return diff;
+}
+
 }  // namespace
 }  // namespace zest::cli
 
@@ -89,12 +152,18 @@ int bench_adam(int argc, char** argv) {
   long long threads = 1, reps = 7;
   std::size_t params = 100000000;
   std::string mode_name = "fp32", device = "cpu";
-  bool json = false;
+  bool json = false, with_peers = false, threads_given = false;
+  std::string python;
   try {
     for (int i = 0; i < argc; ++i) {
       const std::string_view arg = argv[i];
       if (arg == "--json") json = true;
-      else if (arg == "--threads") threads = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1024);
+      else if (arg == "--peers") with_peers = true;
+      else if (arg == "--python") python = args::value_of(argc, argv, i);
+      else if (arg == "--threads") {
+        threads = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1024);
+        threads_given = true;
+      }
       // 10^11 values: 1.6 TB of fp32 arrays, past any machine this runs on.
       else if (arg == "--params") params = args::parse_count(arg, args::value_of(argc, argv, i), 1, 100'000'000'000);
       else if (arg == "--reps") reps = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1000);
@@ -102,6 +171,9 @@ int bench_adam(int argc, char** argv) {
       else if (arg == "--device") device = args::value_of(argc, argv, i);
       else throw args::UsageError(std::string("invalid argument '").append(arg).append("'"));
     }
+    if (with_peers && (device != "cpu" || mode_name != "fp32"))
+      throw args::UsageError("--peers measures the cpu Adam in fp32 (--device cpu --mode fp32)");
+    if (!python.empty() && !with_peers) throw args::UsageError("--python goes with --peers");
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest bench adam: %s\n%s", error.what(), kBenchUsage);
     return 2;
@@ -136,8 +208,39 @@ int bench_adam(int argc, char** argv) {
     }
 
     optim::AdamHyperParams hp;
-    optim::CpuAdam ours(hp, static_cast<int>(threads));
-    optim::CpuAdam scalar(hp, static_cast<int>(threads), {}, optim::Isa::scalar);
+    // With the peers: AdamW with torch's default weight decay, so the check covers decoupled decay
+    // and every row times the update people run.
+    if (with_peers) hp.weight_decay = 0.01;
+    std::optional<AdamPeers> peers;
+    std::array<double, 3> check_diff{};
+    if (with_peers) {
+      if (python.empty()) {
+        const char* venv = std::getenv("ZEST_VENV");
+        if (venv == nullptr || *venv == '\0')
+          throw Error("--peers needs the Python environment with torch and deepspeed: `source "
+                      "scripts/setup.sh` (scripts/python-env.sh makes it and sets ZEST_VENV) or pass "
+                      "--python PATH");
+        python = std::string(venv) + "/bin/python3";
+      }
+      peers.emplace(python, n, hp);
+      check_diff = check_peers(*peers, hp);
+    }
+
+    // One arm per thread count: with the peers and no --threads, 1 and all (0: every cpu this
+    // process may use), as DeepSpeed and torch are run.
+    struct Arm {
+      std::unique_ptr<optim::CpuAdam> ours, scalar;
+      std::vector<double> t_ours, t_roof, t_scalar;
+      std::array<std::vector<double>, 3> t_peer;
+    };
+    std::vector<Arm> arms;
+    for (const long long t : with_peers && !threads_given ? std::vector<long long>{1, 0} : std::vector<long long>{threads}) {
+      Arm& arm = arms.emplace_back();
+      arm.ours = std::make_unique<optim::CpuAdam>(hp, static_cast<int>(t));
+      arm.scalar = std::make_unique<optim::CpuAdam>(hp, static_cast<int>(t), std::vector<int>{}, optim::Isa::scalar);
+    }
+    // On a one-cpu machine "all" is 1: one arm.
+    if (arms.size() == 2 && arms[1].ours->threads() == 1) arms.pop_back();
 
     Array p(n * 4), m(n * 4), v(n * 4), g(n * dtype_size(mode->grad)), out(mode->out ? n * 2 : 0);
     // Bounded, normal-range values: no denormals or overflow over the repetitions.
@@ -161,32 +264,70 @@ int bench_adam(int argc, char** argv) {
       return std::chrono::duration<double>(Clock::now() - start).count();
     };
     std::int64_t step = 1;
-    std::vector<double> t_ours, t_roof, t_scalar;
-    // One untimed pass of each warms the thread pool; then the three interleave, so drifting
-    // machine load affects them alike.
-    ours.roofline_pass(ps, ms, vs, gs, os);
-    ours.step(ps, ms, vs, gs, {step++}, os);
-    scalar.step(ps, ms, vs, gs, {step++}, os);
-    for (long long r = 0; r < reps; ++r) {
-      t_roof.push_back(time_pass([&] { ours.roofline_pass(ps, ms, vs, gs, os); }));
-      t_ours.push_back(time_pass([&] { ours.step(ps, ms, vs, gs, {step++}, os); }));
-      t_scalar.push_back(time_pass([&] { scalar.step(ps, ms, vs, gs, {step++}, os); }));
+    // One untimed pass of each warms the thread pools; then all interleave, round by round (zest's
+    // three, then the peers', at one thread count, then the next), so drifting machine load
+    // affects them alike.
+    for (Arm& arm : arms) {
+      arm.ours->roofline_pass(ps, ms, vs, gs, os);
+      arm.ours->step(ps, ms, vs, gs, {step++}, os);
+      arm.scalar->step(ps, ms, vs, gs, {step++}, os);
+      if (peers) peers->round(arm.ours->threads());
     }
-    const double ours_pps = static_cast<double>(n) / median(t_ours);
-    const double roof_pps = static_cast<double>(n) / median(t_roof);
-    const double scalar_pps = static_cast<double>(n) / median(t_scalar);
-    auto spread = [](const std::vector<double>& t) {
-      return (*std::max_element(t.begin(), t.end()) - *std::min_element(t.begin(), t.end())) / median(t);
+    // With the peers, a pause where zest hands over to them and back: the idle threads of the one
+    // before (oneTBB's workers, libgomp's) spin a while before they sleep, and on a machine with
+    // few cores they would run beside the next one's threads (measured here: at 2 threads and 1e6
+    // parameters DeepSpeed's step took 70 times as long right after zest's passes as 20 ms later).
+    // Not between zest's roofline pass and its step: the step then finds its arrays in the caches
+    // as each peer's timed step does after its untimed one.
+    auto settle = [&] {
+      if (peers) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     };
-    if (json) {
-      std::printf("{\"device\": \"cpu\", \"mode\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"params\": %zu, "
-                  "\"reps\": %lld, \"bytes_per_param\": %.0f, \"params_per_s\": %.6g, "
-                  "\"roofline_params_per_s\": %.6g, \"roofline_ratio\": %.4f, "
-                  "\"scalar_params_per_s\": %.6g, \"scalar_ratio\": %.4f, \"spread\": %.3f}\n",
-                  mode->name, optim::isa_name(ours.isa()), ours.threads(), n, reps, bytes_per_param,
-                  ours_pps, roof_pps, ours_pps / roof_pps, scalar_pps, scalar_pps / roof_pps,
-                  spread(t_ours));
-    } else {
+    for (long long r = 0; r < reps; ++r) {
+      for (Arm& arm : arms) {
+        settle();
+        arm.t_roof.push_back(time_pass([&] { arm.ours->roofline_pass(ps, ms, vs, gs, os); }));
+        arm.t_ours.push_back(time_pass([&] { arm.ours->step(ps, ms, vs, gs, {step++}, os); }));
+        arm.t_scalar.push_back(time_pass([&] { arm.scalar->step(ps, ms, vs, gs, {step++}, os); }));
+        if (!peers) continue;
+        settle();
+        const std::array<double, 3> seconds = peers->round(arm.ours->threads());
+        for (std::size_t j = 0; j < seconds.size(); ++j) arm.t_peer[j].push_back(seconds[j]);
+      }
+    }
+
+    for (const Arm& arm : arms) {
+      const optim::CpuAdam& ours = *arm.ours;
+      const double ours_pps = static_cast<double>(n) / median(arm.t_ours);
+      const double roof_pps = static_cast<double>(n) / median(arm.t_roof);
+      const double scalar_pps = static_cast<double>(n) / median(arm.t_scalar);
+      if (json) {
+        std::printf("{\"device\": \"cpu\", \"mode\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"params\": %zu, "
+                    "\"reps\": %lld, \"bytes_per_param\": %.0f, \"params_per_s\": %.6g, "
+                    "\"roofline_params_per_s\": %.6g, \"roofline_ratio\": %.4f, "
+                    "\"scalar_params_per_s\": %.6g, \"scalar_ratio\": %.4f, \"spread\": %.3f",
+                    mode->name, optim::isa_name(ours.isa()), ours.threads(), n, reps, bytes_per_param,
+                    ours_pps, roof_pps, ours_pps / roof_pps, scalar_pps, scalar_pps / roof_pps,
+                    spread(arm.t_ours));
+        if (peers) {
+          std::printf(", \"weight_decay\": %g, \"peer_versions\": %s, \"check_params\": %zu, \"check_steps\": %d, "
+                      "\"peers\": [", hp.weight_decay, json_string(peers->versions()).c_str(), kCheckParams, kCheckSteps);
+          for (std::size_t j = 0; j < AdamPeers::kNames.size(); ++j) {
+            std::printf("%s{\"name\": \"%s\", ", j ? ", " : "", AdamPeers::kNames[j]);
+            if (!peers->why_not(j).empty()) {
+              std::printf("\"error\": %s}", json_string(peers->why_not(j)).c_str());
+              continue;
+            }
+            const double pps = static_cast<double>(n) / median(arm.t_peer[j]);
+            std::printf("\"params\": %zu, \"median_s\": %.6g, \"params_per_s\": %.6g, \"roofline_ratio\": %.6g, "
+                        "\"spread\": %.3f, \"zest_ratio\": %.6g, \"check_max_abs_diff\": %.3g}",
+                        n, median(arm.t_peer[j]), pps, pps / roof_pps, spread(arm.t_peer[j]), ours_pps / pps,
+                        check_diff[j]);
+          }
+          std::printf("], \"median_s\": %.6g, \"roofline_median_s\": %.6g", median(arm.t_ours), median(arm.t_roof));
+        }
+        std::printf("}\n");
+        continue;
+      }
       std::printf("cpu adam %s, %zu params, %d thread(s), %s, median of %lld:\n", mode->name, n,
                   ours.threads(), optim::isa_name(ours.isa()), reps);
       std::printf("  ours      %.4g params/s  %6.2f GB/s  %.3f of roofline\n", ours_pps,
@@ -195,7 +336,28 @@ int bench_adam(int argc, char** argv) {
                   roof_pps * bytes_per_param / 1e9, bytes_per_param);
       std::printf("  scalar    %.4g params/s  %6.2f GB/s  %.3f of roofline\n", scalar_pps,
                   scalar_pps * bytes_per_param / 1e9, scalar_pps / roof_pps);
-      std::printf("  spread (max-min)/median of ours: %.1f%%\n", 100.0 * spread(t_ours));
+      std::printf("  spread (max-min)/median of ours: %.1f%%\n", 100.0 * spread(arm.t_ours));
+      if (!peers) continue;
+      // The same columns, at the same thread count and size, with each one's spread and how many
+      // times faster zest is.
+      for (std::size_t j = 0; j < AdamPeers::kNames.size(); ++j) {
+        if (!peers->why_not(j).empty()) {
+          std::printf("  %-22s not run: %s\n", AdamPeers::kNames[j], peers->why_not(j).c_str());
+          continue;
+        }
+        const double pps = static_cast<double>(n) / median(arm.t_peer[j]);
+        std::printf("  %-22s %.4g params/s  %6.2f GB/s  %.3f of roofline  spread %.1f%%  zest %.2fx\n",
+                    AdamPeers::kNames[j], pps, pps * bytes_per_param / 1e9, pps / roof_pps,
+                    100.0 * spread(arm.t_peer[j]), ours_pps / pps);
+      }
+    }
+    if (peers && !json) {
+      std::printf("peers: %s; AdamW, weight decay %g; largest difference from zest's parameters after "
+                  "%d steps on %zu parameters:", peers->versions().c_str(), hp.weight_decay, kCheckSteps,
+                  kCheckParams);
+      for (std::size_t j = 0; j < AdamPeers::kNames.size(); ++j)
+        if (peers->why_not(j).empty()) std::printf("%s %s %.2g", j ? "," : "", AdamPeers::kNames[j], check_diff[j]);
+      std::printf(" (tolerance %.0e)\n", kCheckTolerance);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -1,0 +1,159 @@
+#include "adam_peers.hpp"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "adam_peers_script.h"  // kAdamPeersScript: bench/adam_peers.py, compiled in (meson.build)
+#include "zest/error.hpp"
+
+extern char** environ;
+
+namespace zest::cli {
+namespace {
+
+constexpr const char* kFix =
+    "make it with scripts/python-env.sh (`source scripts/setup.sh` does, and sets ZEST_VENV), or pass "
+    "--python PATH of an environment with python/requirements.txt and python/requirements-peers.txt";
+
+std::string number(double x) {
+  std::ostringstream s;
+  s.precision(17);
+  s << x;
+  return s.str();
+}
+
+}  // namespace
+
+AdamPeers::AdamPeers(const std::string& python, std::size_t params, const optim::AdamHyperParams& hyper) {
+  // A child that dies makes our next write fail with EPIPE (reported below), not kill zest.
+  std::signal(SIGPIPE, SIG_IGN);
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0) throw SystemError(std::string("--peers: pipe: ") + std::strerror(errno));
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    const int e = errno;
+    close(in[0]);
+    close(in[1]);
+    throw SystemError(std::string("--peers: pipe: ") + std::strerror(e));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  std::vector<std::string> args = {python, "-c", kAdamPeersScript, "--params", std::to_string(params),
+                                   "--lr", number(hyper.lr), "--beta1", number(hyper.beta1),
+                                   "--beta2", number(hyper.beta2), "--eps", number(hyper.eps),
+                                   "--weight-decay", number(hyper.weight_decay)};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int rc = posix_spawnp(&pid_, python.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(in[0]);
+  close(out[1]);
+  if (rc != 0) {
+    close(in[1]);
+    close(out[0]);
+    pid_ = -1;
+    throw Error("--peers: cannot run the Python of the peers '" + python + "' (" +
+                std::strerror(rc) + "): " + kFix);
+  }
+  to_ = fdopen(in[1], "w");
+  from_ = fdopen(out[0], "r");
+  if (to_ == nullptr || from_ == nullptr) {
+    if (to_ == nullptr) close(in[1]);
+    if (from_ == nullptr) close(out[0]);
+    throw SystemError(std::string("--peers: fdopen: ") + std::strerror(errno));
+  }
+  // "ready\ttorch:V deepspeed:V\t<ok or why not>\t..." (a field per peer)
+  const std::string ready = read_line();
+  if (ready.rfind("error ", 0) == 0) throw Error("--peers: " + ready.substr(6));
+  std::vector<std::string> fields;
+  for (std::size_t at = 0;;) {
+    const std::size_t tab = ready.find('\t', at);
+    fields.push_back(ready.substr(at, tab - at));
+    if (tab == std::string::npos) break;
+    at = tab + 1;
+  }
+  if (fields.size() != 2 + why_not_.size() || fields[0] != "ready")
+    throw Error("--peers: unexpected answer from the peers: " + ready);
+  versions_ = fields[1];
+  for (std::size_t i = 0; i < why_not_.size(); ++i) why_not_[i] = fields[2 + i] == "ok" ? "" : fields[2 + i];
+}
+
+AdamPeers::~AdamPeers() {
+  if (to_ != nullptr) std::fclose(to_);  // end of input: the script exits
+  if (from_ != nullptr) std::fclose(from_);
+  if (pid_ > 0) {
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+std::string AdamPeers::read_line() {
+  std::string line;
+  for (int c; (c = std::fgetc(from_)) != '\n';) {
+    if (c == EOF)
+      throw Error("--peers: the peers' Python process ended (its error is above); " +
+                  std::string(kFix));
+    line.push_back(static_cast<char>(c));
+  }
+  return line;
+}
+
+std::string AdamPeers::request(const std::string& line) {
+  if (std::fputs((line + "\n").c_str(), to_) == EOF || std::fflush(to_) != 0)
+    throw Error("--peers: the peers' Python process ended (its error is above)");
+  return read_line();
+}
+
+std::array<double, 3> AdamPeers::round(int threads) {
+  const std::string answer = request("round " + std::to_string(threads));
+  std::istringstream words(answer);
+  std::string word;
+  words >> word;
+  std::array<double, 3> seconds{};
+  for (double& s : seconds) {
+    std::string text;
+    words >> text;
+    s = std::strtod(text.c_str(), nullptr);  // "nan" where a peer cannot run
+  }
+  if (word != "times" || !words) throw Error("--peers: unexpected answer from the peers: " + answer);
+  return seconds;
+}
+
+std::array<std::vector<float>, 3> AdamPeers::check(std::size_t count, int steps) {
+  std::array<std::vector<float>, 3> values;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const std::string answer = i == 0 ? request("check " + std::to_string(count) + " " + std::to_string(steps))
+                                      : read_line();
+    if (answer.rfind("values", 0) != 0) throw Error("--peers: unexpected answer from the peers: " + answer.substr(0, 200));
+    if (answer == "values unavailable") continue;
+    const char* p = answer.c_str() + 6;
+    for (char* end = nullptr;; p = end) {
+      const float x = std::strtof(p, &end);
+      if (end == p) break;
+      values[i].push_back(x);
+    }
+    if (values[i].size() != count)
+      throw Error("--peers: " + std::string(kNames[i]) + " returned " +
+                  std::to_string(values[i].size()) + " values for a check of " + std::to_string(count));
+  }
+  return values;
+}
+
+float AdamPeers::check_input(std::size_t i, int k) {
+  if (k == 0) return 0.5f + static_cast<float>((i * 7) % 1000) * 1e-3f;
+  return static_cast<float>((i * 13 + static_cast<std::size_t>(k) * 101) % 1000) * 1e-3f - 0.5f;
+}
+
+}  // namespace zest::cli
