@@ -64,7 +64,7 @@ def svg(results, entropy, steps):
     low = max(0.0, low - 0.1)
     x = lambda i: left + width * i / max(1, steps - 1)
     y = lambda v: top + height * (high - v) / (high - low)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 300}" height="{top + height + 60}" '
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 340}" height="{top + height + 60}" '
              'font-family="sans-serif" font-size="12">', '<rect width="100%" height="100%" fill="white"/>',
              f'<text x="{left}" y="22" font-size="16">examples/python/gpt.py on base-files\' licenses, 2 ranks: '
              'training loss (rank 0\'s slice)</text>']
@@ -82,7 +82,9 @@ def svg(results, entropy, steps):
                  f'stroke="#888" stroke-dasharray="6 4"/>')
     for k, r in enumerate(results):
         points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(r["losses"]))
-        parts.append(f'<polyline fill="none" stroke="{COLORS[k % len(COLORS)]}" stroke-width="1" points="{points}"/>')
+        # The reference wide and underneath: where zest's curves coincide with it, it shows as their edge.
+        parts.append(f'<polyline fill="none" stroke="{COLORS[k % len(COLORS)]}" stroke-width="{3 if k == 0 else 1}" '
+                     f'points="{points}"/>')
     for k, r in enumerate(results + [{"name": f"unigram entropy {entropy:.3f}"}]):
         ly = top + 10 + 18 * k
         dash = ' stroke-dasharray="6 4"' if k == len(results) else ""

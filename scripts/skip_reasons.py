@@ -4,7 +4,8 @@ the reason it printed (tests/skip_test.sh prints "SKIP: why"), and the GoogleTes
 inside tests that passed (GTEST_SKIP's message), grouped by reason. scripts/test.sh prints this
 before its closing line.
 
-usage: skip_reasons.py TESTLOG_JSON"""
+usage: skip_reasons.py TESTLOG_JSON            the report
+       skip_reasons.py --cases TESTLOG_JSON    the number of GoogleTest cases skipped inside passing tests"""
 import collections
 import json
 import re
@@ -12,7 +13,8 @@ import sys
 
 skipped_tests = []
 inside = collections.Counter()
-with open(sys.argv[1]) as log:
+cases_only = sys.argv[1] == "--cases"
+with open(sys.argv[-1]) as log:
     for line in log:
         test = json.loads(line)
         out = test.get("stdout") or ""
@@ -38,6 +40,9 @@ with open(sys.argv[1]) as log:
                 seen.add(match.group(1))
                 inside[(test["name"], reason or "(no message)")] += 1
 
+if cases_only:
+    print(sum(inside.values()))
+    sys.exit(0)
 for entry in skipped_tests:
     print("  skipped test  " + entry)
 for (name, reason), cases in sorted(inside.items()):

@@ -6,7 +6,8 @@
 # the MPI communicator and its watchdog, the CPU Adam, the offload stores and the engine on 1 and
 # 2 ranks (tests/tsan.supp explains the few third-party frames it suppresses).
 # Ends with what was skipped and why (scripts/skip_reasons.py), then one line "N passed, N failed,
-# N skipped" (meson's tests; cases skipped inside passing tests are listed above it); exits non-zero
+# N skipped" (meson's tests) with the number of GoogleTest cases skipped inside passing tests
+# (listed above it, by reason); exits non-zero
 # when any test failed.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
@@ -20,7 +21,7 @@ for arg in "$@"; do
   esac
 done
 
-passed=0 failed=0 skipped=0 status=0 skip_report=""
+passed=0 failed=0 skipped=0 skipped_cases=0 status=0 skip_report=""
 # run_tests DIR [meson test options...]: runs DIR's tests and adds them to the counts.
 run_tests() {
   local dir=$1
@@ -34,6 +35,7 @@ run_tests() {
   failed=$((failed + $(count "Fail") + $(count "Timeout") + $(count "Unexpected Pass")))
   skipped=$((skipped + $(count "Skipped")))
   skip_report+=$(python3 "$ZEST_ROOT/scripts/skip_reasons.py" "$dir/meson-logs/testlog.json")$'\n'
+  skipped_cases=$((skipped_cases + $(python3 "$ZEST_ROOT/scripts/skip_reasons.py" --cases "$dir/meson-logs/testlog.json")))
 }
 
 # The tests build the libtorch adapter against the pinned torch (python/requirements.txt).
@@ -68,5 +70,5 @@ run_tests "$fuzz_build" --suite fuzz --no-rebuild
 # passed, by reason), then the closing line.
 echo "== skipped, and why"
 printf '%s' "$skip_report" | grep -v '^$' || echo "  nothing"
-echo "$passed passed, $failed failed, $skipped skipped"
+echo "$passed passed, $failed failed, $skipped skipped; inside the tests that passed, $skipped_cases GoogleTest case(s) skipped (reasons above)"
 [ "$failed" -eq 0 ] && [ "$status" -eq 0 ]
