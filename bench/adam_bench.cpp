@@ -149,6 +149,7 @@ CudaAdamBenchResult bench_cuda_adam(std::size_t, DType, bool, DType, int) {
 namespace zest::cli {
 
 int bench_adam(int argc, char** argv) {
+  if (args::asks_for_help(argc, argv)) return args::print_usage(kBenchUsage);
   long long threads = 1, reps = 7;
   std::size_t params = 100000000;
   std::string mode_name = "fp32", device = "cpu";

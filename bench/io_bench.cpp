@@ -102,6 +102,7 @@ struct Figures {
 }  // namespace
 
 int bench_io(int argc, char** argv) {
+  if (args::asks_for_help(argc, argv)) return args::print_usage(kIoUsage);
   std::vector<std::string> paths;
   std::string config_path;
   double size_gib = 4.0;

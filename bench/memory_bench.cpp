@@ -532,6 +532,7 @@ void compare_losses(std::vector<MemoryRecord>& records, DType dtype) {
 }  // namespace
 
 int bench_memory(int argc, char** argv) {
+  if (args::asks_for_help(argc, argv)) return args::print_usage(kUsage);
   Options o;
   try {
     for (int i = 0; i < argc; ++i) {

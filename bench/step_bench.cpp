@@ -464,6 +464,7 @@ void report_overlap(const Options& o, const Config& config, const bench::StoreBa
 }  // namespace
 
 int bench_step(int argc, char** argv) {
+  if (args::asks_for_help(argc, argv)) return args::print_usage(kUsage);
   Options o;
   if (const int rc = parse(argc, argv, o); rc != 0) return rc;
   try {

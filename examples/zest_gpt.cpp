@@ -254,6 +254,7 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
 }
 
 int run(int argc, char** argv) {
+  if (args::asks_for_help(argc - 1, argv + 1)) return args::print_usage(kUsage);
   Flags flags;
   try {
     for (int i = 1; i < argc; ++i) {

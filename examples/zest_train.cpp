@@ -30,6 +30,7 @@ using namespace zest;
 constexpr const char* kUsage = "usage: zest-train --config FILE [--steps N] [--load DIR] [--save DIR]\n";
 
 int run(int argc, char** argv) {
+  if (args::asks_for_help(argc - 1, argv + 1)) return args::print_usage(kUsage);
   std::string config_path;
   std::optional<int> steps_flag;
   std::string load_dir, save_dir;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -155,6 +156,17 @@ std::string_view path_of(int argc, char** argv, int& i) {
     throw UsageError(std::string(flag).append(": the path is empty (an unset variable?); give a path, or leave ")
                          .append(flag).append(" out"));
   return value;
+}
+
+bool asks_for_help(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  return false;
+}
+
+int print_usage(const char* usage) {
+  std::fputs(usage, stdout);
+  return 0;
 }
 
 }  // namespace zest::args

@@ -50,4 +50,9 @@ std::string_view value_of(int argc, char** argv, int& i);
 // skip a save or train from scratch).
 std::string_view path_of(int argc, char** argv, int& i);
 
+// Whether the command line asks for help: `--help` or `-h` anywhere in argv[0, argc). Every
+// command and subcommand answers it with its usage on stdout and exit 0 (print_usage).
+bool asks_for_help(int argc, char** argv);
+int print_usage(const char* usage);  // prints `usage` on stdout; returns 0
+
 }  // namespace zest::args

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "zest/checkpoint.hpp"
 #include "zest/config.hpp"
@@ -181,10 +182,7 @@ int consolidate(int argc, char** argv) {
 
 int checkpoint(int argc, char** argv) {
   const std::string sub = argc >= 1 ? argv[0] : "";
-  if (sub == "--help" || sub == "-h") {
-    std::fputs(kCheckpointUsage, stdout);
-    return 0;
-  }
+  if (args::asks_for_help(argc, argv)) return args::print_usage(kCheckpointUsage);
   if (sub == "inspect") return inspect(argc - 1, argv + 1);
   if (sub == "consolidate") return consolidate(argc - 1, argv + 1);
   return usage_error(sub.empty() ? "missing inspect or consolidate" : std::string("unknown subcommand '").append(sub).append("'"));

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "gpt/gpt_config.hpp"
 #include "train_config.hpp"
@@ -47,16 +48,13 @@ std::vector<std::string> section_names(const std::string& list) {
 }  // namespace
 
 int config_check(int argc, char** argv) {
-  if (argc == 1 && (std::strcmp(argv[0], "--help") == 0 || std::strcmp(argv[0], "-h") == 0)) {
-    std::fputs(kConfigCheckUsage, stdout);
-    return 0;
-  }
+  if (args::asks_for_help(argc, argv)) return args::print_usage(kConfigCheckUsage);
   std::string path;
   bool have_path = false;
   std::vector<std::string> sections = shipped_program_sections();
   std::string program;
-  const char* problem = nullptr;
-  for (int i = 0; i < argc && problem == nullptr; ++i) {
+  std::string problem;  // empty: none
+  for (int i = 0; i < argc && problem.empty(); ++i) {
     if (std::strcmp(argv[i], "--program") == 0) {
       if (i + 1 == argc) problem = "--program needs a value: zest-train or zest-gpt";
       else if ((program = argv[++i]) != "zest-train" && program != "zest-gpt")
@@ -65,6 +63,8 @@ int config_check(int argc, char** argv) {
       if (i + 1 == argc) problem = "--sections needs a value: NAME,NAME...";
       else if ((sections = section_names(argv[++i])).empty())
         problem = "--sections: expected top-level section names separated by commas (model,train), found an empty name";
+    } else if (argv[i][0] == '-' && argv[i][1] == '-') {
+      problem = std::string("unknown option '").append(argv[i]).append("' (a FILE named so: ./").append(argv[i]).append(")");
     } else if (have_path) {
       problem = "expected exactly one FILE";
     } else {
@@ -73,9 +73,9 @@ int config_check(int argc, char** argv) {
       if (path.empty()) problem = "FILE is empty; give the path of a config file";
     }
   }
-  if (problem == nullptr && !have_path) problem = "missing the config FILE";
-  if (problem != nullptr) {
-    std::fprintf(stderr, "zest config check: %s\n\n%s", problem, kConfigCheckUsage);
+  if (problem.empty() && !have_path) problem = "missing the config FILE";
+  if (!problem.empty()) {
+    std::fprintf(stderr, "zest config check: %s\n\n%s", problem.c_str(), kConfigCheckUsage);
     return 2;
   }
   if (!program.empty() && sections != shipped_program_sections()) {

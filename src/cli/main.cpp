@@ -23,6 +23,28 @@ constexpr const char* kUsage =
     "  bench memory [options]   memory per rank of ZeRO stages 0-3 against DDP on a real model\n"
     "  bench step --path DIR    offloaded Adam step with states on NVMe against the disk's limit\n";
 
+constexpr const char* kConfigUsage =
+    "usage: zest config check FILE [--program NAME | --sections LIST]   (zest config check --help: more)\n";
+
+constexpr const char* kBenchUsage =
+    "usage: zest bench <adam|io|memory|step> [options]   (zest bench NAME --help: its options)\n"
+    "  adam     CPU/GPU Adam throughput against the machine's memory roofline (--peers: DeepSpeed, torch)\n"
+    "  io       NVMe store bandwidth against a synchronous O_DIRECT loop\n"
+    "  memory   memory per rank of ZeRO stages 0-3 against DDP on a real model (--peers: torch DDP, FSDP2)\n"
+    "  step     offloaded Adam step with states on NVMe against the disk's limit\n";
+
+// A command with subcommands reached without a known one: its usage, on stdout for --help (exit
+// 0), else on stderr after saying what was wrong (exit 2).
+int subcommand_usage(const char* command, const char* usage, int argc, char** argv) {
+  if (argc >= 3 && (std::strcmp(argv[2], "--help") == 0 || std::strcmp(argv[2], "-h") == 0)) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  if (argc < 3) std::fprintf(stderr, "zest %s: missing its subcommand\n\n%s", command, usage);
+  else std::fprintf(stderr, "zest %s: unknown subcommand '%s'\n\n%s", command, argv[2], usage);
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,6 +70,8 @@ int main(int argc, char** argv) {
     return zest::cli::bench_memory(argc - 3, argv + 3);
   if (command == "bench" && argc >= 3 && std::strcmp(argv[2], "step") == 0)
     return zest::cli::bench_step(argc - 3, argv + 3);
+  if (command == "config") return subcommand_usage("config", kConfigUsage, argc, argv);
+  if (command == "bench") return subcommand_usage("bench", kBenchUsage, argc, argv);
   std::fprintf(stderr, "zest: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "runtime/half.hpp"
 #include "zest/zest.hpp"
@@ -168,6 +169,10 @@ double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 }  // namespace
 
 int smoke(int argc, char** argv) {
+  constexpr const char* kSmokeUsage =
+      "usage: zest smoke [--config FILE]\n"
+      "  Runs the runtime on every rank (under mpirun, or alone): device memory, streams, collectives.\n";
+  if (args::asks_for_help(argc, argv)) return args::print_usage(kSmokeUsage);
   std::string config_path;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
@@ -177,7 +182,7 @@ int smoke(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: zest smoke [--config FILE]\n");
+      std::fprintf(stderr, "zest smoke: unexpected argument '%s'\n%s", argv[i], kSmokeUsage);
       return 2;
     }
   }
