@@ -17,12 +17,6 @@ namespace {
 // process's descriptor limit, so the oldest are closed past this many.
 constexpr std::size_t kMaxOpenFiles = 64;
 
-std::string shape_text(const std::vector<std::size_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text.append(i ? ", " : "").append(std::to_string(shape[i]));
-  return text.append("]");
-}
-
 }  // namespace
 
 Reader::Reader(std::string dir) : dir_(std::move(dir)) {
@@ -161,23 +155,6 @@ std::vector<std::string> Reader::verify_all() {
     }
   }
   return problems;
-}
-
-void require_model(const Manifest& m, const std::vector<ParamSpec>& specs, const std::string& dir) {
-  const std::string where = std::string("checkpoint ").append(dir).append(": ");
-  if (m.tensors.size() != specs.size())
-    throw Error(std::string(where).append("it holds ").append(std::to_string(m.tensors.size()))
-                    .append(" tensors, this model has ").append(std::to_string(specs.size()))
-                    .append(": it is a checkpoint of another model"));
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    const auto& e = m.tensors[t];
-    if (e.name != specs[t].name || e.shape != specs[t].shape || e.group != specs[t].group || e.numel != specs[t].numel())
-      throw Error(std::string(where).append("tensor ").append(std::to_string(t)).append(" is '").append(e.name)
-                      .append("' ").append(shape_text(e.shape)).append(" group ").append(std::to_string(e.group))
-                      .append(" there and '").append(specs[t].name).append("' ").append(shape_text(specs[t].shape))
-                      .append(" group ").append(std::to_string(specs[t].group))
-                      .append(" here: it is a checkpoint of another model"));
-  }
 }
 
 }  // namespace zest::checkpoint

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "checkpoint/format.hpp"
-#include "zest/engine.hpp"
 
 namespace zest::checkpoint {
 
@@ -64,8 +63,5 @@ class Reader {
   int chunk_rank_ = -1, chunk_state_ = -1;
   std::size_t chunk_index_ = 0, chunk_length_ = 0;
 };
-
-// Throws Error unless the checkpoint holds exactly `specs` (names, shapes, groups, in order).
-void require_model(const Manifest& manifest, const std::vector<ParamSpec>& specs, const std::string& dir);
 
 }  // namespace zest::checkpoint

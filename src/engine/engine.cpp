@@ -2,7 +2,7 @@
 // GradBuckets (where backward writes gradients, their reduction), ParamGather (where parameters
 // live, stage-3 leases and prefetch, the all-gather after a step), OptimizerStates (on the device,
 // offloaded, or split between them; the Adam step), LossScaler; and the public API's checks.
-// Checkpoints are in src/checkpoint/engine_io.cpp.
+// Checkpoints are in checkpoint_io.cpp.
 #include "zest/engine.hpp"
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/engine_io.hpp"
+#include "engine/checkpoint_io.hpp"
 #include "engine/device_math.hpp"
 #include "engine/device_optimizer_states.hpp"
 #include "engine/grad_buckets.hpp"
@@ -138,7 +138,7 @@ struct Engine::State {
                                                 "call it after step() and with every lease released"));
     comm_stream->synchronize();
   }
-  checkpoint::EngineParts parts() {
+  engine::CheckpointParts parts() {
     return {config, device, comm, *comm_stream, specs, layout, *states, *params, steps, skipped, scaler, hyper};
   }
 };
@@ -423,12 +423,12 @@ EngineStats Engine::stats() const {
 
 void Engine::save(const std::string& dir) {
   state_->require_between_steps("Engine::save");
-  checkpoint::save(state_->parts(), dir);
+  engine::save_checkpoint(state_->parts(), dir);
 }
 
 LoadResult Engine::load(const std::string& dir) {
   state_->require_between_steps("Engine::load");
-  return checkpoint::load(state_->parts(), dir);
+  return engine::load_checkpoint(state_->parts(), dir);
 }
 
 }  // namespace zest

@@ -1,7 +1,8 @@
 // Engine::save and Engine::load: an engine's training state to and from a checkpoint directory
-// (the format in checkpoint/format.hpp). Collective: every rank calls with the same directory.
-// They reach the engine through EngineParts, the pieces a checkpoint holds or restores; the
-// contract (atomic publish, ranges per rank, verify before change) is Engine's, in zest/engine.hpp.
+// (the format, reader and publish in src/checkpoint/, the layer below, which knows no engine).
+// Collective: every rank calls with the same directory. They reach the engine through
+// CheckpointParts, the pieces a checkpoint holds or restores; the contract (atomic publish, ranges
+// per rank, verify before change) is Engine's, in zest/engine.hpp.
 #pragma once
 
 #include <cstdint>
@@ -18,24 +19,24 @@
 #include "zest/device.hpp"
 #include "zest/engine.hpp"
 
-namespace zest::checkpoint {
+namespace zest::engine {
 
-struct EngineParts {
+struct CheckpointParts {
   const Config& config;
   Device& device;
   Communicator& comm;
   Stream& stream;  // the engine's comm stream, idle between steps
   const std::vector<ParamSpec>& specs;
-  const engine::Layout& layout;
-  engine::OptimizerStates& states;
-  engine::ParamGather& params;
+  const Layout& layout;
+  OptimizerStates& states;
+  ParamGather& params;
   std::int64_t& steps;
   std::int64_t& skipped;
-  engine::LossScaler& scaler;
+  LossScaler& scaler;
   std::vector<optim::AdamHyperParams>& optimizer_groups;  // current values, saved and restored
 };
 
-void save(const EngineParts& engine, const std::string& dir);
-LoadResult load(const EngineParts& engine, const std::string& dir);
+void save_checkpoint(const CheckpointParts& engine, const std::string& dir);
+LoadResult load_checkpoint(const CheckpointParts& engine, const std::string& dir);
 
-}  // namespace zest::checkpoint
+}  // namespace zest::engine

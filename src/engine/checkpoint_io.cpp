@@ -1,4 +1,4 @@
-#include "checkpoint/engine_io.hpp"
+#include "engine/checkpoint_io.hpp"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -22,10 +22,11 @@
 #include "checkpoint/reader.hpp"
 #include "zest/error.hpp"
 
-namespace zest::checkpoint {
+namespace zest::engine {
 namespace {
 
-using engine::Layout;
+// The checkpoint layer's format, reader and publish, which this file drives for the engine.
+using namespace zest::checkpoint;
 
 // The tensor ranges rank `q` of a layout stores in a checkpoint (`saved`: one partition writes
 // only on rank 0) or holds in its optimizer shard (every rank when there is one partition), in
@@ -141,7 +142,7 @@ void agree(Device& device, Communicator& comm, Stream& stream, const std::except
 // directory, if its path still names it. Only names this save writes are unlinked, and rmdir
 // removes the directory only when that emptied it. A failure here must not hide the save's own
 // error: it leaves the directory, which the next save skips (create_temp_dir never reuses one).
-void discard_temp(const EngineParts& e, const Directory* dir) {
+void discard_temp(const CheckpointParts& e, const Directory* dir) {
   try {
     const int rank = e.comm.rank();
     if (dir)
@@ -155,9 +156,33 @@ void discard_temp(const EngineParts& e, const Directory* dir) {
   }
 }
 
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) text.append(i ? ", " : "").append(std::to_string(shape[i]));
+  return text.append("]");
+}
+
+// Throws Error unless the checkpoint holds exactly `specs` (names, shapes, groups, in order).
+void require_model(const Manifest& m, const std::vector<ParamSpec>& specs, const std::string& dir) {
+  const std::string where = std::string("checkpoint ").append(dir).append(": ");
+  if (m.tensors.size() != specs.size())
+    throw Error(std::string(where).append("it holds ").append(std::to_string(m.tensors.size()))
+                    .append(" tensors, this model has ").append(std::to_string(specs.size()))
+                    .append(": it is a checkpoint of another model"));
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    const auto& e = m.tensors[t];
+    if (e.name != specs[t].name || e.shape != specs[t].shape || e.group != specs[t].group || e.numel != specs[t].numel())
+      throw Error(std::string(where).append("tensor ").append(std::to_string(t)).append(" is '").append(e.name)
+                      .append("' ").append(shape_text(e.shape)).append(" group ").append(std::to_string(e.group))
+                      .append(" there and '").append(specs[t].name).append("' ").append(shape_text(specs[t].shape))
+                      .append(" group ").append(std::to_string(specs[t].group))
+                      .append(" here: it is a checkpoint of another model"));
+  }
+}
+
 }  // namespace
 
-void save(const EngineParts& e, const std::string& dir) {
+void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
   Stream& stream = e.stream;
   const int rank = e.comm.rank();
   const char* op = "Engine::save";
@@ -272,7 +297,7 @@ void save(const EngineParts& e, const std::string& dir) {
   agree(e.device, e.comm, stream, failure, op);
 }
 
-LoadResult load(const EngineParts& e, const std::string& dir) {
+LoadResult load_checkpoint(const CheckpointParts& e, const std::string& dir) {
   Stream& stream = e.stream;
   const int rank = e.comm.rank();
   const char* op = "Engine::load";
@@ -338,4 +363,4 @@ LoadResult load(const EngineParts& e, const std::string& dir) {
   return result;
 }
 
-}  // namespace zest::checkpoint
+}  // namespace zest::engine
