@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""No include runs up a layer: every `#include "..."` of the project's code (src/, include/zest/,
+offload/, kernels/, bench/, examples/) names a file of its own part or of a part below it, in the
+order docs/ARCHITECTURE.md draws. A part may not include another part of its own layer either
+(config and runtime, say, stay independent). The departures still in the code are listed below,
+each with the issue that removes it; an include that is neither allowed nor listed fails the test,
+and so does a listed departure the code no longer has (the list must shrink with the code).
+
+usage: layers_test.py SOURCE_ROOT"""
+import os
+import re
+import sys
+
+# (part, layer, the paths it owns: a prefix of the file's path from the source root)
+PARTS = [
+    ("base", 0, ["include/zest/error.hpp", "include/zest/dtype.hpp"]),
+    ("config", 1, ["src/config/", "include/zest/config.hpp"]),
+    ("runtime", 1, ["src/runtime/", "include/zest/device.hpp", "include/zest/communicator.hpp",
+                    "include/zest/runtime.hpp", "include/zest/topology.hpp", "include/zest/mpi.hpp",
+                    "include/zest/nccl.hpp"]),
+    ("offload", 2, ["offload/"]),
+    ("optim", 2, ["src/optim/", "kernels/"]),
+    ("checkpoint", 3, ["src/checkpoint/", "include/zest/checkpoint.hpp"]),
+    ("engine", 4, ["src/engine/", "include/zest/engine.hpp", "include/zest/estimate.hpp"]),
+    ("torch", 5, ["src/torch/", "include/zest/torch.hpp"]),
+    ("api", 5, ["include/zest/zest.hpp"]),  # the umbrella header: everything below it
+    ("python", 6, ["src/python/"]),
+    ("programs", 7, ["src/cli/", "src/args/", "bench/", "examples/"]),
+]
+
+# Departures from the order that the code still has: (including part, included part, why), each
+# to be removed by issue 23, item 4.
+KNOWN = {
+    ("runtime", "config"): "DeviceType and the comm timeout live in zest/config.hpp; src/runtime/error.cpp "
+                           "includes it too (issue 23, item 4: a base layer under both)",
+}
+SOURCES = ("src", "include/zest", "offload", "kernels", "bench", "examples")
+EXTENSIONS = (".cpp", ".hpp", ".cu", ".cuh", ".h")
+
+
+def part_of(path):
+    for name, layer, prefixes in PARTS:
+        if any(path == p or (p.endswith("/") and path.startswith(p)) for p in prefixes):
+            return name, layer
+    return None
+
+
+def resolve(root, including, name):
+    for base in (os.path.dirname(including), "src", "include", ".", "examples"):
+        candidate = os.path.normpath(os.path.join(base, name))
+        if os.path.isfile(os.path.join(root, candidate)):
+            return candidate
+    return None
+
+
+def main():
+    root = sys.argv[1]
+    seen, problems = set(), []
+    for top in SOURCES:
+        for directory, _, files in os.walk(os.path.join(root, top)):
+            for f in files:
+                if not f.endswith(EXTENSIONS):
+                    continue
+                path = os.path.relpath(os.path.join(directory, f), root)
+                mine = part_of(path)
+                if mine is None:
+                    problems.append(f"{path}: in no part (add it to PARTS)")
+                    continue
+                for number, line in enumerate(open(os.path.join(root, path), encoding="utf-8"), 1):
+                    match = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                    if not match:
+                        continue
+                    target = resolve(root, path, match.group(1))
+                    if target is None:
+                        continue  # generated (zest_build_config.h) or a system header in quotes
+                    theirs = part_of(target)
+                    if theirs is None or theirs[0] == mine[0] or theirs[1] < mine[1]:
+                        continue
+                    pair = (mine[0], theirs[0])
+                    if KNOWN.get(pair):
+                        seen.add(pair)
+                        continue
+                    problems.append(f"{path}:{number}: {mine[0]} (layer {mine[1]}) includes {target}, "
+                                    f"of {theirs[0]} (layer {theirs[1]}): an include up or across a layer")
+    for pair, why in KNOWN.items():
+        if why and pair not in seen:
+            problems.append(f"the departure {pair[0]} -> {pair[1]} is gone from the code: remove it from KNOWN")
+    for p in problems:
+        print("FAIL: " + p)
+    if problems:
+        sys.exit(1)
+    print(f"layers: every include points down (known departures still present: {len(seen)})")
+
+
+if __name__ == "__main__":
+    main()
