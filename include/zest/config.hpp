@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "zest/base_types.hpp"
 #include "zest/dtype.hpp"
 
 namespace zest {
 
-enum class DeviceType { cpu, cuda };
 enum class CommBackend { auto_select, mpi, nccl };
 enum class OptimizerType { adam, adamw };
 enum class OffloadDevice { none, cpu, nvme };
@@ -31,7 +31,7 @@ struct CommConfig {
   CommBackend backend = CommBackend::auto_select;  // auto: mpi for cpu, nccl for cuda
   // A collective (or barrier) blocked this long raises CommError on every rank still alive,
   // naming the ranks that are behind or gone, instead of hanging; 0 = wait forever. mpi only.
-  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  std::chrono::milliseconds timeout = kDefaultCommTimeout;
 };
 
 struct BucketConfig {

@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "zest/config.hpp"
+#include "zest/base_types.hpp"
 
 namespace zest {
 

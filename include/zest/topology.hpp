@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "zest/config.hpp"
+#include "zest/base_types.hpp"
 
 namespace zest {
 

@@ -35,13 +35,11 @@
 
 #include "runtime/collective_watchdog.hpp"
 #include "runtime/mpi_session.hpp"
+#include "zest/base_types.hpp"
 #include "zest/communicator.hpp"
 #include "zest/mpi.hpp"
 
 namespace zest {
-
-// The default of comm.timeout.
-inline constexpr std::chrono::milliseconds kDefaultCommTimeout = std::chrono::minutes(10);
 
 // Over session.world(). Throws CommError when `device` is not host-accessible (MPI moves host
 // memory; use nccl on cuda). (Over another MPI communicator: zest/mpi.hpp.) `timeout`: how long a

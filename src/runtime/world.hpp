@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "zest/communicator.hpp"
-#include "zest/config.hpp"
+#include "zest/base_types.hpp"
 #include "zest/device.hpp"
 
 namespace zest {
@@ -30,7 +30,7 @@ class World {
   virtual std::unique_ptr<Communicator> make_host_communicator(Device& device,
                                                                std::chrono::milliseconds timeout) = 0;
   std::unique_ptr<Communicator> make_host_communicator(Device& device) {
-    return make_host_communicator(device, Config{}.comm.timeout);
+    return make_host_communicator(device, kDefaultCommTimeout);
   }
   // Collective over the world: NCCL on `device` (cuda), its unique id carried over MPI, or made
   // here in a world of one. Throws SystemError in a build without CUDA. `timeout` (comm.timeout;
@@ -38,7 +38,7 @@ class World {
   // communicator's next operation raises CommError naming it.
   virtual std::unique_ptr<Communicator> make_nccl_communicator(Device& device, std::chrono::milliseconds timeout) = 0;
   std::unique_ptr<Communicator> make_nccl_communicator(Device& device) {
-    return make_nccl_communicator(device, Config{}.comm.timeout);
+    return make_nccl_communicator(device, kDefaultCommTimeout);
   }
 };
 

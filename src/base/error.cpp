@@ -4,7 +4,6 @@
 #include <string>
 #include <utility>
 
-#include "zest/config.hpp"
 
 namespace zest {
 namespace {
