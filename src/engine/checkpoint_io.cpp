@@ -35,11 +35,9 @@ std::vector<Range> ranges_of(const Layout& layout, int q, bool saved) {
   std::vector<Range> ranges;
   if (saved && layout.partitions() == 1 && q != 0) return ranges;
   for (std::size_t t = 0; t < layout.tensor_count(); ++t) {
-    const auto& place = layout.tensor(t);
-    const auto& g = layout.group(place.group);
-    const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(q) * g.shard;
-    const std::size_t lo = std::max(place.offset, begin), hi = std::min(place.offset + place.numel, begin + g.shard);
-    if (lo < hi) ranges.push_back({t, lo - place.offset, hi - place.offset});
+    const auto part = layout.shard_part(t, q);
+    const std::size_t offset = layout.tensor(t).offset;
+    if (!part.empty()) ranges.push_back({t, part.lo - offset, part.hi - offset});
   }
   return ranges;
 }
@@ -48,8 +46,7 @@ std::vector<Range> ranges_of(const Layout& layout, int q, bool saved) {
 // shard.
 std::size_t in_group_shard(const Layout& layout, int q, std::size_t tensor, std::size_t j) {
   const auto& place = layout.tensor(tensor);
-  const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(q) * layout.group(place.group).shard;
-  return place.offset + j - begin;
+  return place.offset + j - layout.shard_begin(place.group, q);
 }
 std::size_t shard_position(const Layout& layout, int q, std::size_t tensor, std::size_t j) {
   return layout.group(layout.tensor(tensor).group).shard_offset + in_group_shard(layout, q, tensor, j);

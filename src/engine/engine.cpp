@@ -128,9 +128,7 @@ struct Engine::State {
   TensorView view(std::size_t t, void* data) const {
     return {data, config.precision.dtype, specs[t].shape, layout.tensor(t).numel};
   }
-  std::size_t shard_begin(int g) const {
-    return layout.partitions() == 1 ? 0 : static_cast<std::size_t>(comm.rank()) * layout.group(g).shard;
-  }
+  std::size_t shard_begin(int g) const { return layout.shard_begin(g, comm.rank()); }
   // Checkpoints: collective, between steps (no gradient accumulated, no lease held).
   void require_between_steps(const char* operation) const {
     if (grads->any_grad() || params->any_leased())
@@ -223,12 +221,12 @@ void Engine::set_param(std::size_t tensor, std::span<const float> given) {
   require_numel(s.tensor(tensor, "Engine::set_param"), given.size(), "Engine::set_param");
   const float* const values = given.data();
   const auto& t = s.layout.tensor(tensor);
-  const auto& g = s.layout.group(t.group);
-  // The tensor's part of this rank's shard of the segment ([begin, end) in segment elements) goes to
-  // the master weights in one call, so each NVMe sub-group it touches is rewritten once.
-  const std::size_t begin = s.shard_begin(t.group), end = begin + g.shard;
-  const std::size_t lo = std::max(t.offset, begin), hi = std::min(t.offset + t.numel, end);
-  if (lo < hi) s.states->write_master(g.shard_offset + (lo - begin), values + (lo - t.offset), hi - lo);
+  // The tensor's part of this rank's shard goes to the master weights in one call, so each NVMe
+  // sub-group it touches is rewritten once.
+  const auto part = s.layout.shard_part(tensor, s.comm.rank());
+  if (!part.empty())
+    s.states->write_master(s.layout.group(t.group).shard_offset + (part.lo - part.begin), values + (part.lo - t.offset),
+                           part.hi - part.lo);
   s.params->set_tensor(tensor, values);
 }
 

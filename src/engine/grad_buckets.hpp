@@ -86,9 +86,7 @@ class GradBuckets {
  private:
   bool full_grads() const { return stage_ <= 1; }
   // Where this rank's shard of group g starts in the group's segment, elements.
-  std::size_t shard_begin(int g) const {
-    return layout_.partitions() == 1 ? 0 : static_cast<std::size_t>(rank_) * layout_.group(g).shard;
-  }
+  std::size_t shard_begin(int g) const { return layout_.shard_begin(g, rank_); }
   std::size_t bytes(std::size_t elements) const { return elements * dtype_size(dtype_); }
   void place(int g);
   void seal(int slot);

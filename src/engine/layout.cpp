@@ -1,5 +1,6 @@
 #include "engine/layout.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <set>
 #include <string>
@@ -41,6 +42,17 @@ std::size_t checked_sum(std::size_t a, std::size_t b, int partitions) {
 }
 
 }  // namespace
+
+std::size_t Layout::shard_begin(int g, int rank) const {
+  return partitions_ == 1 ? 0 : static_cast<std::size_t>(rank) * group(g).shard;
+}
+
+Layout::ShardPart Layout::shard_part(std::size_t t, int rank) const {
+  const TensorPlace& place = tensor(t);
+  const std::size_t begin = shard_begin(place.group, rank);
+  const std::size_t lo = std::max(place.offset, begin), hi = std::min(place.offset + place.numel, begin + group(place.group).shard);
+  return {begin, lo, std::max(lo, hi)};
+}
 
 Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partitions_(partitions) {
   if (params.empty()) throw Error("Engine: the parameter list is empty; register the model's parameters");

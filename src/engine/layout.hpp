@@ -45,6 +45,19 @@ class Layout {
   std::size_t shard_numel() const { return shard_numel_; }  // one rank's shards of all segments
   std::size_t largest_segment() const { return largest_segment_; }
 
+  // The shard geometry, in one place. Where rank `rank`'s shard of group g begins in the group's
+  // segment (elements): 0 with one partition (every rank holds the whole segment), else
+  // rank * shard.
+  std::size_t shard_begin(int g, int rank) const;
+  // The part of tensor t inside rank `rank`'s shard of its group, in segment elements [lo, hi)
+  // (empty when lo == hi), with the shard's `begin`: element lo sits at group(g).shard_offset +
+  // (lo - begin) of the rank's shard buffer and is the tensor's element lo - tensor(t).offset.
+  struct ShardPart {
+    std::size_t begin = 0, lo = 0, hi = 0;
+    bool empty() const { return lo >= hi; }
+  };
+  ShardPart shard_part(std::size_t t, int rank) const;
+
  private:
   int partitions_;
   std::vector<TensorPlace> tensors_;

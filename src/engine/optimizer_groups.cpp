@@ -42,13 +42,11 @@ HyperRuns hyper_runs(const Layout& layout, int rank, const std::vector<int>& gro
   HyperRuns runs;
   for (int g = 0; g < layout.group_count(); ++g) {
     const auto& place = layout.group(g);
-    const std::size_t begin = layout.partitions() == 1 ? 0 : static_cast<std::size_t>(rank) * place.shard;
     for (std::size_t t = place.first_tensor; t < place.end_tensor; ++t) {
-      const auto& tensor = layout.tensor(t);
-      const std::size_t lo = std::max(tensor.offset, begin), hi = std::min(tensor.offset + tensor.numel, begin + place.shard);
-      if (lo >= hi) continue;
+      const auto part = layout.shard_part(t, rank);
+      if (part.empty()) continue;
       const auto* hyper = &values[static_cast<std::size_t>(group_of[t])];
-      const std::size_t at = place.shard_offset + (lo - begin), end = place.shard_offset + (hi - begin);
+      const std::size_t at = place.shard_offset + (part.lo - part.begin), end = place.shard_offset + (part.hi - part.begin);
       if (!runs.empty() && runs.back().hyper == hyper) runs.back().end = end;
       else runs.push_back({at, end, hyper});
     }

@@ -71,9 +71,7 @@ class ParamGather {
  private:
   bool sharded() const { return stage_ == 3; }
   bool offloaded(int g) const { return offload_ && offload_->offloaded(g); }
-  std::size_t shard_begin(int g) const {
-    return layout_.partitions() == 1 ? 0 : static_cast<std::size_t>(rank_) * layout_.group(g).shard;
-  }
+  std::size_t shard_begin(int g) const { return layout_.shard_begin(g, rank_); }
   std::size_t bytes(std::size_t elements) const { return elements * dtype_size(dtype_); }
   char* at(const DeviceBuffer& buffer, std::size_t elements) const { return buffer.as<char>() + bytes(elements); }
   void start_gather(int g);

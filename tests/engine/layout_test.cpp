@@ -1,4 +1,5 @@
-// The engine's flat layout: aligned tensors, equal padded shards, and refusals of unusable lists.
+// The engine's flat layout: aligned tensors, equal padded shards, each tensor's part of each
+// rank's shard, and refusals of unusable lists.
 #include "engine/layout.hpp"
 
 #include <gtest/gtest.h>
@@ -33,6 +34,32 @@ TEST(Layout, TensorsAreAlignedAndGroupsSplitIntoEqualShards) {
     EXPECT_EQ(layout.tensor(1).offset, 0u);
     EXPECT_EQ(layout.tensor(2).offset, Layout::kAlign);
     EXPECT_LE(layout.tensor(2).offset + 7, layout.group(1).padded);
+  }
+}
+
+// Every element of every tensor lies in exactly one rank's shard part (with one partition, the
+// only shard is the whole segment), within that rank's shard of the group.
+TEST(Layout, ShardPartsTileEachTensorOnce) {
+  const std::vector<ParamSpec> params = {{"a", {300}, 0}, {"b", {5}, 0}, {"c", {129}, 0}, {"d", {1}, 1}};
+  for (int partitions : {1, 2, 3, 4}) {
+    const Layout layout(params, partitions);
+    for (std::size_t t = 0; t < params.size(); ++t) {
+      const TensorPlace& place = layout.tensor(t);
+      const GroupPlace& group = layout.group(place.group);
+      std::vector<int> holders(place.numel, 0);
+      for (int rank = 0; rank < partitions; ++rank) {
+        const auto part = layout.shard_part(t, rank);
+        EXPECT_EQ(part.begin, layout.shard_begin(place.group, rank));
+        EXPECT_EQ(part.begin, partitions == 1 ? 0 : static_cast<std::size_t>(rank) * group.shard);
+        if (part.empty()) continue;
+        EXPECT_GE(part.lo, place.offset);
+        EXPECT_LE(part.hi, place.offset + place.numel);
+        EXPECT_GE(part.lo, part.begin);
+        EXPECT_LE(part.hi, part.begin + group.shard);
+        for (std::size_t e = part.lo; e < part.hi; ++e) ++holders[e - place.offset];
+      }
+      for (std::size_t e = 0; e < place.numel; ++e) ASSERT_EQ(holders[e], 1) << "tensor " << t << " element " << e;
+    }
   }
 }
 
