@@ -23,8 +23,8 @@
 
 #include "args/args.hpp"
 #include "charlm/batch_sampler.hpp"
-#include "checkpoint/format.hpp"
 #include "charlm/text_corpus.hpp"
+#include "checkpoint/format.hpp"
 #include "cli/commands.hpp"
 #include "memory_report.hpp"
 #include "trainer.hpp"
@@ -510,7 +510,7 @@ std::vector<MemoryRecord> read_peers(const std::string& path, std::size_t params
 // Every row against stage 0 (zest's DDP) and, when it ran, the "torch DDP + AdamW" peer: ratios of
 // memory and step time, and whether the final loss agrees. bf16/fp16 round differently per stage
 // and per system; fp32 agrees to 1e-5.
-void compare_losses(std::vector<MemoryRecord>& records, DType dtype) {
+void compare_to_ddp(std::vector<MemoryRecord>& records, DType dtype) {
   const double tolerance = dtype == DType::f32 ? 1e-5 : 2e-3;
   const MemoryRecord ddp = records.front();
   const auto torch_ddp = std::find_if(records.begin(), records.end(), [](const MemoryRecord& r) {
@@ -611,7 +611,7 @@ int bench_memory(int argc, char** argv) {
       const std::vector<MemoryRecord> peers = read_peers(o.peers, records.front().params, runtime.world_size());
       records.insert(records.end(), peers.begin(), peers.end());
     }
-    compare_losses(records, config.precision.dtype);
+    compare_to_ddp(records, config.precision.dtype);
     std::vector<FitRecord> fit_records;
     const HostLimits limits = host_limits(swap.path(), runtime.local_size(), o.fit_cap);
     if (o.fit) {

@@ -11,8 +11,8 @@ memory, which needs a CUDA driver) and with pin_memory=False (which runs without
 default rows keep bf16 parameters and gradients with fp32 master weights: 16 bytes per parameter
 under DDP either way). Per row and rank: the bytes of parameters, gradients and optimizer states at
 the step's peak, counted from the tensors themselves (storages deduplicated; DTensor local shards
-for FSDP2, and FSDP2's unsharded parameters while a block runs), the peak RSS, the median step time
-after the first step, and the last step's loss. A peer that fails to run gets a row saying why.
+for FSDP2, and FSDP2's unsharded parameters while a block runs) in one more, untimed step, the
+peak RSS, the median step time after the first step, and the last step's loss. A peer that fails to run gets a row saying why.
 
 The processes find each other through Open MPI's environment (OMPI_COMM_WORLD_RANK/SIZE) and
 MASTER_ADDR/MASTER_PORT (default 127.0.0.1:29517), over gloo.
@@ -85,13 +85,15 @@ def storage_bytes(tensors):
 
 class PeakCounter:
     """Samples parameters, gradients and optimizer states at every block's forward and backward
-    (before and after) and around the optimizer step; keeps the sample with the largest sum."""
+    (before and after) and around the optimizer step, while `enabled`; keeps the sample with the
+    largest sum. Off during the timed steps: sampling walks every tensor, which would slow them."""
 
     def __init__(self, model, blocks, optimizer_fn):
         self.model = model
         self.sharded = list(model.parameters())  # FSDP2: the DTensors, whatever the module holds now
         self.optimizer_fn = optimizer_fn
         self.peak = (0, 0, 0)
+        self.enabled = False
         for block in blocks:
             block.register_forward_pre_hook(lambda *_: self.sample())
             block.register_forward_hook(lambda *_: self.sample())
@@ -99,6 +101,8 @@ class PeakCounter:
             block.register_full_backward_hook(lambda *_: self.sample())
 
     def sample(self):
+        if not self.enabled:
+            return
         current = list(self.model.parameters())  # FSDP2 swaps in the unsharded ones while a block runs
         params = storage_bytes(self.sharded + current)
         grads = storage_bytes([p.grad for p in self.sharded + current])
@@ -167,22 +171,32 @@ def run_peer(kind, m, init, batches, rank, world):
     optimizer = cls(model.parameters(), lr=m["lr"], betas=(m["beta1"], m["beta2"]), eps=m["eps"],
                     weight_decay=m["weight_decay"])
     lo, hi = rank_slice(m["global_batch"], rank, world)
-    seconds, loss = [], 0.0
-    for step in range(m["steps"]):
-        windows = torch.from_numpy(batches[step, lo:hi]).long()
-        dist.barrier()
-        start = time.perf_counter()
+
+    def step(windows):
         optimizer.zero_grad(set_to_none=True)
         local = trained(windows)
         local.backward()
         counter.sample()
         optimizer.step()
         counter.sample()
+        return local
+
+    seconds, loss = [], 0.0
+    for s in range(m["steps"]):
+        windows = torch.from_numpy(batches[s, lo:hi]).long()
+        dist.barrier()
+        start = time.perf_counter()
+        local = step(windows)
         seconds.append(time.perf_counter() - start)
         # The global batch's mean loss (equal slices: the mean of the ranks' means).
         total = local.detach().clone()
         dist.all_reduce(total)
         loss = total.item() / world
+    # The memory at a step's peak, sampled in one more step on the last batch (every step after the
+    # first holds the same: optimizer states exist from the first step's end), untimed and after the
+    # loss the rows compare.
+    counter.enabled = True
+    step(torch.from_numpy(batches[m["steps"] - 1, lo:hi]).long())
     return counter.peak, seconds, loss
 
 
