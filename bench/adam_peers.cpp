@@ -1,6 +1,7 @@
 #include "adam_peers.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,11 @@ extern char** environ;
 
 namespace zest::cli {
 namespace {
+
+// An answer is one line: a check's values (40009 floats, under 1 MB) are the longest. The slowest
+// is the first, while DeepSpeed loads (or builds, about 30 s here) its op.
+constexpr std::size_t kMaxAnswerBytes = std::size_t{16} << 20;
+constexpr int kAnswerTimeoutSeconds = 600;
 
 constexpr const char* kFix =
     "make it with scripts/python-env.sh (`source scripts/setup.sh` does, and sets ZEST_VENV), or pass "
@@ -66,13 +72,23 @@ AdamPeers::AdamPeers(const std::string& python, std::size_t params, const optim:
     throw Error("--peers: cannot run the Python of the peers '" + python + "' (" +
                 std::strerror(rc) + "): " + kFix);
   }
+  from_ = out[0];
   to_ = fdopen(in[1], "w");
-  from_ = fdopen(out[0], "r");
-  if (to_ == nullptr || from_ == nullptr) {
-    if (to_ == nullptr) close(in[1]);
-    if (from_ == nullptr) close(out[0]);
-    throw SystemError(std::string("--peers: fdopen: ") + std::strerror(errno));
+  if (to_ == nullptr) {
+    const int e = errno;
+    close(in[1]);
+    end_child();
+    throw SystemError(std::string("--peers: fdopen: ") + std::strerror(e));
   }
+  try {
+    await_ready();
+  } catch (...) {
+    end_child();  // the destructor does not run for an object not made
+    throw;
+  }
+}
+
+void AdamPeers::await_ready() {
   // "ready\ttorch:V deepspeed:V\t<ok or why not>\t..." (a field per peer)
   const std::string ready = read_line();
   if (ready.rfind("error ", 0) == 0) throw Error("--peers: " + ready.substr(6));
@@ -89,25 +105,55 @@ AdamPeers::AdamPeers(const std::string& python, std::size_t params, const optim:
   for (std::size_t i = 0; i < why_not_.size(); ++i) why_not_[i] = fields[2 + i] == "ok" ? "" : fields[2 + i];
 }
 
-AdamPeers::~AdamPeers() {
+AdamPeers::~AdamPeers() { end_child(); }
+
+void AdamPeers::end_child() {
   if (to_ != nullptr) std::fclose(to_);  // end of input: the script exits
-  if (from_ != nullptr) std::fclose(from_);
-  if (pid_ > 0) {
-    int status = 0;
-    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  if (from_ >= 0) close(from_);
+  to_ = nullptr;
+  from_ = -1;
+  if (pid_ <= 0) return;
+  // It exits at once; one that has not after 10 s (hung in its teardown) is killed, so that zest
+  // never waits for it forever.
+  int status = 0;
+  for (int tenths = 0; tenths < 100; ++tenths) {
+    const pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_ || (done < 0 && errno != EINTR)) {
+      pid_ = -1;
+      return;
     }
+    usleep(100'000);
   }
+  kill(pid_, SIGKILL);
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
 }
 
 std::string AdamPeers::read_line() {
-  std::string line;
-  for (int c; (c = std::fgetc(from_)) != '\n';) {
-    if (c == EOF)
-      throw Error("--peers: the peers' Python process ended (its error is above); " +
-                  std::string(kFix));
-    line.push_back(static_cast<char>(c));
+  for (;;) {
+    const std::size_t end = pending_.find('\n');
+    if (end != std::string::npos) {
+      std::string line = pending_.substr(0, end);
+      pending_.erase(0, end + 1);
+      return line;
+    }
+    if (pending_.size() > kMaxAnswerBytes)
+      throw Error("--peers: an answer of the peers' Python process exceeds " + std::to_string(kMaxAnswerBytes) +
+                  " bytes: it is not bench/adam_peers.py's");
+    pollfd ready{from_, POLLIN, 0};
+    const int polled = poll(&ready, 1, kAnswerTimeoutSeconds * 1000);
+    if (polled < 0 && errno == EINTR) continue;
+    if (polled == 0)
+      throw Error("--peers: no answer from the peers' Python process in " + std::to_string(kAnswerTimeoutSeconds) +
+                  " s (hung?); " + std::string(kFix));
+    char chunk[1 << 16];
+    const ssize_t n = polled < 0 ? -1 : read(from_, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw Error("--peers: the peers' Python process ended (its error is above); " + std::string(kFix));
+    pending_.append(chunk, static_cast<std::size_t>(n));
   }
-  return line;
 }
 
 std::string AdamPeers::request(const std::string& line) {

@@ -26,7 +26,7 @@ class AdamPeers {
   // missing; a peer that cannot run (torch without fused AdamW on CPU) is not an error: why_not()
   // says why.
   AdamPeers(const std::string& python, std::size_t params, const optim::AdamHyperParams& hyper);
-  ~AdamPeers();  // ends the child (end of its input) and waits for it
+  ~AdamPeers();  // ends the child (end of its input), waits for it a while, then kills it
   AdamPeers(const AdamPeers&) = delete;
   AdamPeers& operator=(const AdamPeers&) = delete;
 
@@ -45,12 +45,16 @@ class AdamPeers {
   static float check_input(std::size_t i, int k);
 
  private:
+  void await_ready();  // reads the child's first line: the versions, and which peers run
+  void end_child();    // closes the pipes, waits for the child a while, then kills it
   std::string request(const std::string& line);  // writes a line, returns the answer's line
+  // The child's next line: bounded in length and in the time it may take (Error past either).
   std::string read_line();
 
   pid_t pid_ = -1;
   std::FILE* to_ = nullptr;
-  std::FILE* from_ = nullptr;
+  int from_ = -1;        // the child's stdout, read with poll() so that a hung child is an error
+  std::string pending_;  // read from it, not yet returned as a line
   std::array<std::string, 3> why_not_;
   std::string versions_;
 };
