@@ -66,6 +66,9 @@ void ParamGather::acquire(int g) {
 
 void ParamGather::release(int g) {
   const auto i = static_cast<std::size_t>(g);
+  // Engine's leases release once, from destructors (which must not throw); a release without a
+  // lease changes nothing, where it once made the count negative and a later lease look like none.
+  if (leases_[i] == 0) return;
   if (--leases_[i] > 0 || !sharded()) return;
   const int slot = gathered_of_[i];
   if (slot < 0) return;
@@ -198,6 +201,9 @@ void ParamGather::drop_prefetched() {
 }
 
 void ParamGather::gather_all() {
+  // The new shards make every gathered copy stale: one prefetched in the step but not leased in it
+  // (the trainer left the recorded order) would otherwise be found by the group's next lease.
+  drop_prefetched();
   for (const GatherRun& run : plan_.gather_runs) {
     if (run.groups.size() == 1) gather_in_place(run.groups.front());
     else gather_through_bucket(run);

@@ -282,5 +282,35 @@ TEST(ParamGather, TheStepsShardWritesShowAfterGatherAll) {
   }
 }
 
+TEST(ParamGather, AReleaseWithoutALeaseChangesNothing) {
+  Rig rig(3, DType::f32);
+  rig.params.acquire(1);
+  rig.params.release(1);
+  rig.params.release(1);
+  rig.params.acquire(1);
+  EXPECT_TRUE(rig.params.any_leased()) << "a release without a lease hid the next lease";
+  rig.params.release(1);
+}
+
+// A group prefetched in a step but not leased in it (the trainer left the recorded order) holds a
+// copy of the old parameters; the step's new shard must replace it, not be hidden by it.
+TEST(ParamGather, Stage3APrefetchedCopyDoesNotOutliveTheStep) {
+  Rig rig(3, DType::f32, std::size_t{1} << 20);
+  const std::vector<float> c = values_for(2, 1000), new_c = values_for(2, 1000, 5.0f);
+  rig.params.set_tensor(2, c.data());
+  for (int g : {0, 1, 3}) {  // the recorded order
+    rig.params.acquire(g);
+    rig.params.release(g);
+  }
+  rig.params.end_step();
+  rig.params.acquire(0);  // prefetches group 1, which this step then never leases
+  rig.params.release(0);
+  rig.params.end_step();
+  rig.stream->synchronize();
+  std::memcpy(rig.params.shard_out(1) + 4 * rig.layout.tensor(2).offset, new_c.data(), 4 * new_c.size());
+  rig.params.gather_all();
+  EXPECT_EQ(rig.read(2), new_c) << "the lease found the stale prefetched copy";
+}
+
 }  // namespace
 }  // namespace zest::engine
