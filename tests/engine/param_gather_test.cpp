@@ -66,6 +66,10 @@ struct Rig {
         staging(*device, plan, dtype),
         params(config, *device, *comm, *stream, layout, plan, staging, nullptr) {}
 
+  // A prefetch may still be copying into the gathered buffers: it ends before they go, as the
+  // Engine's destructor waits for its streams.
+  ~Rig() { stream->synchronize(); }
+
   static Config make_config(int stage, DType dtype, std::size_t prefetch_bytes) {
     Config c;
     c.stage = stage;
