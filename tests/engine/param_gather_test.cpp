@@ -19,6 +19,7 @@
 #include "engine/host_staging.hpp"
 #include "engine/layout.hpp"
 #include "engine/memory_plan.hpp"
+#include "runtime/half.hpp"
 #include "runtime/local_communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
@@ -40,18 +41,12 @@ float round_bf16(float f) {
   return f;
 }
 
-float bits_to_float(std::uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 // Values no bf16 holds exactly, and two exact ties (one rounds down to even, one up).
 std::vector<float> values_for(std::size_t tensor, std::size_t n, float shift = 0.0f) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = shift + static_cast<float>(tensor + 1) + 0.0013f * static_cast<float>(i);
-  v[0] = bits_to_float(0x3f808000u);  // halfway between 0x3f80 and 0x3f81: 0x3f80
-  if (n > 1) v[1] = bits_to_float(0x3f818000u);  // halfway between 0x3f81 and 0x3f82: 0x3f82
+  v[0] = bits_float(0x3f808000u);  // halfway between 0x3f80 and 0x3f81: 0x3f80
+  if (n > 1) v[1] = bits_float(0x3f818000u);  // halfway between 0x3f81 and 0x3f82: 0x3f82
   return v;
 }
 
@@ -85,16 +80,7 @@ struct Rig {
     const TensorPlace& place = layout.tensor(t);
     const char* data = params.full(place.group);
     std::vector<float> out(place.numel);
-    for (std::size_t i = 0; i < place.numel; ++i) {
-      const std::size_t e = place.offset + i;
-      if (config.precision.dtype == DType::f32) {
-        std::memcpy(&out[i], data + 4 * e, 4);
-      } else {
-        std::uint16_t h;
-        std::memcpy(&h, data + 2 * e, 2);
-        out[i] = bits_to_float(std::uint32_t{h} << 16);
-      }
-    }
+    for (std::size_t i = 0; i < place.numel; ++i) out[i] = load_as_float(data, config.precision.dtype, place.offset + i);
     return out;
   }
 
@@ -152,8 +138,8 @@ TEST(ParamGather, SetTensorReadsBackAtEveryStageInFp32AndBf16) {
       }
       if (dtype == DType::bf16) {  // the ties went to even
         const std::vector<float> a = stage == 3 ? rig.read(0) : rig.read_full(0);
-        EXPECT_EQ(a[0], bits_to_float(0x3f800000u));
-        EXPECT_EQ(a[1], bits_to_float(0x3f820000u));
+        EXPECT_EQ(a[0], bits_float(0x3f800000u));
+        EXPECT_EQ(a[1], bits_float(0x3f820000u));
       }
     }
 }
