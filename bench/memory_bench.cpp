@@ -176,12 +176,20 @@ void reset_peak_rss() {
   }
 }
 
-std::size_t max_over_ranks(Communicator& comm, Device& device, Stream& stream, std::size_t bytes) {
+// The largest of every rank's `value`. The communicator reduces device memory, which the host may
+// not be able to read (cuda), so the value goes there and back by copies.
+float max_over_ranks(Communicator& comm, Device& device, Stream& stream, float value) {
   DeviceBuffer buffer = device.allocate(sizeof(float), MemoryCategory::buffers);
-  *buffer.as<float>() = static_cast<float>((bytes + 1023) / 1024);
+  device.copy_async(buffer.data(), &value, sizeof value, stream);
   comm.all_reduce(buffer.data(), buffer.data(), 1, DType::f32, ReduceOp::max, stream);
+  device.copy_async(&value, buffer.data(), sizeof value, stream);
   stream.synchronize();
-  return static_cast<std::size_t>(*buffer.as<float>()) * 1024;
+  return value;
+}
+
+// Byte counts travel in KiB: a float holds those exactly up to 16 TiB.
+std::size_t max_over_ranks(Communicator& comm, Device& device, Stream& stream, std::size_t bytes) {
+  return static_cast<std::size_t>(max_over_ranks(comm, device, stream, static_cast<float>((bytes + 1023) / 1024))) * 1024;
 }
 
 class Progress {
@@ -367,11 +375,7 @@ Bound fits(Config config, const charlm::CharMlpShape& shape, std::size_t budget,
     }
   }
   // Every rank must agree, or the next trial's collectives would not match.
-  DeviceBuffer flag = runtime.device().allocate(sizeof(float), MemoryCategory::buffers);
-  *flag.as<float>() = static_cast<float>(bound);
-  comm.all_reduce(flag.data(), flag.data(), 1, DType::f32, ReduceOp::max, stream);
-  stream.synchronize();
-  return static_cast<Bound>(static_cast<int>(*flag.as<float>()));
+  return static_cast<Bound>(static_cast<int>(max_over_ranks(comm, runtime.device(), stream, static_cast<float>(bound))));
 }
 
 FitRecord largest_fit(const Configuration& conf, const Config& config, charlm::CharMlpShape shape,

@@ -5,16 +5,10 @@
 #include <exception>
 #include <utility>
 
+#include "base/text.hpp"
 #include "zest/error.hpp"
 
 namespace zest::offload {
-namespace {
-
-std::string quoted(std::string_view name) {
-  return std::string("'").append(name).append("'");
-}
-
-}  // namespace
 
 Store::Store(std::size_t alignment) : alignment_(alignment) {
   if (alignment == 0 || (alignment & (alignment - 1)) != 0)
@@ -24,10 +18,10 @@ Store::Store(std::size_t alignment) : alignment_(alignment) {
 Store::~Store() = default;
 
 RegionId Store::allocate(std::string name, std::size_t bytes) {
-  if (bytes == 0) throw Error(std::string("store region ").append(quoted(name)).append(" has 0 bytes; give it at least 1"));
+  if (bytes == 0) throw Error(std::string("store region ").append(in_quotes(name)).append(" has 0 bytes; give it at least 1"));
   std::lock_guard lock(mutex_);
   if (by_name_.contains(name))
-    throw Error(std::string("store region ").append(quoted(name)).append(" exists already; region names must be unique"));
+    throw Error(std::string("store region ").append(in_quotes(name)).append(" exists already; region names must be unique"));
   Region region;
   region.name = std::move(name);
   region.offset = used_;
@@ -46,7 +40,7 @@ RegionId Store::find(std::string_view name) const {
   std::lock_guard lock(mutex_);
   auto it = by_name_.find(std::string(name));
   if (it == by_name_.end())
-    throw Error(std::string("store has no region ").append(quoted(name)).append(" (allocate it first)"));
+    throw Error(std::string("store has no region ").append(in_quotes(name)).append(" (allocate it first)"));
   return it->second;
 }
 
@@ -86,15 +80,15 @@ Region Store::begin_transfer(RegionId id, Op op, const void* buffer) {
   const Region& region = regions_[id];
   const char* verb = op == Op::write ? "write" : "read";
   if (buffer == nullptr || reinterpret_cast<std::uintptr_t>(buffer) % alignment_ != 0)
-    throw Error(std::string("store ").append(verb).append(" of region ").append(quoted(region.name))
+    throw Error(std::string("store ").append(verb).append(" of region ").append(in_quotes(region.name))
                     .append(": the host buffer must be aligned to ").append(std::to_string(alignment_))
                     .append(" bytes (use Device::allocate_pinned or a HostBufferPool)"));
   State& state = states_[id];
   if (state.writing || (op == Op::write && state.readers > 0))
-    throw Error(std::string("store ").append(verb).append(" of region ").append(quoted(region.name))
+    throw Error(std::string("store ").append(verb).append(" of region ").append(in_quotes(region.name))
                     .append(" while another transfer of it is running; wait for that transfer's handle first"));
   if (op == Op::read && !state.has_data)
-    throw IoError(std::string("cannot read region ").append(quoted(region.name))
+    throw IoError(std::string("cannot read region ").append(in_quotes(region.name))
                       .append(": it holds no data (never written, or its last write failed)"),
                   location(), region.offset, region.padded_bytes, ENODATA);
   if (op == Op::write) {

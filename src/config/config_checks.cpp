@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/config_names.hpp"
+#include "base/text.hpp"
 
 namespace zest::detail {
 namespace {
@@ -27,14 +28,9 @@ constexpr std::size_t kDeviceHeadroom = kMiB;
 // of two below that is 1GiB.
 constexpr std::size_t kMaxIoBlock = kGiB;
 
-std::string quoted(std::string_view text) {
-  std::string out = "'";
-  return out.append(text).append("'");
-}
-
 std::string found(std::string_view expected, std::string_view value) {
   std::string message = "expected ";
-  return message.append(expected).append(", found ").append(quoted(value));
+  return message.append(expected).append(", found ").append(in_quotes(value));
 }
 
 void check_int(ProblemSink& sink, const std::string& key, int value, IntRange range) {
@@ -121,7 +117,7 @@ void check_ranges(const Config& c, ProblemSink& sink) {
 
 void check_directory(const std::string& key, const std::string& directory, ProblemSink& sink) {
   std::string message = "nvme path ";
-  message.append(quoted(directory));
+  message.append(in_quotes(directory));
   struct stat info {};
   if (::stat(directory.c_str(), &info) != 0) {
     const int error = errno;
@@ -159,7 +155,7 @@ bool same_directory(const std::string& a, const std::string& b) {
 
 std::string joined(const std::vector<std::string>& paths) {
   std::string text;
-  for (const std::string& p : paths) text.append(text.empty() ? "" : ", ").append(quoted(p));
+  for (const std::string& p : paths) text.append(text.empty() ? "" : ", ").append(in_quotes(p));
   return text;
 }
 
@@ -186,8 +182,8 @@ void check_offload_target(const std::string& prefix, const OffloadTarget& target
       for (std::size_t j = 0; j < i; ++j) {
         if (!same_directory(target.paths[j], target.paths[i])) continue;
         std::string message = "directory ";
-        message.append(quoted(target.paths[i])).append(" is listed twice (item ").append(std::to_string(j))
-            .append(" is ").append(quoted(target.paths[j])).append(", the same directory); zest stripes the swap across "
+        message.append(in_quotes(target.paths[i])).append(" is listed twice (item ").append(std::to_string(j))
+            .append(" is ").append(in_quotes(target.paths[j])).append(", the same directory); zest stripes the swap across "
                                                                     "the listed directories, one per drive: list each once");
         sink.report(key, std::move(message));
         break;
@@ -197,7 +193,7 @@ void check_offload_target(const std::string& prefix, const OffloadTarget& target
     std::string message = target.paths.size() == 1 ? "path " : "paths ";
     message.append(joined(target.paths)).append(target.paths.size() == 1 ? " is" : " are").append(" set but ")
         .append(device_key).append(" is ");
-    message.append(quoted(detail::enum_name(detail::kOffloadDeviceNames, target.device)));
+    message.append(in_quotes(detail::enum_name(detail::kOffloadDeviceNames, target.device)));
     message.append("; only nvme uses a path, so it would be silently ignored. Remove path, or set "
                    "device: nvme");
     sink.report(path_key, std::move(message));
@@ -216,7 +212,7 @@ void check_shared_swap(const Config& c, ProblemSink& sink) {
     for (const std::string& b : par.paths) {
       if (!same_directory(a, b)) continue;
       std::string message = "directory ";
-      message.append(quoted(b)).append(" is in both offload.param.path (").append(joined(par.paths))
+      message.append(in_quotes(b)).append(" is in both offload.param.path (").append(joined(par.paths))
           .append(") and offload.optimizer.path (").append(joined(opt.paths))
           .append("), which are not the same list: the two share one swap only when they list the same directories "
                   "in the same order. Give both the same list, or directories apart");

@@ -33,6 +33,7 @@
 #include "config/size_parse.hpp"
 #include "zest/config.hpp"
 #include "zest/error.hpp"
+#include "base/text.hpp"
 
 namespace zest {
 namespace {
@@ -41,11 +42,6 @@ using detail::EnumName;
 using detail::IntRange;
 using detail::NumberRule;
 using detail::SizeRule;
-
-std::string quoted(std::string_view text) {
-  std::string out = "'";
-  return out.append(text).append("'");
-}
 
 bool is_quoted_string(const YAML::Node& node) {
   return node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str";
@@ -56,7 +52,7 @@ std::string describe(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Map: return "a map";
     case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Scalar: return quoted(node.Scalar());
+    case YAML::NodeType::Scalar: return in_quotes(node.Scalar());
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined: break;
   }
@@ -285,7 +281,7 @@ void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
     }
     if (values.count(key) != 0) {
       std::string message = "duplicate key ";
-      message.append(quoted(key)).append(" (first set at line ");
+      message.append(in_quotes(key)).append(" (first set at line ");
       message.append(std::to_string(marks_[key_path].line + 1)).append("); keep one of them");
       report_at(key_node.Mark(), key_path, std::move(message));
       continue;
@@ -341,12 +337,12 @@ void ConfigReader::report_unknown_keys() {
       continue;
     }
     std::string message = "unknown key ";
-    message.append(quoted(unknown.key));
+    message.append(in_quotes(unknown.key));
     if (!best.empty()) {
-      message.append("; did you mean ").append(quoted(best)).append("?");
+      message.append("; did you mean ").append(in_quotes(best)).append("?");
     } else if (!homes.empty()) {
       std::vector<std::string> quoted_homes;
-      for (const std::string& home : homes) quoted_homes.push_back(quoted(home));
+      for (const std::string& home : homes) quoted_homes.push_back(in_quotes(home));
       message.append(" here; it belongs at ").append(join(quoted_homes, " or "));
     } else {
       message.append("; valid keys here: ").append(join(unknown.valid_here, ", "));
