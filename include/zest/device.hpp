@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "zest/base_types.hpp"
 
@@ -38,32 +39,34 @@ struct MemoryStats {
   std::size_t peak_of(MemoryCategory c) const { return peak[static_cast<std::size_t>(c)]; }
 };
 
-// What a block of pinned host memory is for, so its bytes can be shown by purpose:
-//   engine             the engine's own block: the step's scalars, set_param/get_param staging
-//   optimizer_states   offload.optimizer cpu: the shard's fp32 master, m and v (12 B/parameter)
-//   optimizer_staging  the offloaded step's gradient and parameter staging slots (buffer_count)
-//   optimizer_swap     offload.optimizer nvme: buffer_count sub-groups' states, the NVMe I/O buffers
-//   param_shards       offload.param cpu: every offloaded group's shard
-//   param_swap         offload.param nvme: the fetch and update buffers the shards move through
-//   grad_shards        the whole optimizer offloaded at stages 2-3: this rank's accumulated gradient
-//                      shard, and the buffer a micro-batch's reduced gradients land in to be added
-//   other              anything else (a trainer's, a benchmark's)
-enum class HostPurpose : unsigned char {
-  engine, optimizer_states, optimizer_staging, optimizer_swap, param_shards, param_swap, grad_shards, other
+// What a block of pinned host memory is for, as its caller labels it: the device counts each
+// label's bytes apart (HostMemoryStats) and gives labels no meaning. The engine labels its blocks
+// by zest::HostPurpose (zest/host_purpose.hpp); a caller may use any enumeration of its own whose
+// values are below kCount, which converts implicitly. Unlabelled blocks count under the last label.
+class HostLabel {
+ public:
+  static constexpr std::size_t kCount = 8;
+  static constexpr HostLabel unlabelled() { return HostLabel(kCount - 1); }
+  template <class Enum>
+    requires std::is_enum_v<Enum>
+  constexpr HostLabel(Enum value) : index_(static_cast<std::size_t>(value)) {}  // implicit: a label is its value
+  constexpr std::size_t index() const { return index_; }
+
+ private:
+  explicit constexpr HostLabel(std::size_t index) : index_(index) {}
+  std::size_t index_;
 };
-inline constexpr std::size_t kHostPurposeCount = 8;
-std::string_view host_purpose_name(HostPurpose purpose);
 
 // Page-aligned host memory for offload staging, counted apart from device memory.
 struct HostMemoryStats {
   std::size_t current = 0;
   std::size_t peak = 0;
   std::size_t locked = 0;  // of `current`, the bytes that are page-locked (pinned)
-  std::array<std::size_t, kHostPurposeCount> current_by{};  // indexed by HostPurpose
-  std::array<std::size_t, kHostPurposeCount> peak_by{};     // each purpose's own peak
+  std::array<std::size_t, HostLabel::kCount> current_by{};  // indexed by HostLabel::index()
+  std::array<std::size_t, HostLabel::kCount> peak_by{};     // each label's own peak
 
-  std::size_t current_of(HostPurpose p) const { return current_by[static_cast<std::size_t>(p)]; }
-  std::size_t peak_of(HostPurpose p) const { return peak_by[static_cast<std::size_t>(p)]; }
+  std::size_t current_of(HostLabel label) const { return current_by[label.index()]; }
+  std::size_t peak_of(HostLabel label) const { return peak_by[label.index()]; }
 };
 
 class Device;
@@ -111,20 +114,20 @@ class HostBuffer {
   template <class T> T* as() const { return static_cast<T*>(data_); }
   std::size_t bytes() const { return bytes_; }
   bool locked() const { return locked_; }
-  HostPurpose purpose() const { return purpose_; }
+  HostLabel label() const { return label_; }
   explicit operator bool() const { return data_ != nullptr; }
 
  private:
   friend class Device;
-  HostBuffer(Device* owner, void* data, std::size_t bytes, bool locked, HostPurpose purpose)
-      : owner_(owner), data_(data), bytes_(bytes), locked_(locked), purpose_(purpose) {}
+  HostBuffer(Device* owner, void* data, std::size_t bytes, bool locked, HostLabel label)
+      : owner_(owner), data_(data), bytes_(bytes), locked_(locked), label_(label) {}
   void reset() noexcept;
 
   Device* owner_ = nullptr;
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   bool locked_ = false;
-  HostPurpose purpose_ = HostPurpose::other;
+  HostLabel label_ = HostLabel::unlabelled();
 };
 
 // Marks a point in a stream's work. Recording again moves the mark (CUDA event semantics).
@@ -173,9 +176,10 @@ class Device {
   // Counted against the budget; throws OutOfDeviceMemory naming the budget, the request and the
   // largest categories. Aligned to 256 bytes. Contents are unspecified.
   DeviceBuffer allocate(std::size_t bytes, MemoryCategory category);
-  // Pinned host memory for offload, counted separately (pinned_stats), under `purpose`.
+  // Pinned host memory for offload, counted separately (pinned_stats), under `label`. Throws
+  // zest::Error for a label of kCount or more.
   // Page-aligned, pre-faulted.
-  HostBuffer allocate_pinned(std::size_t bytes, HostPurpose purpose = HostPurpose::other);
+  HostBuffer allocate_pinned(std::size_t bytes, HostLabel label = HostLabel::unlabelled());
 
   virtual std::unique_ptr<Stream> create_stream() = 0;
   virtual std::unique_ptr<Event> create_event() = 0;

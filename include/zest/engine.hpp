@@ -68,6 +68,7 @@
 #include "zest/communicator.hpp"
 #include "zest/config.hpp"
 #include "zest/device.hpp"
+#include "zest/host_purpose.hpp"
 
 namespace zest {
 

@@ -9,5 +9,6 @@
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 #include "zest/estimate.hpp"
+#include "zest/host_purpose.hpp"
 #include "zest/runtime.hpp"
 #include "zest/topology.hpp"

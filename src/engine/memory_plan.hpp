@@ -14,6 +14,7 @@
 #include "engine/layout.hpp"
 #include "zest/config.hpp"
 #include "zest/device.hpp"
+#include "zest/host_purpose.hpp"
 
 namespace zest::engine {
 

@@ -1,6 +1,7 @@
 // The Device base: counting and RAII shared by every backend. Backends only move bytes.
 #include "zest/device.hpp"
 
+#include <string>
 #include <utility>
 
 #include "runtime/memory_ledger.hpp"
@@ -14,20 +15,6 @@ std::string_view category_name(MemoryCategory category) {
     case MemoryCategory::grads: return "grads";
     case MemoryCategory::optimizer_states: return "optimizer_states";
     case MemoryCategory::buffers: return "buffers";
-  }
-  return "unknown";
-}
-
-std::string_view host_purpose_name(HostPurpose purpose) {
-  switch (purpose) {
-    case HostPurpose::engine: return "engine";
-    case HostPurpose::optimizer_states: return "optimizer_states";
-    case HostPurpose::optimizer_staging: return "optimizer_staging";
-    case HostPurpose::optimizer_swap: return "optimizer_swap";
-    case HostPurpose::param_shards: return "param_shards";
-    case HostPurpose::param_swap: return "param_swap";
-    case HostPurpose::grad_shards: return "grad_shards";
-    case HostPurpose::other: return "other";
   }
   return "unknown";
 }
@@ -58,7 +45,11 @@ DeviceBuffer Device::allocate(std::size_t bytes, MemoryCategory category) {
   return DeviceBuffer(this, data, bytes, category);
 }
 
-HostBuffer Device::allocate_pinned(std::size_t bytes, HostPurpose purpose) {
+HostBuffer Device::allocate_pinned(std::size_t bytes, HostLabel label) {
+  if (label.index() >= HostLabel::kCount) {
+    throw Error("allocate_pinned: label " + std::to_string(label.index()) + " is not below HostLabel::kCount (" +
+                std::to_string(HostLabel::kCount) + "); use one of kCount labels, or none");
+  }
   if (bytes == 0) return HostBuffer();
   bool locked = false;
   void* data = allocate_pinned_bytes(bytes, locked);
@@ -70,8 +61,8 @@ HostBuffer Device::allocate_pinned(std::size_t bytes, HostPurpose purpose) {
                           .append(": the system has no memory left; lower the offload buffer sizes "
                                   "(offload.sub_group_bytes, offload.*.buffer_count)"));
   }
-  pinned_ledger_->reserve_host(bytes, locked, purpose);
-  return HostBuffer(this, data, bytes, locked, purpose);
+  pinned_ledger_->reserve_host(bytes, locked, label);
+  return HostBuffer(this, data, bytes, locked, label);
 }
 
 void Device::release(DeviceBuffer& buffer) noexcept {
@@ -81,7 +72,7 @@ void Device::release(DeviceBuffer& buffer) noexcept {
 
 void Device::release(HostBuffer& buffer) noexcept {
   free_pinned_bytes(buffer.data_, buffer.bytes_);
-  pinned_ledger_->release_host(buffer.bytes_, buffer.locked_, buffer.purpose_);
+  pinned_ledger_->release_host(buffer.bytes_, buffer.locked_, buffer.label_);
 }
 
 MemoryStats Device::memory_stats() const {
@@ -132,7 +123,7 @@ HostBuffer::HostBuffer(HostBuffer&& other) noexcept
       data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       locked_(std::exchange(other.locked_, false)),
-      purpose_(other.purpose_) {}
+      label_(other.label_) {}
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   if (this != &other) {
@@ -141,7 +132,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     locked_ = std::exchange(other.locked_, false);
-    purpose_ = other.purpose_;
+    label_ = other.label_;
   }
   return *this;
 }

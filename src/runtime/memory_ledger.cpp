@@ -60,7 +60,7 @@ void MemoryLedger::release(std::size_t bytes, MemoryCategory category) noexcept 
   current_total_ -= bytes;
 }
 
-void MemoryLedger::reserve_host(std::size_t bytes, bool locked, HostPurpose purpose) {
+void MemoryLedger::reserve_host(std::size_t bytes, bool locked, HostLabel label) {
   std::lock_guard lock(mutex_);
   const std::size_t i = index_of(MemoryCategory::buffers);
   current_[i] += bytes;
@@ -68,18 +68,18 @@ void MemoryLedger::reserve_host(std::size_t bytes, bool locked, HostPurpose purp
   peak_[i] = std::max(peak_[i], current_[i]);
   peak_total_ = std::max(peak_total_, current_total_);
   if (locked) locked_ += bytes;
-  const auto p = static_cast<std::size_t>(purpose);
-  purpose_current_[p] += bytes;
-  purpose_peak_[p] = std::max(purpose_peak_[p], purpose_current_[p]);
+  const std::size_t l = label.index();
+  label_current_[l] += bytes;
+  label_peak_[l] = std::max(label_peak_[l], label_current_[l]);
 }
 
-void MemoryLedger::release_host(std::size_t bytes, bool locked, HostPurpose purpose) noexcept {
+void MemoryLedger::release_host(std::size_t bytes, bool locked, HostLabel label) noexcept {
   std::lock_guard lock(mutex_);
   const std::size_t i = index_of(MemoryCategory::buffers);
   current_[i] -= bytes;
   current_total_ -= bytes;
   if (locked) locked_ -= bytes;
-  purpose_current_[static_cast<std::size_t>(purpose)] -= bytes;
+  label_current_[label.index()] -= bytes;
 }
 
 void MemoryLedger::throw_out_of_memory(std::size_t bytes, MemoryCategory category,
@@ -133,7 +133,7 @@ MemoryStats MemoryLedger::stats() const {
 
 HostMemoryStats MemoryLedger::host_stats() const {
   std::lock_guard lock(mutex_);
-  HostMemoryStats stats{current_total_, peak_total_, locked_, purpose_current_, purpose_peak_};
+  HostMemoryStats stats{current_total_, peak_total_, locked_, label_current_, label_peak_};
   return stats;
 }
 
@@ -141,7 +141,7 @@ void MemoryLedger::reset_peak() {
   std::lock_guard lock(mutex_);
   peak_ = current_;
   peak_total_ = current_total_;
-  purpose_peak_ = purpose_current_;
+  label_peak_ = label_current_;
 }
 
 }  // namespace zest

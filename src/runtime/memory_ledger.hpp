@@ -25,9 +25,9 @@ class MemoryLedger {
   void release(std::size_t bytes, MemoryCategory category) noexcept;
 
   // Pinned host memory: counted under `buffers`, also as locked when `locked`, and under its
-  // purpose (host_stats' figures by purpose).
-  void reserve_host(std::size_t bytes, bool locked, HostPurpose purpose);
-  void release_host(std::size_t bytes, bool locked, HostPurpose purpose) noexcept;
+  // label (host_stats' figures by label).
+  void reserve_host(std::size_t bytes, bool locked, HostLabel label);
+  void release_host(std::size_t bytes, bool locked, HostLabel label) noexcept;
 
   // Throws OutOfDeviceMemory for a request of `bytes` under `category` that failed for `reason`,
   // with the ledger's figures in the message (also used when the backend itself runs out).
@@ -50,8 +50,8 @@ class MemoryLedger {
   std::size_t current_total_ = 0;
   std::size_t peak_total_ = 0;
   std::size_t locked_ = 0;
-  std::array<std::size_t, kHostPurposeCount> purpose_current_{};
-  std::array<std::size_t, kHostPurposeCount> purpose_peak_{};
+  std::array<std::size_t, HostLabel::kCount> label_current_{};
+  std::array<std::size_t, HostLabel::kCount> label_peak_{};
 };
 
 // "1.50 MiB (1572864 bytes)": how the ledger's messages print sizes.

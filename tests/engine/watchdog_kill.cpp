@@ -3,7 +3,7 @@
 //
 //   watchdog_kill train DIR KILL_RANK   trains steps 1-2 of a stage-3 model, saves DIR, then in
 //                                       step 3's backward KILL_RANK kills itself; every other rank
-//                                       must get CommError from the engine (comm.timeout: 5s)
+//                                       must get CommError from the engine (comm.timeout: 3s)
 //                                       and prints it, with the seconds it took, then exits 3
 //   watchdog_kill load DIR              loads DIR (step 2) and trains step 3 to the end
 //
@@ -27,7 +27,7 @@ zest::Config config() {
   return zest::parse_config(
       "stage: 3\n"
       "device: {memory: 64MiB}\n"
-      "comm: {timeout: 5s}\n"
+      "comm: {timeout: 3s}\n"
       "buckets: {reduce: 16KiB, allgather: 16KiB}\n"
       "stage3: {prefetch: 16KiB, persistence_threshold: 0}\n");
 }

@@ -23,7 +23,8 @@ PARTS = [
     ("offload", 2, ["offload/"]),
     ("optim", 2, ["src/optim/", "kernels/"]),
     ("checkpoint", 3, ["src/checkpoint/", "include/zest/checkpoint.hpp"]),
-    ("engine", 4, ["src/engine/", "include/zest/engine.hpp", "include/zest/estimate.hpp"]),
+    ("engine", 4, ["src/engine/", "include/zest/engine.hpp", "include/zest/estimate.hpp",
+                   "include/zest/host_purpose.hpp"]),
     ("torch", 5, ["src/torch/", "include/zest/torch.hpp"]),
     ("api", 5, ["include/zest/zest.hpp"]),  # the umbrella header: everything below it
     ("python", 6, ["src/python/"]),

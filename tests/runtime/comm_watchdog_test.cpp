@@ -21,10 +21,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Long enough that a healthy collective on a loaded 2-core machine never reaches it.
-constexpr auto kTimeout = std::chrono::seconds(4);
+// Long enough that this file's healthy collectives (a few floats, nothing computed between them)
+// never reach it on a loaded 2-core machine; short, since each case that times out waits for it.
+constexpr auto kTimeout = std::chrono::seconds(2);
 // The watchdog waits at most min(max(timeout, 1 s), 5 s) for answers; the rest is scheduling.
-constexpr auto kLatest = kTimeout + std::chrono::seconds(4) + std::chrono::seconds(15);
+constexpr auto kLatest = kTimeout + std::chrono::seconds(2) + std::chrono::seconds(15);
 
 class CommWatchdogTest : public testing::Test {
  protected:
@@ -124,7 +125,7 @@ TEST_F(CommWatchdogTest, ARankThatSkipsACollectiveIsNamedOnEveryRank) {
   const std::string error = error_of([&] { stream_->synchronize(); });
   if (rank_ != skipper) {
     expect_has(error, "all_reduce #3 on rank " + std::to_string(rank_));
-    expect_has(error, "not complete after 4 s (comm.timeout)");
+    expect_has(error, "not complete after 2 s (comm.timeout)");
     expect_has(error, "rank " + std::to_string(skipper) + ": not in a collective, after 2: behind");
     if (size_ > 2) expect_has(error, "blocked in all_reduce #3 as well");
     expect_has(error, "end the process");
@@ -150,7 +151,7 @@ TEST_F(CommWatchdogTest, ARankThatIssuesOneMoreIsNamedOnEveryRank) {
   std::string error;
   if (rank_ == 0) {
     error = error_of([&] { stream_->synchronize(); });
-    expect_has(error, "all_reduce #3 on rank 0: not complete after 4 s");
+    expect_has(error, "all_reduce #3 on rank 0: not complete after 2 s");
     std::set<int> others;
     for (int rank = 1; rank < size_; ++rank) others.insert(rank);
     EXPECT_EQ(ranks_named(error, "not in a collective, after 2: behind"), others) << error;
@@ -159,7 +160,7 @@ TEST_F(CommWatchdogTest, ARankThatIssuesOneMoreIsNamedOnEveryRank) {
   } else {
     stream_->synchronize();  // its two collectives completed
     error = error_of([&] { comm_->barrier(); });
-    expect_has(error, "barrier #1 on rank " + std::to_string(rank_) + ": not complete after 4 s");
+    expect_has(error, "barrier #1 on rank " + std::to_string(rank_) + ": not complete after 2 s");
     expect_has(error, "rank 0: not in a barrier, after 0: behind");
     expect_has(error, "all_reduce #3");
   }

@@ -11,6 +11,7 @@
 #include <latch>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -371,6 +372,35 @@ TEST(CpuDevice, PinnedMoveAssignReleasesTheOldBlock) {
   EXPECT_EQ(a.bytes(), 5000u);
   a = HostBuffer();
   EXPECT_EQ(device->pinned_stats().current, 0u);
+}
+
+// The device counts pinned memory by the caller's labels without knowing them: any enumeration
+// below HostLabel::kCount is a label, unlabelled blocks count under the last one, and a label out
+// of range is refused before anything is allocated.
+enum class TrainerLabel : unsigned char { activations = 2, data = 5, past_the_end = HostLabel::kCount };
+
+TEST(CpuDevice, PinnedMemoryIsCountedByTheCallersLabels) {
+  auto device = make_cpu_device(4096);
+  HostBuffer a = device->allocate_pinned(1000, TrainerLabel::activations);
+  HostBuffer b = device->allocate_pinned(3000, TrainerLabel::data);
+  HostBuffer c = device->allocate_pinned(500);
+  const HostMemoryStats stats = device->pinned_stats();
+  EXPECT_EQ(stats.current_of(TrainerLabel::activations), 1000u);
+  EXPECT_EQ(stats.current_of(TrainerLabel::data), 3000u);
+  EXPECT_EQ(stats.current_of(HostLabel::unlabelled()), 500u);
+  EXPECT_EQ(stats.current, 4500u);
+  EXPECT_EQ(b.label().index(), 5u);
+  b = HostBuffer();
+  EXPECT_EQ(device->pinned_stats().current_of(TrainerLabel::data), 0u);
+  EXPECT_EQ(device->pinned_stats().peak_of(TrainerLabel::data), 3000u);
+  try {
+    static_cast<void>(device->allocate_pinned(100, TrainerLabel::past_the_end));
+    ADD_FAILURE() << "a label past HostLabel::kCount was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("label 8 is not below HostLabel::kCount (8)"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(device->pinned_stats().current, 1500u);
 }
 
 }  // namespace

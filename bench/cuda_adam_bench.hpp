@@ -1,4 +1,4 @@
-// The CUDA half of `zest bench adam --device cuda` (kernels/adam_bench.cu), kept out of the
+// The CUDA half of `zest bench adam --device cuda` (bench/cuda_adam_bench.cu), kept out of the
 // benchmark's C++ so the zest command needs no CUDA headers.
 #pragma once
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kernels/adam.hpp"
-#include "kernels/adam_bench.hpp"
+#include "cuda_adam_bench.hpp"
 #include "runtime/cuda_check.hpp"
 
 namespace zest::kernels {
