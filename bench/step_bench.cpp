@@ -492,13 +492,13 @@ int bench_step(int argc, char** argv) {
                                                : engines * (model_bytes + model_bytes / 16 + (std::size_t{256} << 20));
     config = parse_config(to_yaml(config));  // validated like a user's file
 
-    Runtime runtime(config);
-    if (o.shared_placement) {
-      // What zest did before placement: no rank's cpus (so every CPU Adam pins its calling thread
-      // to the first allowed cpu) and hardware threads / world size Adam threads per rank.
-      detail::set_rank_cpus(detail::allowed_cpus());
+    // --placement shared: what zest did before placement: every rank's threads on every allowed cpu,
+    // and hardware threads / world size Adam threads per rank.
+    const auto runtime_owner = o.shared_placement ? std::make_unique<Runtime>(config, detail::allowed_cpus())
+                                                  : std::make_unique<Runtime>(config);
+    Runtime& runtime = *runtime_owner;
+    if (o.shared_placement)
       config.optimizer.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / runtime.world_size());
-    }
     Communicator& comm = runtime.comm();
     const bool lead = runtime.rank() == 0;
     const std::string load_before = load_average();

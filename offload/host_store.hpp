@@ -24,7 +24,7 @@ namespace zest::offload {
 class HostStore final : public Store {
  public:
   // `device` provides the pinned memory and must outlive the store. `cpus`: pin the worker there
-  // (empty = the rank's cpus, see start_worker_thread). Throws SystemError when pinning fails.
+  // (empty = where it was started, see start_worker_thread). Throws SystemError when pinning fails.
   HostStore(Device& device, const IoConfig& io, std::vector<int> cpus = {});
   // Waits for every transfer, then stops the worker and frees the regions.
   ~HostStore() override;

@@ -56,7 +56,7 @@ struct NvmeStoreOptions {
   std::vector<std::string> directories;
   int rank = 0;
   IoConfig io;            // block_size, queue_depth (per ring), threads (rings), direct, checksum
-  std::vector<int> cpus;  // pin the I/O threads here; empty = the rank's cpus (start_worker_thread)
+  std::vector<int> cpus;  // pin the I/O threads here; empty = where they were started (start_worker_thread)
   bool keep_file = false; // leave the files behind at destruction (default: remove them)
   // Receives the one-line warnings (O_DIRECT refused, no fallocate). Default: stderr.
   std::function<void(const std::string&)> warn;

@@ -4,7 +4,6 @@
 #include <future>
 #include <utility>
 
-#include "runtime/thread_binding.hpp"
 #include "zest/topology.hpp"
 
 namespace zest::offload {
@@ -14,12 +13,7 @@ std::thread start_worker_thread(std::vector<int> cpus, std::function<void()> bod
   std::future<void> started_future = started.get_future();
   std::thread thread([&started, cpus = std::move(cpus), body = std::move(body)] {
     try {
-      if (!cpus.empty()) {
-        Topology::bind_current_thread(cpus);
-      } else {
-        // A speed matter, like the Adam's pinning: a refusal is no reason to fail the store.
-        static_cast<void>(detail::try_bind_current_thread_to_rank_cpus());
-      }
+      if (!cpus.empty()) Topology::bind_current_thread(cpus);
       started.set_value();  // `started` is not touched after this: the caller may return
     } catch (...) {
       started.set_exception(std::current_exception());

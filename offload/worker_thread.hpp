@@ -8,9 +8,8 @@
 
 namespace zest::offload {
 
-// Starts a thread that binds itself to `cpus` (empty: to the rank's cpus when a Runtime established
-// them, best effort, so a store built without cpus still keeps off the other ranks' cores; else
-// left as created) and then runs `body`. Returns
+// Starts a thread that binds itself to `cpus` (empty: left with the binding it inherits from its
+// creator; the engine passes the rank's, Device::host_cpus) and then runs `body`. Returns
 // once the binding is done; when it fails, joins the thread and rethrows its SystemError.
 std::thread start_worker_thread(std::vector<int> cpus, std::function<void()> body);
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "zest/base_types.hpp"
 
@@ -191,11 +192,16 @@ class Device {
 
   MemoryStats memory_stats() const;
   HostMemoryStats pinned_stats() const;
+  // The cpus (OS indices) this rank's host threads run on: the device's stream workers, and the
+  // CPU Adam's and offload stores' threads that the engine starts for it (Runtime chooses them,
+  // Topology::cpus_for_rank). Empty where none were chosen: threads keep the binding they inherit,
+  // and the CPU Adam spreads over every cpu the process may use.
+  const std::vector<int>& host_cpus() const { return host_cpus_; }
   // Starts a new peak window (e.g. per step): peaks restart from the current figures.
   void reset_peak();
 
  protected:
-  explicit Device(std::size_t budget);
+  explicit Device(std::size_t budget, std::vector<int> host_cpus = {});
 
   // Backend primitives. allocate_bytes returns nullptr when the backend itself is out of memory.
   virtual void* allocate_bytes(std::size_t bytes) = 0;
@@ -214,14 +220,16 @@ class Device {
 
   std::unique_ptr<MemoryLedger> device_ledger_;
   std::unique_ptr<MemoryLedger> pinned_ledger_;
+  std::vector<int> host_cpus_;
 };
 
-// The cpu backend: device memory is host memory under `budget` bytes.
-std::unique_ptr<Device> make_cpu_device(std::size_t budget);
+// The cpu backend: device memory is host memory under `budget` bytes. `host_cpus`: see
+// Device::host_cpus (its streams' workers run there).
+std::unique_ptr<Device> make_cpu_device(std::size_t budget, std::vector<int> host_cpus = {});
 // The cuda backend on GPU `ordinal` modulo the number of visible GPUs (so a rank may pass its local
 // rank); `budget` 0 = what the GPU has. Throws SystemError when zest was built without CUDA or no
 // GPU is visible.
-std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget);
+std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::vector<int> host_cpus = {});
 // True when zest was built with CUDA and at least one GPU is visible.
 bool cuda_device_available();
 

@@ -28,6 +28,9 @@ class Runtime {
   // then the local communicator (collectives over one rank are copies), nccl runs over one rank,
   // and a process that a launcher started as one of several ranks gets SystemError.
   explicit Runtime(const Config& config);
+  // The same with this rank's cpus chosen by the program (its own placement) instead of
+  // Topology::cpus_for_rank. Throws zest::Error for an empty list.
+  Runtime(const Config& config, std::vector<int> cpus);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -41,10 +44,13 @@ class Runtime {
   Communicator& comm() { return *comm_; }
   const Topology& topology() const { return topology_; }
   // The cpus this rank's host threads (Adam, offload workers, the cpu device's streams) run on,
-  // from Topology::cpus_for_rank; `optimizer.threads: 0` means one Adam thread per cpu here.
+  // from Topology::cpus_for_rank unless the program chose them; `optimizer.threads: 0` means one
+  // Adam thread per cpu here. The device carries them (Device::host_cpus).
   const std::vector<int>& cpus() const { return cpus_; }
 
  private:
+  Runtime(const Config& config, const std::vector<int>* chosen_cpus);
+
   std::unique_ptr<World> world_;
   Topology topology_;
   std::unique_ptr<Device> device_;

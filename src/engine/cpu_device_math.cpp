@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "engine/device_math.hpp"
 #include "runtime/half.hpp"
@@ -28,7 +30,8 @@ void accumulate_now(void* dst, const void* src, std::size_t count, DType dtype, 
 // ever used by that stream's worker.
 class CpuDeviceMath final : public DeviceMath {
  public:
-  CpuDeviceMath(const optim::AdamHyperParams& hyper, int threads) : hyper_(hyper), adam_(hyper, threads) {}
+  CpuDeviceMath(const optim::AdamHyperParams& hyper, int threads, std::vector<int> cpus)
+      : hyper_(hyper), adam_(hyper, threads, std::move(cpus)) {}
 
   void accumulate(void* dst, const void* src, std::size_t count, DType dtype, bool first,
                   Stream& stream) override {
@@ -77,8 +80,9 @@ class CpuDeviceMath final : public DeviceMath {
 
 }  // namespace
 
-std::unique_ptr<DeviceMath> make_cpu_device_math(const optim::AdamHyperParams& hyper, int threads) {
-  return std::make_unique<CpuDeviceMath>(hyper, threads);
+std::unique_ptr<DeviceMath> make_cpu_device_math(const optim::AdamHyperParams& hyper, int threads,
+                                                 std::vector<int> cpus) {
+  return std::make_unique<CpuDeviceMath>(hyper, threads, std::move(cpus));
 }
 
 }  // namespace zest::engine

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "optim/adam_math.hpp"
 #include "optim/cpu_adam.hpp"
@@ -69,14 +70,17 @@ class DeviceMath {
 };
 
 // The math for `device`'s backend. `threads`: the CPU Adam's threads (cpu only; 0 = one per cpu of
-// this rank, detail::rank_cpus). `max_spans`: the most spans one call passes, so the calls
+// this rank, Device::host_cpus). `max_spans`: the most spans one call passes, so the calls
 // themselves allocate nothing. Throws SystemError for a cuda device when zest was built without
 // CUDA.
 std::unique_ptr<DeviceMath> make_device_math(Device& device, const optim::AdamHyperParams& hyper,
                                              int threads, std::size_t max_spans);
 
 // The backends, for make_device_math.
-std::unique_ptr<DeviceMath> make_cpu_device_math(const optim::AdamHyperParams& hyper, int threads);
+// `cpus`: where the CPU Adam runs (CpuAdam's: empty = every allowed cpu; the engine passes the
+// rank's, Device::host_cpus).
+std::unique_ptr<DeviceMath> make_cpu_device_math(const optim::AdamHyperParams& hyper, int threads,
+                                                 std::vector<int> cpus = {});
 std::unique_ptr<DeviceMath> make_cuda_device_math(Device& device, const optim::AdamHyperParams& hyper,
                                                   std::size_t max_spans);
 

@@ -36,7 +36,7 @@ namespace {
 // optimizer and the parameters when both list the same directories (validate refuses lists that
 // only overlap): one store per directory list keeps one file per rank in each directory.
 std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTarget& target, int rank,
-                                           std::shared_ptr<offload::Store>& shared,
+                                           const std::vector<int>& cpus, std::shared_ptr<offload::Store>& shared,
                                            std::vector<std::string>& shared_paths) {
   if (target.device != OffloadDevice::nvme) return nullptr;
   if (shared && shared_paths == target.paths) return shared;
@@ -44,6 +44,7 @@ std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTa
   options.directories = target.paths;
   options.rank = rank;
   options.io = config.io;
+  options.cpus = cpus;
   shared = std::make_shared<offload::NvmeStore>(std::move(options));
   shared_paths = target.paths;
   return shared;
@@ -150,8 +151,8 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   std::shared_ptr<offload::Store> shared_store;
   std::vector<std::string> store_path;
   std::shared_ptr<offload::Store> optimizer_store, param_store;
-  if (s.plan.offload_optimizer) optimizer_store = nvme_store(config, config.offload.optimizer, comm.rank(), shared_store, store_path);
-  if (s.plan.offload_params) param_store = nvme_store(config, config.offload.param, comm.rank(), shared_store, store_path);
+  if (s.plan.offload_optimizer) optimizer_store = nvme_store(config, config.offload.optimizer, comm.rank(), device.host_cpus(), shared_store, store_path);
+  if (s.plan.offload_params) param_store = nvme_store(config, config.offload.param, comm.rank(), device.host_cpus(), shared_store, store_path);
   s.staging = std::make_unique<engine::HostStaging>(device, s.plan, config.precision.dtype);
   s.params = std::make_unique<engine::ParamGather>(config, device, comm, stream, s.layout, s.plan, *s.staging,
                                                    std::move(param_store));

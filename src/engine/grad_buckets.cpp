@@ -41,7 +41,8 @@ GradBuckets::GradBuckets(const Config& config, Device& device, Communicator& com
     if (device.type() == DeviceType::cpu) {
       host_math_ = &math;
     } else {
-      own_host_math_ = make_cpu_device_math(optim::hyper_params_from(config.optimizer), config.optimizer.threads);
+      own_host_math_ = make_cpu_device_math(optim::hyper_params_from(config.optimizer), config.optimizer.threads,
+                                            device.host_cpus());
       host_math_ = own_host_math_.get();
     }
   }

@@ -39,7 +39,7 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
         dtype(t),
         store(std::move(s)),
         slots(static_cast<std::size_t>(config.offload.optimizer.buffer_count)),
-        adam(optim::hyper_params_from(config.optimizer), threads),
+        adam(optim::hyper_params_from(config.optimizer), threads, device.host_cpus()),
         down(d.create_stream()),
         up(d.create_stream()) {
     if (slots < 2)

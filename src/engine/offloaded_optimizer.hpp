@@ -57,7 +57,7 @@ class OffloadedOptimizer final : public OptimizerStates {
  public:
   // `plan`: its range, sub-groups and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be
   // shared with the parameters' offload), null for cpu. `threads`: the CPU Adam's (0 = one per cpu of
-  // this rank, detail::rank_cpus). Throws OutOfDeviceMemory/SystemError from
+  // this rank, Device::host_cpus). Throws OutOfDeviceMemory/SystemError from
   // the pinned allocations, IoError from the store.
   // `runs`: the optimizer parameter groups over the shard (kept by the caller).
   OffloadedOptimizer(const Config& config, Device& device, const OptimizerOffloadPlan& plan, DType dtype,

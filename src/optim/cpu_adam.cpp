@@ -10,13 +10,14 @@
 namespace zest::optim {
 namespace {
 
-// `cpus` empty: the rank's (detail::rank_cpus), and with threads 0 one thread per cpu there.
+// `cpus` empty: every cpu the process may use (detail::allowed_cpus), and with threads 0 one thread
+// per cpu there.
 // Resolved once, here, so the thread count and the arena's cpus cannot disagree.
 PinnedArena make_arena(int threads, std::vector<int> cpus) {
   if (threads < 0)
     throw Error(std::string("CPU Adam thread count must be >= 0 (0 = one per CPU), got ")
                     .append(std::to_string(threads)));
-  if (cpus.empty()) cpus = detail::rank_cpus();
+  if (cpus.empty()) cpus = detail::allowed_cpus();
   if (threads == 0) threads = static_cast<int>(cpus.size());
   return PinnedArena(threads, std::move(cpus));
 }

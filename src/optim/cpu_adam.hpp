@@ -42,8 +42,8 @@ class CpuAdam {
   // one core's L2 while it works through them.
   static constexpr std::size_t kTileElements = 16384;
 
-  // threads 0: one per CPU in `cpus`. `cpus` empty: this rank's cpus (detail::rank_cpus: the
-  // Runtime's share of the machine, or every CPU this process may use without one). The variant
+  // threads 0: one per CPU in `cpus`. `cpus` empty: every CPU this process may use (the engine
+  // passes the rank's share of the machine, Device::host_cpus, where the Runtime chose one). The variant
   // is select_isa()'s (ZEST_ADAM_ISA forces one). Throws zest::Error on invalid arguments.
   CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpus = {});
   CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpus, Isa isa);

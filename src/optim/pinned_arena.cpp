@@ -69,7 +69,7 @@ PinnedArena::PinnedArena(int threads, std::vector<int> cpus) {
   if (threads < 1)
     throw Error(std::string("CPU Adam needs at least one thread, got ")
                     .append(std::to_string(threads)).append("; set optimizer.threads >= 0"));
-  if (cpus.empty()) cpus = detail::rank_cpus();
+  if (cpus.empty()) cpus = detail::allowed_cpus();
   const std::vector<int> allowed = detail::allowed_cpus();
   for (int cpu : cpus) {
     bool found = false;

@@ -11,8 +11,8 @@ namespace zest::optim {
 
 class PinnedArena {
  public:
-  // `threads` >= 1. Thread i of the arena runs on cpus[i % cpus.size()]; empty `cpus` means this
-  // rank's cpus (detail::rank_cpus). Throws zest::Error naming a CPU the process may not use.
+  // `threads` >= 1. Thread i of the arena runs on cpus[i % cpus.size()]; empty `cpus` means every
+  // cpu the process may use (detail::allowed_cpus). Throws zest::Error naming a CPU the process may not use.
   PinnedArena(int threads, std::vector<int> cpus);
   ~PinnedArena();
   PinnedArena(const PinnedArena&) = delete;

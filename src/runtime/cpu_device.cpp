@@ -37,8 +37,8 @@ void prefault(void* data, std::size_t length) {
 
 }  // namespace
 
-CpuDevice::CpuDevice(std::size_t budget)
-    : Device(budget), streams_(std::make_shared<detail::CpuStreamRegistry>()) {
+CpuDevice::CpuDevice(std::size_t budget, std::vector<int> host_cpus)
+    : Device(budget, std::move(host_cpus)), streams_(std::make_shared<detail::CpuStreamRegistry>()) {
   if (budget == 0) {
     throw Error(
         "cpu device: the memory budget is 0 bytes; set device.memory to the bytes zest may use "
@@ -49,7 +49,7 @@ CpuDevice::CpuDevice(std::size_t budget)
 // Streams, buffers and events must go before their device (the Device contract); nothing to drain.
 CpuDevice::~CpuDevice() = default;
 
-std::unique_ptr<Stream> CpuDevice::create_stream() { return std::make_unique<CpuStream>(streams_); }
+std::unique_ptr<Stream> CpuDevice::create_stream() { return std::make_unique<CpuStream>(streams_, host_cpus()); }
 
 std::unique_ptr<Event> CpuDevice::create_event() { return std::make_unique<CpuEvent>(); }
 
@@ -105,8 +105,8 @@ void CpuDevice::free_pinned_bytes(void* data, std::size_t bytes) noexcept {
   (void)::munmap(data, round_up(bytes, page_size()));
 }
 
-std::unique_ptr<Device> make_cpu_device(std::size_t budget) {
-  return std::make_unique<CpuDevice>(budget);
+std::unique_ptr<Device> make_cpu_device(std::size_t budget, std::vector<int> host_cpus) {
+  return std::make_unique<CpuDevice>(budget, std::move(host_cpus));
 }
 
 }  // namespace zest

@@ -19,8 +19,8 @@ class CpuDevice final : public Device {
   // Pinned blocks at least this large ask for transparent huge pages.
   static constexpr std::size_t kHugePageThreshold = std::size_t{2} << 20;
 
-  // Throws zest::Error when `budget` is 0.
-  explicit CpuDevice(std::size_t budget);
+  // Throws zest::Error when `budget` is 0. `host_cpus`: Device::host_cpus.
+  explicit CpuDevice(std::size_t budget, std::vector<int> host_cpus = {});
   ~CpuDevice() override;
 
   DeviceType type() const override { return DeviceType::cpu; }

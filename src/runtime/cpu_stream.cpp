@@ -40,7 +40,7 @@ class CpuStreamWorker {
     std::function<void(bool)> lockstep;
   };
 
-  CpuStreamWorker() : thread_([this] { run(); }) {}
+  explicit CpuStreamWorker(std::vector<int> cpus) : cpus_(std::move(cpus)), thread_([this] { run(); }) {}
 
   ~CpuStreamWorker() { stop(); }
 
@@ -80,7 +80,7 @@ class CpuStreamWorker {
   void run() {
     // A stream's work (copies to and from the host, the MPI collectives) is this rank's host work:
     // it keeps to the rank's cores. A refused binding only costs speed.
-    static_cast<void>(try_bind_current_thread_to_rank_cpus());
+    if (!cpus_.empty()) static_cast<void>(try_bind_current_thread(cpus_));
     std::unique_lock lock(mutex_);
     for (;;) {
       work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -125,6 +125,7 @@ class CpuStreamWorker {
     }
   }
 
+  const std::vector<int> cpus_;  // where the worker runs; empty: where it was started
   std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;
@@ -195,8 +196,8 @@ void CpuEvent::set_mark(std::shared_ptr<detail::CpuMark> mark) {
   mark_ = std::move(mark);
 }
 
-CpuStream::CpuStream(std::shared_ptr<detail::CpuStreamRegistry> registry)
-    : registry_(std::move(registry)), worker_(std::make_shared<detail::CpuStreamWorker>()) {
+CpuStream::CpuStream(std::shared_ptr<detail::CpuStreamRegistry> registry, std::vector<int> cpus)
+    : registry_(std::move(registry)), worker_(std::make_shared<detail::CpuStreamWorker>(std::move(cpus))) {
   if (registry_) registry_->add(worker_);
 }
 

@@ -83,8 +83,9 @@ class CpuEvent final : public Event {
 
 class CpuStream final : public Stream {
  public:
-  // `registry` (may be null) is the creating device's list of streams.
-  explicit CpuStream(std::shared_ptr<detail::CpuStreamRegistry> registry = nullptr);
+  // `registry` (may be null) is the creating device's list of streams. `cpus`: where its worker
+  // runs (best effort; empty: it keeps the binding of the thread that creates the stream).
+  explicit CpuStream(std::shared_ptr<detail::CpuStreamRegistry> registry = nullptr, std::vector<int> cpus = {});
   ~CpuStream() override;
   CpuStream(const CpuStream&) = delete;
   CpuStream& operator=(const CpuStream&) = delete;

@@ -15,7 +15,7 @@ constexpr const char* kRebuildHint =
 
 }  // namespace
 
-std::unique_ptr<Device> make_cuda_device(int /*ordinal*/, std::size_t /*budget*/) {
+std::unique_ptr<Device> make_cuda_device(int /*ordinal*/, std::size_t /*budget*/, std::vector<int> /*host_cpus*/) {
   throw SystemError(kRebuildHint);
 }
 

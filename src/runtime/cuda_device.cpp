@@ -244,8 +244,8 @@ class CudaStream final : public Stream {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, std::size_t budget, std::string gpu_name)
-      : Device(budget), ordinal_(ordinal), name_(device_label(ordinal)) {
+  CudaDevice(int ordinal, std::size_t budget, std::string gpu_name, std::vector<int> host_cpus)
+      : Device(budget, std::move(host_cpus)), ordinal_(ordinal), name_(device_label(ordinal)) {
     name_.append(" (").append(gpu_name).append(")");
   }
 
@@ -438,7 +438,7 @@ bool cuda_device_available() {
   return count > 0;
 }
 
-std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget) {
+std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::vector<int> host_cpus) {
   if (ordinal < 0) {
     throw SystemError(std::string("cuda device ordinal ")
                           .append(std::to_string(ordinal))
@@ -462,7 +462,7 @@ std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget) {
   cudaDeviceProp properties{};
   ZEST_CUDA_CHECK(cudaGetDeviceProperties(&properties, chosen));
   const std::size_t resolved_budget = budget == 0 ? properties.totalGlobalMem : budget;
-  return std::make_unique<CudaDevice>(chosen, resolved_budget, properties.name);
+  return std::make_unique<CudaDevice>(chosen, resolved_budget, properties.name, std::move(host_cpus));
 }
 
 }  // namespace zest

@@ -19,9 +19,10 @@ std::string_view category_name(MemoryCategory category) {
   return "unknown";
 }
 
-Device::Device(std::size_t budget)
+Device::Device(std::size_t budget, std::vector<int> host_cpus)
     : device_ledger_(std::make_unique<MemoryLedger>(budget)),
-      pinned_ledger_(std::make_unique<MemoryLedger>(0)) {}
+      pinned_ledger_(std::make_unique<MemoryLedger>(0)),
+      host_cpus_(std::move(host_cpus)) {}
 
 Device::~Device() = default;
 

@@ -1,7 +1,7 @@
 #include "zest/runtime.hpp"
 
-#include "runtime/thread_binding.hpp"
 #include "runtime/world.hpp"
+#include "zest/error.hpp"
 
 namespace zest {
 namespace {
@@ -13,24 +13,29 @@ CommBackend resolve_backend(const Config& config) {
 
 }  // namespace
 
-Runtime::Runtime(const Config& config) : world_(make_world()), topology_(Topology::detect()) {
+Runtime::Runtime(const Config& config) : Runtime(config, nullptr) {}
+
+Runtime::Runtime(const Config& config, std::vector<int> cpus) : Runtime(config, &cpus) {}
+
+Runtime::Runtime(const Config& config, const std::vector<int>* chosen_cpus)
+    : world_(make_world()), topology_(Topology::detect()) {
   const int ordinal = world_->local_rank();
-  device_ = config.device.type == DeviceType::cuda ? make_cuda_device(ordinal, config.device.memory)
-                                                   : make_cpu_device(config.device.memory);
+  if (chosen_cpus && chosen_cpus->empty())
+    throw Error("Runtime: the list of this rank's cpus is empty; give at least one, or let zest choose");
+  cpus_ = chosen_cpus ? *chosen_cpus
+                      : topology_.cpus_for_rank(config.device.type, ordinal, world_->local_rank(), world_->local_size());
+  // The device carries the rank's cpus to every host thread zest starts for it (its streams, and
+  // the engine's CPU Adam and offload workers: Device::host_cpus).
+  device_ = config.device.type == DeviceType::cuda ? make_cuda_device(ordinal, config.device.memory, cpus_)
+                                                   : make_cpu_device(config.device.memory, cpus_);
   comm_ = resolve_backend(config) == CommBackend::nccl ? world_->make_nccl_communicator(*device_, config.comm.timeout)
                                                        : world_->make_host_communicator(*device_, config.comm.timeout);
-  cpus_ = topology_.cpus_for_rank(config.device.type, ordinal, world_->local_rank(),
-                                  world_->local_size());
-  // From here on every host thread zest starts for this rank (Adam, offload workers, streams)
-  // runs on these cpus, without the engine's interfaces carrying them.
-  detail::set_rank_cpus(cpus_);
 }
 
 // The communicator and the device go before the world (MPI may be finalized with it).
 Runtime::~Runtime() {
   comm_.reset();
   device_.reset();
-  detail::set_rank_cpus({});
 }
 
 int Runtime::rank() const { return world_->rank(); }

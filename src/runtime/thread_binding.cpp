@@ -1,7 +1,6 @@
 #include "runtime/thread_binding.hpp"
 
 #include <cerrno>
-#include <mutex>
 #include <utility>
 
 #include "runtime/sys_check.hpp"
@@ -9,9 +8,6 @@
 
 namespace zest::detail {
 namespace {
-
-std::mutex rank_cpus_mutex;
-std::vector<int> established_rank_cpus;  // empty: none established
 
 // The noexcept binders cannot throw what a failed first load throws; they report it as a refusal.
 hwloc_topology_t process_topology_or_null() noexcept {
@@ -69,19 +65,6 @@ std::vector<int> allowed_cpus() {
   return bitmap_indices(hwloc_topology_get_allowed_cpuset(process_topology()));
 }
 
-std::vector<int> rank_cpus() {
-  {
-    const std::lock_guard lock(rank_cpus_mutex);
-    if (!established_rank_cpus.empty()) return established_rank_cpus;
-  }
-  return allowed_cpus();
-}
-
-void set_rank_cpus(std::vector<int> cpus) {
-  const std::lock_guard lock(rank_cpus_mutex);
-  established_rank_cpus = std::move(cpus);
-}
-
 bool try_bind_current_thread(const std::vector<int>& cpus) noexcept {
   hwloc_topology_t topology = process_topology_or_null();
   if (topology == nullptr) return false;
@@ -116,20 +99,6 @@ bool try_bind_current_thread(int cpu) noexcept {
     return false;
   }
   return bind_current_thread_to(topology, std::move(set));
-}
-
-bool try_bind_current_thread_to_rank_cpus() noexcept {
-  try {
-    std::vector<int> cpus;
-    {
-      const std::lock_guard lock(rank_cpus_mutex);
-      cpus = established_rank_cpus;
-    }
-    return cpus.empty() || try_bind_current_thread(cpus);
-  } catch (...) {  // out of memory copying the list
-    errno = ENOMEM;
-    return false;
-  }
 }
 
 void unbind_current_thread() noexcept {

@@ -37,29 +37,12 @@ hwloc_topology_t process_topology();
 // leaves out those a cgroup cpuset forbids. Throws SystemError when the topology cannot load.
 std::vector<int> allowed_cpus();
 
-// This rank's cpus: where every host thread zest starts for the rank runs (the CPU Adam's arena,
-// the offload stores' workers, the cpu device's streams) and how many Adam threads
-// `optimizer.threads: 0` means. Runtime establishes them (Topology::cpus_for_rank) when it is
-// built and clears them when it goes; until then, and in programs without a Runtime, they are
-// allowed_cpus() (the threads that would only inherit a binding, the stores' workers and the
-// streams, then keep it: try_bind_current_thread_to_rank_cpus). Process-wide because a process is
-// one rank; thread-safe. Throws SystemError when the topology cannot load.
-std::vector<int> rank_cpus();
-// `cpus` empty: back to allowed_cpus().
-void set_rank_cpus(std::vector<int> cpus);
-
 // Binds the calling thread to `cpus` / `cpu` (OS indices, none negative). Returns false with errno
 // set when the OS refuses, memory runs out or the topology cannot load; the binding is then
 // unchanged. The kernel silently drops unknown cpus from a mask that has others: callers that must
 // not bind elsewhere than asked check `cpus` against allowed_cpus() first.
 bool try_bind_current_thread(const std::vector<int>& cpus) noexcept;
 bool try_bind_current_thread(int cpu) noexcept;
-
-// Binds the calling thread to the cpus a Runtime established (best effort: false, with errno set,
-// when refused). Without them it leaves the thread as it is: a thread inherits its creator's
-// binding, so a program without a Runtime keeps its launcher's placement (which allowed_cpus(), a
-// cgroup's view, would widen).
-bool try_bind_current_thread_to_rank_cpus() noexcept;
 
 // Gives the calling thread back every allowed cpu (best effort), e.g. a pool worker leaving work
 // for which it was pinned.

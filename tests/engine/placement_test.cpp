@@ -146,6 +146,7 @@ TEST(Placement, EachRanksAdamRunsOnItsOwnShareOfTheNode) {
   ASSERT_EQ(runtime.local_size(), runtime.world_size()) << "one node: every rank is local";
   const CpuMask own = mask_of(runtime.cpus());
   ASSERT_TRUE(own.any());
+  EXPECT_EQ(runtime.device().host_cpus(), runtime.cpus()) << "the device carries the rank's cpus to its threads";
   const bool launcher_bound = binding != allowed_cpus();
   if (launcher_bound) {
     EXPECT_EQ(own, binding) << "the launcher's binding " << list(binding) << " is the rank's placement, not " << list(own);

@@ -348,26 +348,19 @@ TEST(CpuAdam, StepFromWritesStepsResultElsewhereAndLeavesTheSource) {
   EXPECT_THROW(adam.step_from({}, dest.p, dest.m, dest.v, {g.data(DType::bf16), DType::bf16, n}, args), Error);
 }
 
-// Establishes this rank's cpus for a scope, as Runtime does for its lifetime.
-class ScopedRankCpus {
- public:
-  explicit ScopedRankCpus(std::vector<int> cpus) { detail::set_rank_cpus(std::move(cpus)); }
-  ~ScopedRankCpus() { detail::set_rank_cpus({}); }
-  ScopedRankCpus(const ScopedRankCpus&) = delete;
-  ScopedRankCpus& operator=(const ScopedRankCpus&) = delete;
-};
-
-// The engine builds its CpuAdam without cpus and with optimizer.threads (0 by default): it must run
-// on the rank's cpus, one thread per cpu there, and not on the first cpu of the machine (where
-// every rank of a node used to meet).
-TEST(CpuAdam, WithoutCpusRunsOnTheRanksCpusOneThreadEach) {
-  const int last = detail::allowed_cpus().back();
-  const ScopedRankCpus rank({last});
+// The engine builds its CpuAdam with the rank's cpus (Device::host_cpus) and optimizer.threads (0
+// by default): it must run there, one thread per cpu, and not on the first cpu of the machine
+// (where every rank of a node used to meet). Without cpus it spreads over every allowed cpu.
+TEST(CpuAdam, RunsOnTheCpusItIsGivenOneThreadEachElseOnEveryAllowedCpu) {
+  const std::vector<int> allowed = detail::allowed_cpus();
+  const int last = allowed.back();
   const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
-  EXPECT_EQ(CpuAdam(hp, 0).threads(), 1);
-  EXPECT_EQ(CpuAdam(hp, 3).threads(), 3);
+  EXPECT_EQ(CpuAdam(hp, 0, {last}).threads(), 1);
+  EXPECT_EQ(CpuAdam(hp, 3, {last}).threads(), 3);
+  EXPECT_EQ(CpuAdam(hp, 0).threads(), static_cast<int>(allowed.size()));
+  EXPECT_EQ(PinnedArena(1, {}).cpus(), allowed);
 
-  PinnedArena arena(2, {});
+  PinnedArena arena(2, {last});
   EXPECT_EQ(arena.cpus(), std::vector<int>{last});
   std::mutex mutex;
   std::set<int> ran_on;

@@ -8,6 +8,7 @@
 #include <latch>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/thread_binding.hpp"
@@ -307,30 +308,34 @@ std::vector<int> affinity_of_this_thread() {
   return cpus;
 }
 
-std::vector<int> stream_worker_affinity() {
-  CpuStream stream;
-  std::vector<int> cpus;
-  stream.host_task([&] { cpus = affinity_of_this_thread(); });
+// Where the worker of a stream made with `bind_to` runs.
+std::vector<int> stream_worker_affinity(std::vector<int> bind_to = {}) {
+  CpuStream stream(nullptr, std::move(bind_to));
+  std::vector<int> ran_on;
+  stream.host_task([&] { ran_on = affinity_of_this_thread(); });
   stream.synchronize();
-  return cpus;
+  return ran_on;
 }
 
-// A stream's worker runs on the rank's cpus once a Runtime established them (so the ranks of a
-// node keep their copies and collectives apart), and otherwise keeps the binding of the thread
-// that created it (a launcher's, e.g. mpirun --bind-to core), never widened to the machine.
-TEST(CpuStream, WorkerRunsOnTheRanksCpusElseInheritsItsCreatorsBinding) {
+// A stream's worker runs on the cpus its device carries (the rank's, which a Runtime chose: so the
+// ranks of a node keep their copies and collectives apart), and otherwise keeps the binding of the
+// thread that created it (a launcher's, e.g. mpirun --bind-to core), never widened to the machine.
+TEST(CpuStream, WorkerRunsOnTheDevicesCpusElseInheritsItsCreatorsBinding) {
   const std::vector<int> allowed = detail::allowed_cpus();
-  std::vector<int> inherited, established;
+  std::vector<int> inherited, given, from_device;
   std::thread creator([&] {
     ASSERT_TRUE(detail::try_bind_current_thread(allowed.back()));
     inherited = stream_worker_affinity();
-    detail::set_rank_cpus({allowed.front()});
-    established = stream_worker_affinity();
-    detail::set_rank_cpus({});
+    given = stream_worker_affinity({allowed.front()});
+    auto device = make_cpu_device(4096, {allowed.front()});
+    auto stream = device->create_stream();
+    stream->host_task([&] { from_device = affinity_of_this_thread(); });
+    stream->synchronize();
   });
   creator.join();
   EXPECT_EQ(inherited, std::vector<int>{allowed.back()});
-  EXPECT_EQ(established, std::vector<int>{allowed.front()});
+  EXPECT_EQ(given, std::vector<int>{allowed.front()});
+  EXPECT_EQ(from_device, std::vector<int>{allowed.front()});
 }
 
 }  // namespace
