@@ -23,7 +23,7 @@
 
 #include "adam_peers.hpp"
 #include "args/args.hpp"
-#include "cli/commands.hpp"
+#include "bench_commands.hpp"
 #include "cuda_adam_bench.hpp"
 #include "optim/cpu_adam.hpp"
 #include "zest_build_config.h"

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "args/args.hpp"
-#include "cli/commands.hpp"
+#include "bench_commands.hpp"
 #include "offload/nvme_store.hpp"
 #include "store_bandwidth.hpp"
 #include "zest/config.hpp"

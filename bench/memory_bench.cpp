@@ -22,10 +22,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include "args/args.hpp"
+#include "bench_commands.hpp"
 #include "charlm/batch_sampler.hpp"
 #include "charlm/text_corpus.hpp"
 #include "checkpoint/format.hpp"
-#include "cli/commands.hpp"
 #include "memory_report.hpp"
 #include "trainer.hpp"
 #include "zest/zest.hpp"

@@ -37,7 +37,7 @@
 #include <unistd.h>
 
 #include "args/args.hpp"
-#include "cli/commands.hpp"
+#include "bench_commands.hpp"
 #include "runtime/half.hpp"
 #include "runtime/thread_binding.hpp"
 #include "store_bandwidth.hpp"

@@ -23,13 +23,6 @@ int smoke(int argc, char** argv);
 int estimate(int argc, char** argv);  // zest estimate --params N [options] (estimate.cpp)
 // zest checkpoint inspect DIR [--no-verify] | consolidate DIR OUT [--dtype D] (checkpoint.cpp)
 int checkpoint(int argc, char** argv);
-// zest bench adam [--threads N] [--params N] [--mode M] [--json] (bench/adam_bench.cpp)
-int bench_adam(int argc, char** argv);
-// zest bench io --path DIR [--size GiB] [--json]: NVMe store bandwidth (bench/io_bench.cpp)
-int bench_io(int argc, char** argv);
-// zest bench memory [options] (bench/memory_bench.cpp)
-int bench_memory(int argc, char** argv);
-// zest bench step --path DIR [options]: offloaded Adam step on NVMe vs the disk (bench/step_bench.cpp)
-int bench_step(int argc, char** argv);
+// zest bench NAME: bench/bench_commands.hpp
 
 }  // namespace zest::cli

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "bench_commands.hpp"
 #include "cli/commands.hpp"
 
 namespace {
