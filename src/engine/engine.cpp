@@ -154,9 +154,9 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   if (s.plan.offload_optimizer) optimizer_store = nvme_store(config, config.offload.optimizer, comm.rank(), device.host_cpus(), shared_store, store_path);
   if (s.plan.offload_params) param_store = nvme_store(config, config.offload.param, comm.rank(), device.host_cpus(), shared_store, store_path);
   s.staging = std::make_unique<engine::HostStaging>(device, s.plan, config.precision.dtype);
-  s.params = std::make_unique<engine::ParamGather>(config, device, comm, stream, s.layout, s.plan, *s.staging,
+  s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, comm, stream, s.layout, s.plan, *s.staging,
                                                    std::move(param_store));
-  s.grads = std::make_unique<engine::GradBuckets>(config, device, comm, stream, *s.math, s.layout, s.plan, *s.staging);
+  s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, comm, stream, *s.math, s.layout, s.plan, *s.staging);
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
     return std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,

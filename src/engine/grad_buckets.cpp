@@ -16,7 +16,12 @@ constexpr const char* kRemedy = "call grads_ready(group) once a group's gradient
 
 }  // namespace
 
-GradBuckets::GradBuckets(const Config& config, Device& device, Communicator& comm, Stream& comm_stream,
+GradBucketsOptions grad_buckets_options(const Config& config) {
+  return {config.stage, config.precision.dtype, config.buckets.overlap_comm, config.gradient_accumulation_steps,
+          config.optimizer.threads};
+}
+
+GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
                          DeviceMath& math, const Layout& layout, const MemoryPlan& plan, HostStaging& staging)
     : device_(device),
       comm_(comm),
@@ -24,12 +29,12 @@ GradBuckets::GradBuckets(const Config& config, Device& device, Communicator& com
       math_(math),
       staging_(staging),
       layout_(layout),
-      stage_(config.stage),
+      stage_(options.stage),
       rank_(comm.rank()),
-      dtype_(config.precision.dtype),
-      overlap_(config.buckets.overlap_comm),
+      dtype_(options.dtype),
+      overlap_(options.overlap_comm),
       slots_("gradient bucket", kRemedy),
-      micro_batches_(config.gradient_accumulation_steps) {
+      micro_batches_(options.micro_batches) {
   const auto groups = static_cast<std::size_t>(layout.group_count());
   grads_ = device.allocate(plan.grads, MemoryCategory::grads);
   if (plan.grads_on_host) {
@@ -41,8 +46,8 @@ GradBuckets::GradBuckets(const Config& config, Device& device, Communicator& com
     if (device.type() == DeviceType::cpu) {
       host_math_ = &math;
     } else {
-      own_host_math_ = make_cpu_device_math(optim::hyper_params_from(config.optimizer), config.optimizer.threads,
-                                            device.host_cpus());
+      // Only its accumulate and statistics run here, so Adam's hyper-parameters are not its concern.
+      own_host_math_ = make_cpu_device_math(optim::AdamHyperParams{}, options.host_threads, device.host_cpus());
       host_math_ = own_host_math_.get();
     }
   }

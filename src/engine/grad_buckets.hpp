@@ -45,12 +45,22 @@ class ShardWatcher {
   virtual void changing(int g) = 0;
 };
 
+// What GradBuckets takes from the config.
+struct GradBucketsOptions {
+  int stage = 0;
+  DType dtype = DType::f32;            // precision.dtype: of the gradients and their reductions
+  bool overlap_comm = true;            // buckets.overlap_comm
+  int micro_batches = 1;               // gradient_accumulation_steps
+  int host_threads = 0;                // optimizer.threads: the host math's, for a host shard on a GPU
+};
+GradBucketsOptions grad_buckets_options(const Config& config);
+
 class GradBuckets {
  public:
   // Allocates the accumulated gradient (plan.grads on the device, or plan.host_grads and
   // plan.grad_landing pinned) and the buckets (plan.staging_slot each), zeroed. `staging`: its
   // scalars are where the host computes the statistics of a host shard.
-  GradBuckets(const Config& config, Device& device, Communicator& comm, Stream& comm_stream, DeviceMath& math,
+  GradBuckets(const GradBucketsOptions& options, Device& device, Communicator& comm, Stream& comm_stream, DeviceMath& math,
               const Layout& layout, const MemoryPlan& plan, HostStaging& staging);
 
   // Where group g's gradient of this micro-batch is written (its segment, padded; overwrite it):

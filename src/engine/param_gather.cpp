@@ -10,7 +10,11 @@
 
 namespace zest::engine {
 
-ParamGather::ParamGather(const Config& config, Device& device, Communicator& comm, Stream& comm_stream,
+ParamGatherOptions param_gather_options(const Config& config) {
+  return {config.stage, config.precision.dtype, config.stage3.prefetch_bytes};
+}
+
+ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
                          const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
                          std::shared_ptr<offload::Store> store)
     : device_(device),
@@ -19,10 +23,10 @@ ParamGather::ParamGather(const Config& config, Device& device, Communicator& com
       layout_(layout),
       plan_(plan),
       staging_(staging),
-      stage_(config.stage),
+      stage_(options.stage),
       rank_(comm.rank()),
-      dtype_(config.precision.dtype),
-      prefetch_bytes_(config.stage3.prefetch_bytes),
+      dtype_(options.dtype),
+      prefetch_bytes_(options.prefetch_bytes),
       gathered_("gathered-parameter", "release leases sooner, or raise stage3.max_live") {
   const auto groups = static_cast<std::size_t>(layout.group_count());
   shards_ = device.allocate(plan.param_shards, MemoryCategory::params);

@@ -29,11 +29,19 @@
 
 namespace zest::engine {
 
+// What ParamGather takes from the config.
+struct ParamGatherOptions {
+  int stage = 0;
+  DType dtype = DType::f32;          // precision.dtype: of the parameters on the device
+  std::size_t prefetch_bytes = 0;    // stage3.prefetch_bytes
+};
+ParamGatherOptions param_gather_options(const Config& config);
+
 class ParamGather {
  public:
   // Allocates the parameters, the gathered-parameter pool and the gather bucket (sizes from
   // `plan`), zeroed; `store` is the NVMe store for offload.param: nvme (null otherwise).
-  ParamGather(const Config& config, Device& device, Communicator& comm, Stream& comm_stream, const Layout& layout,
+  ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream, const Layout& layout,
               const MemoryPlan& plan, HostStaging& staging, std::shared_ptr<offload::Store> store);
 
   // Before the group is used: stage 3 records the order, gathers the group unless it is resident or

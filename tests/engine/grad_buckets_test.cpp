@@ -79,7 +79,7 @@ struct Rig {
         staging(*device, plan, c.dtype),
         stats(device->allocate(sizeof(GradStatsScalars), MemoryCategory::buffers)),
         before(device->memory_stats()),
-        buckets(config, *device, *comm, *stream, *math, layout, plan, staging) {
+        buckets(grad_buckets_options(config), *device, *comm, *stream, *math, layout, plan, staging) {
     stream->synchronize();  // as the Engine's constructor: the zeroed buffers are ready
   }
 

@@ -59,7 +59,7 @@ struct Rig {
         layout(kModel, 1),
         plan(plan_memory(config, layout)),
         staging(*device, plan, dtype),
-        params(config, *device, *comm, *stream, layout, plan, staging, nullptr) {}
+        params(param_gather_options(config), *device, *comm, *stream, layout, plan, staging, nullptr) {}
 
   // A prefetch may still be copying into the gathered buffers: it ends before they go, as the
   // Engine's destructor waits for its streams.
