@@ -1,8 +1,8 @@
-// Store: where the offload engines keep what does not fit on the device — named regions of bytes
-// moved asynchronously between a store and host buffers. Two stores share this interface so the
-// engine's swap pipeline (read next, compute this, write previous) is written once:
-//   HostStore — pinned host memory, a worker thread copies (offload device "cpu");
-//   NvmeStore — one preallocated O_DIRECT file per rank, io_uring (offload device "nvme").
+// Store: where the offload engines keep what does not fit on the device or in host memory — named
+// regions of bytes moved asynchronously between a store and host buffers. NvmeStore (one
+// preallocated O_DIRECT file per rank, io_uring; offload device "nvme") implements it; the engine's
+// NvmeResidency (src/engine/residency.hpp) drives it. Offload device "cpu" needs no store: its
+// data stays in pinned host memory and is used in place (PinnedResidency), with nothing to move.
 //
 // Regions are allocated once, at setup: allocate(name, bytes) gives each a fixed place (NvmeStore:
 // a fixed offset in the rank's file, reserved on disk then). A transfer always moves the region's
@@ -83,7 +83,7 @@ class Store {
     char* buffer = nullptr;  // a write only reads it; one pointer serves both ways
   };
 
-  // Backing for a new region (NvmeStore: fallocate its range; HostStore: a pinned buffer).
+  // Backing for a new region (NvmeStore: fallocate its range).
   virtual void reserve(RegionId id, const Region& region) = 0;
   // Queues a transfer for write_async/read_async (which pass `buffer` as they got it).
   virtual IoHandle submit(RegionId id, Op op, void* buffer) = 0;

@@ -3,13 +3,14 @@
 // remembers which ones it updated and under which assumption, so that step() can commit that work
 // where the assumption held and redo the rest.
 //
-// The optimizer does the I/O and the arithmetic through an AheadUpdater (its own pipeline); this
-// class decides the order: sub-groups in the order they were handed over ("positions", counted
-// from the last restart(), from which the updater picks its staging slots as the step's pipeline
-// does), states read `reads_ahead` positions ahead, and a position's stored result confirmed
-// before its slot is read into again. A group whose gradient changes after it was handed over (a
-// micro-batch beyond gradient_accumulation_steps) is cancelled: cancel() returns once the thread
-// no longer reads that gradient, and nothing of the group counts as done.
+// SpeculativeUpdates does the I/O and the arithmetic through an AheadUpdater (the optimizer's
+// residency and its SubGroupAdam); this class decides the order: sub-groups in the order they were
+// handed over ("positions", counted from the last restart(), from which the updater picks its
+// staging slots as the step's pipeline does), states read `reads_ahead` positions ahead, and a
+// position's stored result confirmed before its slot is read into again. A group whose gradient
+// changes after it was handed over (a micro-batch beyond gradient_accumulation_steps) is
+// cancelled: cancel() returns once the thread no longer reads that gradient, and nothing of the
+// group counts as done.
 //
 // Threading: add() and cancel() from any thread (the comm stream runs them as host tasks, in
 // stream order after the gradients they concern). settle(), done(), assumption() and restart()

@@ -25,7 +25,9 @@
 #include "engine/offloaded_optimizer.hpp"
 #include "engine/optimizer_groups.hpp"
 #include "engine/param_gather.hpp"
+#include "engine/speculative_updates.hpp"
 #include "engine/split_optimizer_states.hpp"
+#include "engine/step_args.hpp"
 #include "offload/nvme_store.hpp"
 #include "zest/error.hpp"
 
@@ -52,14 +54,15 @@ std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTa
 
 }  // namespace
 
-// offload.optimizer.overlap: hands each group's final gradient shard to the optimizer states as its
-// bucket is reduced, with the step's arguments as they will be if the step neither overflows nor
-// clips (OptimizerStates::speculate); step() checks them.
+// offload.optimizer.overlap: hands each group's final gradient shard to the offloaded optimizer's
+// updates ahead as its bucket is reduced, with the step's arguments as they will be if the step
+// neither overflows nor clips (SpeculativeUpdates::speculate); step() checks them.
 struct Engine::AheadOfStep final : engine::ShardWatcher {
-  explicit AheadOfStep(State& state) : s(state) {}
+  AheadOfStep(State& state, engine::SpeculativeUpdates& updates) : s(state), ahead(updates) {}
   void final(int g, const char* shard) override;
   void changing(int g) override;
   State& s;
+  engine::SpeculativeUpdates& ahead;
 };
 
 struct Engine::State {
@@ -104,6 +107,7 @@ struct Engine::State {
   std::unique_ptr<engine::ParamGather> params;
   std::unique_ptr<engine::GradBuckets> grads;
   std::unique_ptr<engine::OptimizerStates> states;
+  engine::SpeculativeUpdates* speculative = nullptr;  // overlap only; the offloaded optimizer's
   DeviceBuffer scalars;  // engine::GradStatsScalars; its two floats are reduced across ranks
   // The step's per-group inputs, sized at construction.
   std::vector<engine::StepGroup> step_groups;
@@ -167,15 +171,20 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
                                                         config.precision.dtype, config.optimizer.threads,
                                                         std::move(optimizer_store), s.runs);
   };
-  if (!s.plan.offload_optimizer)
+  if (!s.plan.offload_optimizer) {
     s.states = on_device();
-  else if (s.plan.device_states.count() == 0)
-    s.states = offloaded();
-  else
+  } else if (s.plan.device_states.count() == 0) {
+    std::unique_ptr<engine::OffloadedOptimizer> optimizer = offloaded();
+    s.speculative = optimizer->speculative();
+    s.states = std::move(optimizer);
+  } else {
     s.states = std::make_unique<engine::SplitOptimizerStates>(s.layout, stream, on_device(), offloaded(),
                                                               s.plan.device_states.end);
-  if (s.plan.optimizer_offload.overlap) {
-    s.ahead = std::make_unique<AheadOfStep>(s);
+  }
+  // Only with offload.optimizer.overlap (which validation allows only with the whole optimizer
+  // offloaded) is there work ahead of the step to feed.
+  if (s.speculative) {
+    s.ahead = std::make_unique<AheadOfStep>(s, *s.speculative);
     s.grads->watch(s.ahead.get());
   }
   s.scalars = device.allocate(s.plan.scalars, MemoryCategory::buffers);
@@ -186,14 +195,10 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
 Engine::~Engine() = default;
 
 void Engine::AheadOfStep::final(int g, const char* shard) {
-  optim::AdamStepArgs assumed;  // as step() computes them when nothing overflows and nothing clips
-  assumed.step = s.steps + 1 - s.skipped;
-  assumed.grad_scale = 1.0 / s.scaler.scale();
-  assumed.clip_coef = 1.0;
-  s.states->speculate(g, shard, assumed, *s.comm_stream);
+  ahead.speculate(g, shard, engine::assumed_step_args(s.steps - s.skipped, s.scaler.scale()), *s.comm_stream);
 }
 
-void Engine::AheadOfStep::changing(int g) { s.states->retract(g, *s.comm_stream); }
+void Engine::AheadOfStep::changing(int g) { ahead.retract(g, *s.comm_stream); }
 
 std::size_t Engine::tensor_count() const { return state_->specs.size(); }
 const ParamSpec& Engine::spec(std::size_t tensor) const { return state_->tensor(tensor, "Engine::spec"); }
@@ -367,6 +372,7 @@ StepResult Engine::step() {
   Stream& stream = *s.comm_stream;
   const engine::Layout& layout = s.layout;
   s.grads->flush();
+  const std::int64_t taken = s.steps - s.skipped;  // Adam steps before this one
   ++s.steps;
 
   // Statistics after the reductions (same stream), agreed across ranks, then read by the host. The
@@ -393,16 +399,12 @@ StepResult Engine::step() {
   s.params->end_step();
   if (result.skipped) {
     ++s.skipped;
-    s.states->skip_step();
+    if (s.speculative) s.speculative->skip_step();
     s.grads->end_step();
     return result;
   }
 
-  const double max_norm = s.config.gradient_clipping;
-  optim::AdamStepArgs args;
-  args.step = s.steps - s.skipped;
-  args.grad_scale = 1.0 / scale;
-  args.clip_coef = max_norm > 0 && result.grad_norm > max_norm ? max_norm / (result.grad_norm + 1e-6) : 1.0;
+  const optim::AdamStepArgs args = engine::adam_step_args(taken, scale, result.grad_norm, s.config.gradient_clipping);
   for (int g = 0; g < layout.group_count(); ++g)
     s.step_groups[static_cast<std::size_t>(g)] = {s.grads->reduced(g), s.params->shard_out(g)};
   s.states->step(s.step_groups, args, s.params->sink());
@@ -414,7 +416,7 @@ StepResult Engine::step() {
 
 EngineStats Engine::stats() const {
   const State& s = *state_;
-  const engine::AheadCounts ahead = s.states->ahead_counts();
+  const engine::AheadCounts ahead = s.speculative ? s.speculative->counts() : engine::AheadCounts{};
   return {s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats(),
           s.states->nvme_bytes() + s.params->nvme_bytes(),
           s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes(), ahead.kept, ahead.redone};

@@ -12,22 +12,17 @@
 //
 // It holds the states of plan.range of the shard buffer: all of it, or the part a partial offload
 // (offload.optimizer.ratio) sends off the device; offsets are of the shard buffer, inside the range.
-// cpu: master, m and v of the range live in pinned host memory (12 bytes per parameter).
-// nvme: they live in an NvmeStore, one region per sub-group holding master, m and v; the host holds
-// only buffer_count sub-group slots, so the host memory is bounded by the configuration whatever
-// the model's size. Everything is allocated at construction; step() allocates nothing large.
+// Where they live is a Residency with one piece per sub-group (master, m and v side by side):
+// cpu: a PinnedResidency, the whole range in pinned host memory (12 bytes per parameter), updated
+// in place; nvme: an NvmeResidency, a region per sub-group in the NvmeStore, of which the host
+// holds only buffer_count sub-group slots, so the host memory is bounded by the configuration
+// whatever the model's size. Each sub-group is updated by SubGroupAdam. Everything is allocated at
+// construction; step() allocates nothing large.
 //
-// offload.optimizer.overlap (plan.overlap): while backward goes on, each group whose gradient shard
-// is final (speculate(), in comm-stream order) is updated by a thread of its own (AheadUpdates)
-// through the same slots, assuming the step's arguments and hyper-parameters as they are then (no
-// overflow, no clipping): from the current copy of its states into a second one (cpu: a second
-// pinned array; nvme: a second region per sub-group), its parameters into updated_params. step()
-// waits for that thread, then takes each group whose assumption held (the second copy becomes the
-// current one, the parameters go out) and runs the pipeline above over the rest; a skipped step,
-// a group whose gradient changes again (retract()) and a visit of the states drop the work. The
-// current copy is never written ahead, so dropping costs nothing but the work, and the results are
-// those of the step without overlap, bit for bit. A failed transfer ahead only leaves its group to
-// step().
+// offload.optimizer.overlap (plan.overlap): the residency keeps a spare copy of the states, and a
+// SpeculativeUpdates (speculative()) updates groups into it during backward; step() takes the
+// groups whose work ahead holds and runs the pipeline above over the rest (see
+// speculative_updates.hpp). Without overlap there is none.
 //
 // After an IoError from step(), the states are inconsistent (some sub-groups hold the new step, one
 // whose write failed holds nothing): the optimizer refuses every later call with an Error saying so,
@@ -45,7 +40,7 @@
 #include "engine/layout.hpp"
 #include "engine/memory_plan.hpp"
 #include "engine/optimizer_states.hpp"
-#include "offload/io_handle.hpp"
+#include "engine/speculative_updates.hpp"
 #include "offload/store.hpp"
 #include "optim/cpu_adam.hpp"
 #include "zest/config.hpp"
@@ -82,11 +77,8 @@ class OffloadedOptimizer final : public OptimizerStates {
   // (then the optimizer is unusable, see above).
   void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) override;
 
-  // offload.optimizer.overlap (plan.overlap): updates ahead of the step, see OptimizerStates.
-  void speculate(int group, const void* grad, const optim::AdamStepArgs& assumed, Stream& stream) override;
-  void retract(int group, Stream& stream) override;
-  void skip_step() override;
-  AheadCounts ahead_counts() const override;
+  // offload.optimizer.overlap (plan.overlap): the updates ahead of the step; null without overlap.
+  SpeculativeUpdates* speculative();
 
   // Throws the Error every call throws after an I/O failure (see above); nothing otherwise.
   void check_usable() const;

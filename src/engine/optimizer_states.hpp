@@ -6,6 +6,8 @@
 //                             pipeline of sub-groups (offload.optimizer.device: cpu | nvme)
 //   SplitOptimizerStates      one of each over complementary parts of the shard
 //                             (offload.optimizer.ratio < 1), stepped at the same time
+// The updates ahead of the step (offload.optimizer.overlap) are not part of this interface: they
+// are OffloadedOptimizer's SpeculativeUpdates, which the engine holds only when overlap is on.
 // Offsets and counts are elements of the rank's shard buffer (Layout::shard_numel()).
 // Threading: the engine's host thread.
 #pragma once
@@ -59,11 +61,6 @@ void for_each_run(const HyperRuns& runs, std::size_t lo, std::size_t hi, F f) {
   }
 }
 
-// Updates ahead of the step so far (EngineStats::groups_updated_ahead, groups_redone).
-struct AheadCounts {
-  std::int64_t kept = 0, redone = 0;
-};
-
 class OptimizerStates {
  public:
   virtual ~OptimizerStates() = default;
@@ -83,19 +80,6 @@ class OptimizerStates {
   // be complete (on the comm stream, which the step orders after). Returns when the
   // updated parameters are on the device (or handed to `sink`) and the states are stored.
   virtual void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) = 0;
-
-  // Updates ahead of the step (offload.optimizer.overlap; only OffloadedOptimizer acts on these).
-  // speculate: group g's final gradient shard for this step (gradient_accumulation_steps
-  // micro-batches reduced) is complete in host memory at `grad` once `stream` reaches this point;
-  // its states may be updated then, assuming `assumed` (no overflow, no clipping) and the
-  // hyper-parameters as they are now. step() keeps that work where both turn out to hold and redoes
-  // the rest. retract: group g's gradient changes after this point on `stream` (one micro-batch
-  // too many): its work ahead is dropped. skip_step: the step is skipped (overflow): all of it is.
-  virtual void speculate(int /*group*/, const void* /*grad*/, const optim::AdamStepArgs& /*assumed*/,
-                         Stream& /*stream*/) {}
-  virtual void retract(int /*group*/, Stream& /*stream*/) {}
-  virtual void skip_step() {}
-  virtual AheadCounts ahead_counts() const { return {}; }
 
   virtual std::size_t nvme_bytes() const = 0;    // of the swap file
   virtual std::size_t pinned_bytes() const = 0;  // pinned host memory held for the states

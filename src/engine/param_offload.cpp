@@ -11,32 +11,27 @@ namespace zest::engine {
 
 ParamOffload::ParamOffload(Device& device, const Layout& layout, const ParamOffloadPlan& plan, DType dtype,
                            std::shared_ptr<offload::Store> store)
-    : device_(device), layout_(layout), dtype_(dtype), offloaded_(plan.offloaded), store_(std::move(store)) {
+    : device_(device), layout_(layout), dtype_(dtype), offloaded_(plan.offloaded) {
   const std::size_t element = dtype_size(dtype_);
-  if (!store_) {
-    shards_ = device_.allocate_pinned(plan.shards_bytes, HostPurpose::param_shards);
-    std::memset(shards_.data(), 0, shards_.bytes());
+  const auto groups = static_cast<std::size_t>(layout_.group_count());
+  if (!store) {
+    std::vector<std::size_t> offsets;
+    for (int g = 0; g < layout_.group_count(); ++g) offsets.push_back(layout_.group(g).shard_offset * element);
+    shards_ = std::make_unique<PinnedResidency>(device_, HostPurpose::param_shards, plan.shards_bytes, 1,
+                                                std::move(offsets));
     return;
   }
   if (plan.slot_bytes == 0) return;  // every group is resident
-  if (store_->alignment() != kNvmeAlignment)
-    throw Error(std::string("offloaded parameters: the store's alignment is ").append(std::to_string(store_->alignment()))
-                    .append(" bytes, the memory plan's ").append(std::to_string(kNvmeAlignment)));
-  slot_bytes_ = plan.slot_bytes;
-  staging_ = device_.allocate_pinned(plan.staging_bytes, HostPurpose::param_swap);
-  updates_ = device_.allocate_pinned(plan.updates_bytes, HostPurpose::param_swap);
-  std::memset(updates_.data(), 0, updates_.bytes());
-  regions_.assign(static_cast<std::size_t>(layout_.group_count()), 0);
-  // Zeros (padding included) in every region, so each holds data before set_param fills it.
+  std::vector<std::string> names(groups);
+  std::vector<std::size_t> bytes(groups, 0);  // 0: a resident group, with no region
   for (int g = 0; g < layout_.group_count(); ++g) {
-    if (!offloaded_[static_cast<std::size_t>(g)]) continue;
-    const std::size_t i = static_cast<std::size_t>(g);
-    regions_[i] = store_->allocate(std::string("param.group.").append(std::to_string(g)), layout_.group(g).shard * element);
-    offload::IoHandle& previous = update_writes_[i % 2];
-    previous.wait();
-    previous = store_->write_async(regions_[i], update_buffer(i % 2));
+    const auto i = static_cast<std::size_t>(g);
+    names[i] = std::string("param.group.").append(std::to_string(g));
+    if (offloaded_[i]) bytes[i] = layout_.group(g).shard * element;
   }
-  for (offload::IoHandle& w : update_writes_) w.wait();
+  fetch_slots_ = plan.staging_bytes / plan.slot_bytes;
+  shards_ = std::make_unique<NvmeResidency>(device_, HostPurpose::param_swap, std::move(store), "offloaded parameters",
+                                            names, bytes, 1, plan.slot_bytes, fetch_slots_ + 2);
 }
 
 ParamOffload::~ParamOffload() {
@@ -49,9 +44,6 @@ ParamOffload::~ParamOffload() {
   }
 }
 
-char* ParamOffload::staging(std::size_t slot) const { return staging_.as<char>() + slot * slot_bytes_; }
-char* ParamOffload::update_buffer(std::size_t i) const { return updates_.as<char>() + i * slot_bytes_; }
-
 void ParamOffload::check_usable() const {
   if (!broken_reason_.empty())
     throw Error(std::string("offloaded parameters: unusable after an earlier I/O failure (")
@@ -62,16 +54,13 @@ void ParamOffload::check_usable() const {
 void ParamOffload::write(int group, std::size_t offset, const void* values, std::size_t count) {
   check_usable();
   const std::size_t element = dtype_size(dtype_);
-  if (!store_) {
-    std::memcpy(shards_.as<char>() + (layout_.group(group).shard_offset + offset) * element, values, count * element);
-    return;
-  }
-  const offload::RegionId region = regions_[static_cast<std::size_t>(group)];
+  const auto piece = static_cast<std::size_t>(group);
+  const std::size_t slot = update_slot(0);
   try {
-    for (offload::IoHandle& w : update_writes_) w.wait();
-    store_->read_async(region, update_buffer(0)).wait();
-    std::memcpy(update_buffer(0) + offset * element, values, count * element);
-    store_->write_async(region, update_buffer(0)).wait();
+    for (offload::IoHandle& w : update_writes_) w.wait();  // the slot is free
+    shards_->load(piece, slot, Copy::current).wait();
+    std::memcpy(shards_->data(piece, slot, Copy::current) + offset * element, values, count * element);
+    shards_->store(piece, slot, Copy::current).wait();
   } catch (const IoError& error) {
     broken_reason_ = error.what();
     throw;
@@ -80,35 +69,32 @@ void ParamOffload::write(int group, std::size_t offset, const void* values, std:
 
 void ParamOffload::fetch(int group, void* device_dst, std::size_t slot, Stream& stream) {
   check_usable();
-  const std::size_t bytes = layout_.group(group).shard * dtype_size(dtype_);
-  if (!store_) {
-    device_.copy_async(device_dst, shards_.as<char>() + layout_.group(group).shard_offset * dtype_size(dtype_), bytes,
-                       stream);
-    return;
+  const auto piece = static_cast<std::size_t>(group);
+  // nvme: the read runs while the stream works through what was queued before; the stream waits
+  // for it (and rethrows its IoError) only where the copy needs the bytes. cpu: nothing to wait for.
+  if (offload::IoHandle loading = shards_->load(piece, slot, Copy::current)) {
+    auto read = std::make_shared<offload::IoHandle>(std::move(loading));
+    stream.host_task([read] { read->wait(); });
   }
-  // The read runs while the stream works through what was queued before; the stream waits for it
-  // (and rethrows its IoError) only where the copy needs the bytes.
-  auto read = std::make_shared<offload::IoHandle>(store_->read_async(regions_[static_cast<std::size_t>(group)], staging(slot)));
-  stream.host_task([read] { read->wait(); });
-  device_.copy_async(device_dst, staging(slot), bytes, stream);
+  device_.copy_async(device_dst, shards_->data(piece, slot, Copy::current),
+                     layout_.group(group).shard * dtype_size(dtype_), stream);
 }
 
 void* ParamOffload::begin_update(int group) {
   check_usable();
-  if (!store_) return shards_.as<char>() + layout_.group(group).shard_offset * dtype_size(dtype_);
   current_update_ = next_update_++ % 2;
   try {
-    update_writes_[current_update_].wait();  // the group before last is on disk
+    update_writes_[current_update_].wait();  // the group before last is stored
   } catch (const IoError& error) {
     broken_reason_ = error.what();
     throw;
   }
-  return update_buffer(current_update_);
+  return shards_->data(static_cast<std::size_t>(group), update_slot(current_update_), Copy::current);
 }
 
 void ParamOffload::end_update(int group) {
-  if (!store_) return;
-  update_writes_[current_update_] = store_->write_async(regions_[static_cast<std::size_t>(group)], update_buffer(current_update_));
+  update_writes_[current_update_] =
+      shards_->store(static_cast<std::size_t>(group), update_slot(current_update_), Copy::current);
 }
 
 void ParamOffload::finish_updates() {
@@ -126,14 +112,8 @@ void ParamOffload::finish_updates() {
   }
 }
 
-std::size_t ParamOffload::nvme_bytes() const {
-  std::size_t total = 0;
-  if (store_)
-    for (std::size_t g = 0; g < regions_.size(); ++g)
-      if (offloaded_[g]) total += store_->region(regions_[g]).padded_bytes;
-  return total;
-}
+std::size_t ParamOffload::nvme_bytes() const { return shards_ ? shards_->nvme_bytes() : 0; }
 
-std::size_t ParamOffload::pinned_bytes() const { return shards_.bytes() + staging_.bytes() + updates_.bytes(); }
+std::size_t ParamOffload::pinned_bytes() const { return shards_ ? shards_->pinned_bytes() : 0; }
 
 }  // namespace zest::engine

@@ -1,13 +1,14 @@
 // Stage 3's parameter shards off the device (offload.param.device: cpu | nvme). Each offloaded
-// group's shard (in the working dtype) lives in pinned host memory (cpu) or in one NvmeStore region
-// (nvme); before the group's all-gather the engine fetches it into a device buffer on its comm
-// stream, and after the step the updated shard comes back here instead of to a device buffer.
-// Small (resident) groups keep their parameters on the device and are not handled here.
+// group's shard (in the working dtype) is a piece of a Residency: a PinnedResidency holding every
+// group's shard at its shard offset (cpu), or an NvmeResidency with one NvmeStore region per
+// offloaded group (nvme). Before the group's all-gather the engine fetches it into a device buffer
+// on its comm stream, and after the step the updated shard comes back here instead of to a device
+// buffer. Small (resident) groups keep their parameters on the device and are not handled here.
 //
-// nvme: fetches go through `fetch_slots` pinned staging buffers (one per gathered-parameter buffer
-// of the engine, reused under the same events), updates through two pinned buffers, so one group's
-// shard is written while the next is filled. After an IoError in a write the shard holds no data:
-// every later fetch or write refuses with an Error (rebuild the engine).
+// nvme: fetches go through the residency's first slots (one per gathered-parameter buffer of the
+// engine, reused under the same events), updates through its last two, so one group's shard is
+// written while the next is filled. After an IoError in a write the shard holds no data: every
+// later fetch or write refuses with an Error (rebuild the engine).
 // Threading: the engine's host thread; fetches complete on the comm stream.
 #pragma once
 
@@ -18,7 +19,8 @@
 
 #include "engine/layout.hpp"
 #include "engine/memory_plan.hpp"
-#include "engine/offloaded_optimizer.hpp"
+#include "engine/optimizer_states.hpp"
+#include "engine/residency.hpp"
 #include "offload/io_handle.hpp"
 #include "offload/store.hpp"
 #include "zest/device.hpp"
@@ -57,19 +59,15 @@ class ParamOffload final : public HostParamSink {
 
  private:
   void check_usable() const;
-  char* staging(std::size_t slot) const;
-  char* update_buffer(std::size_t i) const;
+  // The slot of the i-th update buffer (nvme; cpu updates in place, where slots mean nothing).
+  std::size_t update_slot(std::size_t i) const { return fetch_slots_ + i; }
 
   Device& device_;
   const Layout& layout_;
   DType dtype_;
   std::vector<bool> offloaded_;
-  std::shared_ptr<offload::Store> store_;
-  std::vector<offload::RegionId> regions_;  // nvme, per group
-  std::size_t slot_bytes_ = 0;              // nvme: the largest shard, store-aligned
-  HostBuffer shards_;                       // cpu: every group's shard at its shard offset
-  HostBuffer staging_;                      // nvme: fetch_slots fetch buffers
-  HostBuffer updates_;                      // nvme: two update buffers
+  std::size_t fetch_slots_ = 0;        // nvme: the residency's slots before the two update slots
+  std::unique_ptr<Residency> shards_;  // a piece per group; null when every group is resident (nvme)
   offload::IoHandle update_writes_[2];
   std::size_t next_update_ = 0;
   std::size_t current_update_ = 0;
