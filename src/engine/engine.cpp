@@ -167,7 +167,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
                                                            config.precision.dtype, *s.staging, s.runs);
   };
   const auto offloaded = [&] {
-    return std::make_unique<engine::OffloadedOptimizer>(config, device, s.plan.optimizer_offload,
+    return std::make_unique<engine::OffloadedOptimizer>(device, s.plan.optimizer_offload,
                                                         config.precision.dtype, config.optimizer.threads,
                                                         std::move(optimizer_store), s.runs);
   };

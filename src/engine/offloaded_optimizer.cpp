@@ -36,27 +36,26 @@ std::unique_ptr<Residency> swapped_states(Device& device, const OptimizerOffload
                                          names, bytes, plan.overlap ? 2 : 1, plan.state_slot_bytes, slots);
 }
 
-std::size_t checked_slots(const Config& config) {
-  const int slots = config.offload.optimizer.buffer_count;
-  if (slots < 2)
+std::size_t checked_slots(const OptimizerOffloadPlan& plan) {
+  if (plan.slots < 2)
     throw Error(std::string("offloaded optimizer: offload.optimizer.buffer_count must be at least 2, got ")
-                    .append(std::to_string(slots)));
-  return static_cast<std::size_t>(slots);
+                    .append(std::to_string(plan.slots)));
+  return plan.slots;
 }
 
 }  // namespace
 
 struct OffloadedOptimizer::Impl {
-  Impl(const Config& config, Device& d, const OptimizerOffloadPlan& plan, DType t, int threads,
+  Impl(Device& d, const OptimizerOffloadPlan& plan, DType t, int threads,
        std::shared_ptr<offload::Store> store, const HyperRuns& runs)
       : device(d),
         dtype(t),
-        slots(checked_slots(config)),
+        slots(checked_slots(plan)),
         subs(plan.sub_groups),
         largest(plan.largest),
         grad_slot_bytes(plan.grad_slot_bytes),
         grads_on_host(plan.grads_on_host),
-        adam(optim::hyper_params_from(config.optimizer), threads, d.host_cpus(), runs, t),
+        adam(*runs.front().hyper, threads, d.host_cpus(), runs, t),
         down(d.create_stream()),
         up(d.create_stream()) {
     order.reserve(subs.size());
@@ -257,10 +256,10 @@ struct OffloadedOptimizer::Impl {
   std::unique_ptr<SpeculativeUpdates> ahead;  // overlap only: stopped before anything it uses goes
 };
 
-OffloadedOptimizer::OffloadedOptimizer(const Config& config, Device& device, const OptimizerOffloadPlan& plan,
+OffloadedOptimizer::OffloadedOptimizer(Device& device, const OptimizerOffloadPlan& plan,
                                        DType dtype, int threads, std::shared_ptr<offload::Store> store,
                                        const HyperRuns& runs)
-    : impl_(std::make_unique<Impl>(config, device, plan, dtype, threads, std::move(store), runs)) {}
+    : impl_(std::make_unique<Impl>(device, plan, dtype, threads, std::move(store), runs)) {}
 
 OffloadedOptimizer::~OffloadedOptimizer() {
   if (!impl_) return;

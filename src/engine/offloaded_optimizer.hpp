@@ -43,20 +43,19 @@
 #include "engine/speculative_updates.hpp"
 #include "offload/store.hpp"
 #include "optim/cpu_adam.hpp"
-#include "zest/config.hpp"
 #include "zest/device.hpp"
 
 namespace zest::engine {
 
 class OffloadedOptimizer final : public OptimizerStates {
  public:
-  // `plan`: its range, sub-groups and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be
-  // shared with the parameters' offload), null for cpu. `threads`: the CPU Adam's (0 = one per cpu of
-  // this rank, Device::host_cpus). Throws OutOfDeviceMemory/SystemError from
-  // the pinned allocations, IoError from the store.
-  // `runs`: the optimizer parameter groups over the shard (kept by the caller).
-  OffloadedOptimizer(const Config& config, Device& device, const OptimizerOffloadPlan& plan, DType dtype,
-                     int threads, std::shared_ptr<offload::Store> store, const HyperRuns& runs);
+  // `plan`: its range, sub-groups, slots (offload.optimizer.buffer_count, at least 2, else Error)
+  // and buffer sizes (plan_memory). `store`: the NvmeStore for nvme (may be shared with the
+  // parameters' offload), null for cpu. `threads`: the CPU Adam's (0 = one per cpu of this rank,
+  // Device::host_cpus). `runs`: the optimizer parameter groups over the shard (kept by the caller).
+  // Throws OutOfDeviceMemory/SystemError from the pinned allocations, IoError from the store.
+  OffloadedOptimizer(Device& device, const OptimizerOffloadPlan& plan, DType dtype, int threads,
+                     std::shared_ptr<offload::Store> store, const HyperRuns& runs);
   ~OffloadedOptimizer() override;
   OffloadedOptimizer(const OffloadedOptimizer&) = delete;
   OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;

@@ -82,7 +82,7 @@ struct Rig {
       options.directories = {dir.path()};
       store = std::make_shared<offload::NvmeStore>(std::move(options));
     }
-    optimizer = std::make_unique<OffloadedOptimizer>(config, *device, plan.optimizer_offload, s.dtype, 1, store, runs);
+    optimizer = std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, s.dtype, 1, store, runs);
     std::memset(outs.data(), 0, outs.bytes());  // compared before any step writes it
     init.resize(n);
     for (std::size_t i = 0; i < n; ++i) init[i] = 0.5f + 0.001f * static_cast<float>(i % 997);

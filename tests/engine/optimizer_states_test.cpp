@@ -69,7 +69,7 @@ struct Rig {
         outs(device->allocate(n * sizeof(float), MemoryCategory::params)) {
     auto on_device = std::make_unique<DeviceOptimizerStates>(*device, *stream, *math, layout, plan, DType::f32, staging, runs);
     if (ratio < 1) {
-      auto offloaded = std::make_unique<OffloadedOptimizer>(config, *device, plan.optimizer_offload, DType::f32, 1,
+      auto offloaded = std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, DType::f32, 1,
                                                             nullptr, runs);
       states = std::make_unique<SplitOptimizerStates>(layout, *stream, std::move(on_device), std::move(offloaded),
                                                       plan.device_states.end);
