@@ -11,3 +11,4 @@
 #include "zest/estimate.hpp"
 #include "zest/runtime.hpp"
 #include "zest/topology.hpp"
+#include "zest/trace.hpp"
