@@ -26,6 +26,7 @@
 #include "engine/optimizer_groups.hpp"
 #include "engine/param_gather.hpp"
 #include "engine/split_optimizer_states.hpp"
+#include "base/trace.hpp"
 #include "offload/nvme_store.hpp"
 #include "zest/error.hpp"
 
@@ -362,9 +363,11 @@ void Engine::grads_ready(int group) {
 }
 
 StepResult Engine::step() {
+  const trace::Span step_span("step", trace::Lane::host);
   State& s = *state_;
   Stream& stream = *s.comm_stream;
   const engine::Layout& layout = s.layout;
+  trace::Span wait_span("wait for reductions", trace::Lane::host);
   s.grads->flush();
   ++s.steps;
 
@@ -376,6 +379,7 @@ StepResult Engine::step() {
   if (layout.partitions() > 1) s.comm.all_reduce(scalars->reduced, scalars->reduced, 2, DType::f32, ReduceOp::sum, stream);
   s.device.copy_async(s.staging->scalars(), scalars, sizeof(engine::GradStatsScalars), stream);
   stream.synchronize();
+  wait_span.end();
   const auto& agreed = *static_cast<const engine::GradStatsScalars*>(s.staging->scalars());
   // One partition: nothing was reduced, and the double sum is exact.
   const bool reduced = layout.partitions() > 1;
@@ -404,9 +408,13 @@ StepResult Engine::step() {
   args.clip_coef = max_norm > 0 && result.grad_norm > max_norm ? max_norm / (result.grad_norm + 1e-6) : 1.0;
   for (int g = 0; g < layout.group_count(); ++g)
     s.step_groups[static_cast<std::size_t>(g)] = {s.grads->reduced(g), s.params->shard_out(g)};
-  s.states->step(s.step_groups, args, s.params->sink());
-  s.params->finish_updates();
+  {
+    const trace::Span span("optimizer step", trace::Lane::host);
+    s.states->step(s.step_groups, args, s.params->sink());
+    s.params->finish_updates();
+  }
   s.grads->end_step();
+  const trace::Span span("all-gather", trace::Lane::host);
   s.params->gather_all();
   return result;
 }

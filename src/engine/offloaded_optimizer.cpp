@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "engine/ahead_updates.hpp"
+#include "base/trace.hpp"
+#include "runtime/stream_span.hpp"
 
 #include "zest/error.hpp"
 
@@ -199,6 +201,7 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
   // current one, its parameters go out from updated_params); the others go into `order`, for
   // run(). Groups are all or nothing, so a sink sees each group once.
   void commit_ahead(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) {
+    const trace::Span span("commit updates ahead", trace::Lane::host);
     for (std::size_t g = 0; g < group_subs.size(); ++g) {
       const GroupSubs part = group_subs[g];
       if (part.first == part.end) continue;
@@ -217,6 +220,7 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
       const char* const updated = updated_params.as<char>() + bytes(first.offset - range.begin);
       const std::size_t part_bytes = bytes(last.offset + last.count - first.offset);
       if (void* out = groups[g].device_out) {
+        const StreamSpan up_span(*up, "upload parameters", trace::Lane::copy_stream, static_cast<std::int64_t>(g));
         device.copy_async(static_cast<char*>(out) + bytes(first.in_group), updated, part_bytes, *up);
       } else {
         std::memcpy(static_cast<char*>(sink->begin_update(static_cast<int>(g))) + bytes(first.in_group), updated,
@@ -265,6 +269,7 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
     for (std::size_t i = 0; i < n; ++i) {
       const SubGroup& sub = subs[order[i]];
       const std::size_t slot = i % slots;
+      const trace::Span sub_span("sub-group", trace::Lane::host, static_cast<std::int64_t>(order[i]));
       if (i + grads_ahead < n) fetch_grad(i + grads_ahead);
       if (store && i + reads_ahead < n) read_states(i + reads_ahead);
       if (!grads_on_host) grad_ready[slot]->synchronize();
@@ -286,6 +291,7 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
         out = host_group + bytes(sub.in_group);
       }
       // One update per optimizer parameter group inside the sub-group.
+      const trace::Span adam_span("adam update", trace::Lane::host, static_cast<std::int64_t>(order[i]));
       float* const m = m_of(sub, slot);
       float* const v = v_of(sub, slot);
       for_each_run(runs, sub.offset, sub.offset + sub.count,
@@ -303,12 +309,14 @@ struct OffloadedOptimizer::Impl final : AheadUpdater {
       if (store) writes[slot] = store->write_async(region_of(sub), state_slot(slot));
       if (upload) {
         const char* source = out ? out : reinterpret_cast<const char*>(master);
+        const StreamSpan up_span(*up, "upload parameters", trace::Lane::copy_stream, static_cast<std::int64_t>(order[i]));
         device.copy_async(static_cast<char*>(io.device_out) + bytes(sub.in_group), source, bytes(sub.count), *up);
         up->record(*out_done[slot]);
       } else if (sub.last_of_group) {
         sink->end_update(sub.group);
       }
     }
+    const trace::Span wait_span("wait for uploads and writes", trace::Lane::host);
     up->synchronize();
     for (offload::IoHandle& w : writes) w.wait();
   }

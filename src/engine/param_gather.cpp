@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "runtime/half.hpp"
+#include "runtime/stream_span.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -204,9 +205,12 @@ void ParamGather::gather_all() {
   // The new shards make every gathered copy stale: one prefetched in the step but not leased in it
   // (the trainer left the recorded order) would otherwise be found by the group's next lease.
   drop_prefetched();
-  for (const GatherRun& run : plan_.gather_runs) {
-    if (run.groups.size() == 1) gather_in_place(run.groups.front());
-    else gather_through_bucket(run);
+  {
+    const StreamSpan span(stream_, "all-gather", trace::Lane::comm_stream);
+    for (const GatherRun& run : plan_.gather_runs) {
+      if (run.groups.size() == 1) gather_in_place(run.groups.front());
+      else gather_through_bucket(run);
+    }
   }
   stream_.synchronize();
 }
