@@ -87,6 +87,8 @@ void ParamGather::start_gather(int g) {
   const auto& place = layout_.group(g);
   Slot& s = gathered_[static_cast<std::size_t>(slot)];
   const void* shard = shards_ ? at(shards_, place.shard_offset) : nullptr;
+  // Stage 3: the group's fetch (offload.param) and all-gather for a lease or a prefetch; n: the group.
+  const StreamSpan span(stream_, "gather group", trace::Lane::comm_stream, g);
   if (offloaded(g)) {
     offload_->fetch(g, s.shard.data(), static_cast<std::size_t>(slot), stream_);
     shard = s.shard.data();
