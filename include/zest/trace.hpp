@@ -40,7 +40,7 @@ class TraceFile {
 
   // Collective: stops recording, brings every rank's events to rank 0, which writes the file.
   // Returns the events dropped over all ranks (past the capacity; also in the file's otherData).
-  // Once only; throws IoError when the write fails.
+  // Once only; throws IoError when the write fails (and removes what it wrote).
   std::size_t write();
   // Drops what was recorded so far and records anew (zest bench step: the timed steps only). Call
   // it with nothing in flight: the streams synchronized, no transfer running.
@@ -48,6 +48,8 @@ class TraceFile {
   const std::string& path() const { return path_; }
 
  private:
+  void discard() noexcept;
+
   std::string path_;
   std::string option_;
   Communicator& comm_;

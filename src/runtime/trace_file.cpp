@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -49,43 +50,43 @@ std::string bring_to_rank0(Communicator& comm, int from, const std::string& text
 
 TraceFile::TraceFile(std::string path, Communicator& comm, std::string option, std::size_t capacity)
     : path_(std::move(path)), option_(std::move(option)), comm_(comm), capacity_(capacity) {
-  std::string failure;
-  if (trace::on()) failure = option_ + ": a trace is already recording in this process; one trace at a time";
-  if (comm_.rank() == 0 && failure.empty()) {
+  // Every rank learns what rank 0 found, so none goes on alone and all say the same: the ranks
+  // already recording, and rank 0's errno creating the file.
+  std::array<std::int64_t, 2> status{trace::on() ? 1 : 0, 0};
+  if (comm_.rank() == 0 && status[0] == 0) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      const int error = errno;
-      failure = option_ + " " + in_quotes(path_) + ": " +
-                (error == EEXIST ? std::string("the file exists, and zest writes a new file only; remove it or name another")
-                                 : std::string("cannot create it: ") + std::strerror(error) +
-                                       "; name a file in an existing, writable directory");
-    }
+    if (fd_ < 0) status[1] = errno;
   }
-  // Every rank learns whether rank 0 could, so none goes on alone.
-  std::int64_t failed = failure.empty() ? 0 : 1;
-  comm_.all_reduce_host(std::span<std::int64_t>(&failed, 1), ReduceOp::sum);
-  if (failed != 0) {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_.c_str());
-      fd_ = -1;
-    }
-    if (failure.empty()) failure = option_ + " " + in_quotes(path_) + ": rank 0 could not create it (its error says why)";
-    throw Error(failure);
+  comm_.all_reduce_host(status, ReduceOp::sum);
+  if (status[0] != 0 || status[1] != 0) {
+    discard();
+    const std::string named = option_ + " " + in_quotes(path_) + ": ";
+    if (status[0] != 0)
+      throw Error(named + "a trace is already recording (on " + std::to_string(status[0]) +
+                  " rank(s)); one trace at a time per process");
+    const auto error = static_cast<int>(status[1]);
+    throw Error(named + (error == EEXIST ? std::string("the file exists, and zest writes a new file only; remove it "
+                                                       "or name another")
+                                         : std::string("rank 0 cannot create it: ") + std::strerror(error) +
+                                               "; name a file in an existing, writable directory"));
   }
   trace::start(capacity);  // after the all-reduce: every rank's clock starts within a collective's skew
 }
 
 TraceFile::~TraceFile() {
-  if (written_) return;
-  trace::stop();
+  if (!written_) trace::stop();
+  discard();
+}
+
+// Removes the file this created (empty, or written in part), unless someone has put another one at
+// its name since.
+void TraceFile::discard() noexcept {
   if (fd_ < 0) return;
-  // Remove the empty file this created, unless someone has put another one at its name since.
   struct stat mine {}, there {};
   if (::fstat(fd_, &mine) == 0 && ::lstat(path_.c_str(), &there) == 0 && mine.st_dev == there.st_dev &&
       mine.st_ino == there.st_ino)
     ::unlink(path_.c_str());
-  ::close(fd_);
+  ::close(std::exchange(fd_, -1));
 }
 
 void TraceFile::restart() {
@@ -124,14 +125,14 @@ std::size_t TraceFile::write() {
       .append(",\"capacity_per_rank\":").append(std::to_string(trace::capacity()))
       .append(",\"dropped_events\":").append(std::to_string(total_dropped))
       .append(",\"dropped_events_per_rank\":[").append(per_rank).append("]}}\n");
-  const int fd = std::exchange(fd_, -1);
   try {
-    write_all(fd, text, path_);
+    write_all(fd_, text, path_);
+    if (::fsync(fd_) != 0) throw IoError("writing the trace", path_, 0, text.size(), errno);
   } catch (...) {
-    ::close(fd);
+    discard();  // a trace written in part is no trace
     throw;
   }
-  if (::close(fd) != 0) throw IoError("closing the trace", path_, 0, text.size(), errno);
+  ::close(std::exchange(fd_, -1));
   return total_dropped;
 }
 
