@@ -4,11 +4,12 @@
 //
 // Lanes: backward (the trainer's forward + backward, each gradient handed over), host (step() and
 // its phases, the offloaded optimizer's sub-groups and Adam), comm stream (each bucket's
-// reduction, the all-gather: timed when the stream runs them), copy stream (parameters uploaded),
+// reduction, the all-gather, stage 3's gathers: timed when the stream runs them), copy stream
+// (parameters uploaded),
 // update ahead (offload.optimizer.overlap's thread), nvme read / nvme write (each transfer, from
 // submission to completion). Recording is off unless a TraceFile lives; off, a span costs a branch.
-// The events are kept in room for `capacity` of them per rank, allocated here: nothing is
-// allocated inside a step, and events past it are dropped and counted in the file's otherData.
+// The events are kept in room for `capacity` of them per rank, allocated here: the recorder
+// allocates nothing inside a step, and events past it are dropped and counted in otherData.
 //
 // The file is the user's name: rank 0 creates it exclusively (O_EXCL | O_NOFOLLOW) before any
 // work, so an existing file is refused and never touched; the events reach rank 0 through the
@@ -25,7 +26,7 @@ namespace zest {
 
 class TraceFile {
  public:
-  // Enough for thousands of steps of a small model: 2^18 events of 48 bytes per rank.
+  // Enough for hundreds of steps of a small model: 2^18 events of 40 bytes (10 MiB) per rank.
   static constexpr std::size_t kDefaultCapacity = std::size_t{1} << 18;
 
   // Collective over `comm`, which must outlive this. `option` names the flag or argument in
