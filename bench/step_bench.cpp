@@ -37,9 +37,11 @@
 #include <unistd.h>
 
 #include "args/args.hpp"
+#include "base/trace.hpp"
 #include "bench_commands.hpp"
 #include "runtime/half.hpp"
 #include "runtime/thread_binding.hpp"
+#include "zest/trace.hpp"
 #include "store_bandwidth.hpp"
 #include "zest/zest.hpp"
 
@@ -51,7 +53,7 @@ constexpr const char* kUsage =
     "                       [--sub-group SIZE] [--buffers N] [--groups N] [--device-memory SIZE]\n"
     "                       [--io-size GiB] [--reps N] [--bucket SIZE] [--allgather SIZE]\n"
     "                       [--optimizer-on-device | --optimizer-on-host] [--placement rank|shared]\n"
-    "                       [--overlap] [--backward SECONDS|auto] [--no-set-param] [--json]\n"
+    "                       [--overlap] [--backward SECONDS|auto] [--no-set-param] [--json] [--trace FILE]\n"
     "  A world of one (or every rank under mpirun) builds an Engine on the cpu device (stage 2) with\n"
     "  offload.optimizer.device nvme in DIR, --params parameters (default 2e8) in --groups equal\n"
     "  groups (default 64), and times --steps (default 3) optimizer steps; the NvmeStore's sequential\n"
@@ -75,7 +77,9 @@ constexpr const char* kUsage =
     "  --optimizer-on-device. After a warm-up step each they step in turn, and the run reports the exposed\n"
     "  step (from the last grads_ready() to step()'s return) of each, their ratio (goal <= 0.25) and\n"
     "  whether their parameters stayed bit-identical (exit 1 if not). --backward defaults to auto there:\n"
-    "  as long as today's warm-up step. The two engines share the device budget (--device-memory).\n";
+    "  as long as today's warm-up step. The two engines share the device budget (--device-memory).\n"
+    "  --trace FILE writes a Chrome trace (chrome://tracing, ui.perfetto.dev) of every rank's timed steps,\n"
+    "  warm-up included, to FILE, a new file (an existing one is refused before any work).\n";
 
 struct Options {
   std::string path;
@@ -97,6 +101,7 @@ struct Options {
   bool json = false;
   bool overlap = false;            // two engines: offload.optimizer.overlap false and true
   std::optional<double> backward;  // the stand-in's seconds; unset: auto (--overlap) or 0
+  std::string trace;               // --trace FILE; empty: none
 };
 
 using Clock = std::chrono::steady_clock;
@@ -195,13 +200,18 @@ StepTiming timed_step(Engine& engine, Communicator& comm, DType dtype, int step,
   const std::chrono::duration<double> pause(backward / engine.group_count());
   StepTiming timing;
   const auto start = Clock::now();
+  trace::Span backward_span("backward stand-in", trace::Lane::backward, step);
   for (int g = engine.group_count() - 1; g >= 0; --g) {
-    auto lease = engine.acquire(g);
-    for (std::size_t t = 0; t < engine.tensor_count(); ++t)
-      if (engine.spec(t).group == g) fill_grad(lease.grad(t).data, engine.spec(t).numel(), dtype, grad);
-    engine.grads_ready(g);
+    {
+      const trace::Span span("gradient hand-off", trace::Lane::backward, g);
+      auto lease = engine.acquire(g);
+      for (std::size_t t = 0; t < engine.tensor_count(); ++t)
+        if (engine.spec(t).group == g) fill_grad(lease.grad(t).data, engine.spec(t).numel(), dtype, grad);
+      engine.grads_ready(g);
+    }
     if (g > 0 && backward > 0) std::this_thread::sleep_for(pause);
   }
+  backward_span.end();
   const auto backward_end = Clock::now();
   timing.backward = std::chrono::duration<double>(backward_end - start).count();
   comm.barrier();
@@ -242,6 +252,7 @@ int parse(int argc, char** argv, Options& o) {
         backward_auto = b == "auto";
       }
       else if (arg == "--path") o.path = args::path_of(argc, argv, i);
+      else if (arg == "--trace") o.trace = args::path_of(argc, argv, i);
       else if (arg == "--params") o.params = args::parse_count(arg, value(), 1, 1'000'000'000'000);
       else if (arg == "--steps") o.steps = count(1, 1'000'000);
       else if (arg == "--groups") o.groups = count(1, 1'000'000);
@@ -353,13 +364,14 @@ std::string first_difference(Engine& a, Engine& b) {
 // The --overlap run: both engines built, a warm-up step each, then --steps steps in turn. The
 // engines are gone when it returns (their swap files with them).
 OverlapRun run_overlap(const Options& o, const Config& today_config, const Config& overlap_config, Runtime& runtime,
-                       const std::vector<ParamSpec>& specs) {
+                       const std::vector<ParamSpec>& specs, TraceFile* trace_file) {
   Communicator& comm = runtime.comm();
   OverlapRun run;
   const auto today = build_engine(today_config, runtime, specs, o.set_param, run.today.setup_seconds,
                                   run.today.set_param_seconds);
   const auto overlap = build_engine(overlap_config, runtime, specs, o.set_param, run.overlap.setup_seconds,
                                     run.overlap.set_param_seconds);
+  if (trace_file) trace_file->restart();
   // Warm-up, not counted. With auto, today's runs without the sleeps and its step() sets the
   // backward of every later step (the slowest rank's, so that every rank sleeps alike).
   double warm[] = {timed_step(*today, comm, o.dtype, 0, o.backward.value_or(0)).step};
@@ -371,6 +383,7 @@ OverlapRun run_overlap(const Options& o, const Config& today_config, const Confi
     run.today.add(timed_step(*today, comm, o.dtype, step, run.backward));
     run.overlap.add(timed_step(*overlap, comm, o.dtype, step, run.backward));
   }
+  if (trace_file) trace_file->write();
   run.difference = first_difference(*today, *overlap);
   run.today.stats = today->stats();
   run.overlap.stats = overlap->stats();
@@ -501,6 +514,9 @@ int bench_step(int argc, char** argv) {
       config.optimizer.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / runtime.world_size());
     Communicator& comm = runtime.comm();
     const bool lead = runtime.rank() == 0;
+    // Refuses an existing file before any work; recording starts anew before the timed steps.
+    std::optional<TraceFile> trace_file;
+    if (!o.trace.empty()) trace_file.emplace(o.trace, comm);
     const std::string load_before = load_average();
 
     // --overlap on NVMe: each engine's own swap directory, made before the bandwidth test so that a
@@ -543,7 +559,7 @@ int bench_step(int argc, char** argv) {
       }
       today_config = parse_config(to_yaml(today_config));
       overlap_config = parse_config(to_yaml(overlap_config));
-      const OverlapRun run = run_overlap(o, today_config, overlap_config, runtime, specs);
+      const OverlapRun run = run_overlap(o, today_config, overlap_config, runtime, specs, trace_file ? &*trace_file : nullptr);
       comm.barrier();  // every rank's engines, and so their swap files, are gone
       today_directory.remove();
       overlap_directory.remove();
@@ -557,6 +573,7 @@ int bench_step(int argc, char** argv) {
     double setup_seconds = 0, set_param_seconds = 0;
     const auto engine_owner = build_engine(config, runtime, specs, o.set_param, setup_seconds, set_param_seconds);
     Engine& engine = *engine_owner;
+    if (trace_file) trace_file->restart();
     std::vector<double> step_seconds, backward_seconds, total_seconds;
     double grad_seconds = 0;
     StepResult last;
@@ -568,6 +585,7 @@ int bench_step(int argc, char** argv) {
       total_seconds.push_back(timing.backward + timing.step);
       last = timing.result;
     }
+    if (trace_file) trace_file->write();
 
     const EngineStats stats = engine.stats();
     const double step_median = median(step_seconds);

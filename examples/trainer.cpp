@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "base/trace.hpp"
 #include "runtime/half.hpp"
 
 namespace zest::train {
@@ -86,6 +87,7 @@ class Trainer::Binding {
   }
 
   void hand_over(int group) {
+    const trace::Span span("gradient hand-off", trace::Lane::backward, group);
     auto& lease = leases_[static_cast<std::size_t>(group)];
     for (std::size_t t = 0; t < engine_.tensor_count(); ++t) {
       if (engine_.spec(t).group != group) continue;
@@ -149,6 +151,7 @@ double Trainer::step(int step) {
     range.first += static_cast<std::size_t>(micro) * micro_batch;
     std::span<charlm::Token> mine(windows_.data(), range.count * sampler_.window());
     sampler_.gather(corpus_.tokens(), static_cast<std::uint64_t>(step), range, mine);
+    const trace::Span span("forward + backward", trace::Lane::backward, micro);
     loss += model_.forward_backward(binding_->params(), binding_->grads(), mine,
                                     static_cast<double>(train_.global_batch), &binding_->hooks());
     binding_->release_all();

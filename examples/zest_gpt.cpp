@@ -2,7 +2,7 @@
 // of torch::optim::AdamW (one line), at any ZeRO stage, rank count and offload.
 //
 //   mpirun -np 4 zest-gpt --config configs/gpt-tiny.yaml [--steps N] [--load DIR] [--save DIR]
-//                         [--dump FILE]
+//                         [--dump FILE] [--trace FILE]
 //   zest-gpt --config configs/gpt-tiny.yaml --reference [--steps N] [--dump FILE]
 //
 // --reference trains the same model from the same initialisation and data order with
@@ -11,7 +11,8 @@
 // rank's slice into that many micro-batches, one backward each. --dump FILE writes
 // the final parameters (fp32, in named_parameters() order, raw) for comparison. Rank r trains on
 // its slice of each step's global batch, a function of (seed, step) alone, so the loss at step n
-// is the same for any rank count, stage and offload.
+// is the same for any rank count, stage and offload. --trace FILE writes a Chrome trace of every
+// rank's steps (a new file: an existing one is refused).
 #include <fnmatch.h>
 #include <torch/torch.h>
 
@@ -28,7 +29,9 @@
 #include "args/args.hpp"
 #include "charlm/batch_sampler.hpp"
 #include "gpt/gpt_config.hpp"
+#include "base/trace.hpp"
 #include "gpt/gpt_model.hpp"
+#include "zest/trace.hpp"
 #include "zest/torch.hpp"
 #include "zest/zest.hpp"
 
@@ -37,10 +40,11 @@ namespace {
 using namespace zest;
 
 constexpr const char* kUsage =
-    "usage: zest-gpt --config FILE [--steps N] [--reference] [--load DIR] [--save DIR] [--dump FILE]\n";
+    "usage: zest-gpt --config FILE [--steps N] [--reference] [--load DIR] [--save DIR] [--dump FILE]\n"
+    "                [--trace FILE]\n";
 
 struct Flags {
-  std::string config_path, load_dir, save_dir, dump_path;
+  std::string config_path, load_dir, save_dir, dump_path, trace_path;
   std::optional<int> steps;
   bool reference = false;
 };
@@ -175,6 +179,9 @@ int run_reference(const Config& config, const gpt::GptTrainConfig& train, const 
 int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags& flags) {
   Runtime runtime(config);
   const bool leader = runtime.rank() == 0;
+  // Refuses an existing file before any work (rank 0 creates it); records from here on.
+  std::optional<TraceFile> trace_file;
+  if (!flags.trace_path.empty()) trace_file.emplace(flags.trace_path, runtime.comm());
   Training training = prepare(config, train);
   auto& [corpus, shape, sampler, model] = training;
   const std::size_t model_bytes = [&] {
@@ -214,6 +221,7 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
     double total = 0;
     for (int micro = 0; micro < micro_batches; ++micro) {
       const charlm::ExampleRange part = charlm::rank_slice(range.count, micro, micro_batches);
+      const trace::Span span("forward + backward", trace::Lane::backward, micro);
       const auto loss = slice_loss(model, corpus, sampler, step, {range.first + part.first, part.count},
                                    shape.context);
       (loss * optimizer.loss_scale()).backward();
@@ -226,6 +234,12 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
     if (leader && (step % train.log_every == 0 || step == train.steps))
       std::printf("step %d loss %.7f grad_norm %.5f%s\n", step, total, optimizer.last_step().grad_norm,
                   optimizer.last_step().skipped ? " (skipped: overflow)" : "");
+  }
+  if (trace_file) {
+    const std::size_t dropped = trace_file->write();
+    if (leader)
+      std::printf("zest-gpt: wrote the trace of %d rank(s) to %s%s\n", runtime.world_size(), flags.trace_path.c_str(),
+                  dropped > 0 ? (" (" + std::to_string(dropped) + " events past its capacity were dropped)").c_str() : "");
   }
   if (!flags.save_dir.empty()) optimizer.save(flags.save_dir);
 
@@ -265,11 +279,14 @@ int run(int argc, char** argv) {
       else if (arg == "--save") flags.save_dir = args::path_of(argc, argv, i);
       else if (arg == "--load") flags.load_dir = args::path_of(argc, argv, i);
       else if (arg == "--dump") flags.dump_path = args::path_of(argc, argv, i);
+      else if (arg == "--trace") flags.trace_path = args::path_of(argc, argv, i);
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (flags.config_path.empty()) throw args::UsageError("--config FILE is required");
     if (flags.reference && (!flags.save_dir.empty() || !flags.load_dir.empty()))
       throw args::UsageError("--reference trains with torch alone: it takes no --save or --load");
+    if (flags.reference && !flags.trace_path.empty())
+      throw args::UsageError("--reference trains with torch alone: there is no zest step to --trace");
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest-gpt: %s\n%s", error.what(), kUsage);
     return 2;

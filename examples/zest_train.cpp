@@ -1,9 +1,10 @@
 // zest-train: a character-level language model trained with zest for everything optimizer-side.
 //
-//   mpirun -np 4 zest-train --config configs/train-tiny.yaml [--steps N] [--load DIR] [--save DIR]
+//   mpirun -np 4 zest-train --config configs/train-tiny.yaml [--steps N] [--load DIR] [--save DIR] [--trace FILE]
 //
 // --load DIR resumes from a checkpoint (any rank count and stage) at the step after the saved one;
-// --steps N is the step to stop at; --save DIR writes a checkpoint when training stops.
+// --steps N is the step to stop at; --save DIR writes a checkpoint when training stops; --trace FILE
+// writes a Chrome trace of every rank's steps (a new file: an existing one is refused).
 //
 // The model computes in fp32 on the host (its own forward and backward, OpenBLAS for the matrix
 // products); zest owns the parameters, gradients and optimizer states on the device, in the stage
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "args/args.hpp"
+#include "zest/trace.hpp"
 #include "trainer.hpp"
 #include "zest/zest.hpp"
 
@@ -27,13 +29,13 @@ namespace {
 
 using namespace zest;
 
-constexpr const char* kUsage = "usage: zest-train --config FILE [--steps N] [--load DIR] [--save DIR]\n";
+constexpr const char* kUsage = "usage: zest-train --config FILE [--steps N] [--load DIR] [--save DIR] [--trace FILE]\n";
 
 int run(int argc, char** argv) {
   if (args::asks_for_help(argc - 1, argv + 1)) return args::print_usage(kUsage);
   std::string config_path;
   std::optional<int> steps_flag;
-  std::string load_dir, save_dir;
+  std::string load_dir, save_dir, trace_path;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg = argv[i];
@@ -42,6 +44,7 @@ int run(int argc, char** argv) {
       else if (arg == "--steps") steps_flag = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
       else if (arg == "--save") save_dir = args::path_of(argc, argv, i);
       else if (arg == "--load") load_dir = args::path_of(argc, argv, i);
+      else if (arg == "--trace") trace_path = args::path_of(argc, argv, i);
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (config_path.empty()) throw args::UsageError("--config FILE is required");
@@ -57,6 +60,10 @@ int run(int argc, char** argv) {
   if (steps_flag) train.steps = *steps_flag;
   Runtime runtime(config);
   const bool leader = runtime.rank() == 0;
+  // Refuses an existing file now, before any work (rank 0 creates it: not at parsing, where rank 0
+  // could create it before another rank looks); records from here on.
+  std::optional<TraceFile> trace_file;
+  if (!trace_path.empty()) trace_file.emplace(trace_path, runtime.comm());
   const charlm::TextCorpus corpus = charlm::TextCorpus::load(train.text);
   // One BLAS thread per core this rank may use, so ranks sharing a host do not oversubscribe it.
   const int blas_threads = std::max<int>(1, static_cast<int>(runtime.cpus().size()));
@@ -98,6 +105,12 @@ int run(int argc, char** argv) {
     if (leader)
       std::printf("zest-train: saved a checkpoint of step %d to %s (in %.2f s)\n", train.steps, save_dir.c_str(),
                   seconds_since(save_start));
+  }
+  if (trace_file) {
+    const std::size_t dropped = trace_file->write();
+    if (leader)
+      std::printf("zest-train: wrote the trace of %d rank(s) to %s%s\n", runtime.world_size(), trace_path.c_str(),
+                  dropped > 0 ? (" (" + std::to_string(dropped) + " events past its capacity were dropped)").c_str() : "");
   }
   const EngineStats stats = engine.stats();
   if (leader) {

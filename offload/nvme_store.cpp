@@ -12,6 +12,7 @@
 #include <exception>
 #include <utility>
 
+#include "base/trace.hpp"
 #include "offload/checksum.hpp"
 #include "offload/worker_thread.hpp"
 #include "zest/error.hpp"
@@ -75,6 +76,7 @@ struct NvmeStore::Request : TransferRequest {
   std::mutex error_mutex;
   std::exception_ptr error;                    // the first failure (set once, under error_mutex)
   std::shared_ptr<Request> self;               // keeps the transfer alive while the rings work on it
+  trace::Event* span = nullptr;                // --trace: submission to completion
 };
 
 struct NvmeStore::Slot {
@@ -275,6 +277,9 @@ IoHandle NvmeStore::submit(RegionId id, Op op, void* buffer) {
   for (std::size_t l = 0; l < lanes; ++l) request->shares[l].next = (l + lanes - base) % lanes;
   request->lanes_left.store(busy, std::memory_order_relaxed);
   request->self = request;
+  request->span = trace::begin_transfer(op == Op::read ? "nvme read" : "nvme write",
+                                        op == Op::read ? trace::Lane::nvme_read : trace::Lane::nvme_write,
+                                        static_cast<std::int64_t>(region.padded_bytes));
   {
     std::lock_guard lock(mutex_);
     request->fixed_index = fixed_buffer_index(buffer, region.padded_bytes);
@@ -487,6 +492,7 @@ void NvmeStore::maybe_finish_share(Lane& lane, Request& request) {
   }
   end_transfer(request.id, request.op, !error);
   if (error) note_failure(self);
+  trace::end_transfer(request.span);
   request.complete(error);
   {
     std::lock_guard lock(mutex_);

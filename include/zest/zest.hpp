@@ -12,3 +12,4 @@
 #include "zest/host_purpose.hpp"
 #include "zest/runtime.hpp"
 #include "zest/topology.hpp"
+#include "zest/trace.hpp"

@@ -213,13 +213,20 @@ class Optimizer(torch.optim.Optimizer):
     its forward and backward and release them after; so using a parameter outside its module's
     forward (``x @ model.fc.weight``) raises that error. full_parameters() reads them all.
 
+    ``trace="step.json"`` records what ran when in every rank's steps (the gradient hand-offs, each
+    reduction, the updates ahead, NVMe reads and writes, the commit, the all-gather) from here to
+    ``close()`` (or exit), which writes them as one Chrome trace (open it in https://ui.perfetto.dev
+    or chrome://tracing). The file must not exist: an existing one raises ``zest.Error`` and is left
+    as it was.
+
     Checkpoints: ``save(dir)`` / ``load(dir, scheduler)`` (zest checkpoints, loadable at any rank
     count and stage). ``state_dict()`` / ``load_state_dict()`` cannot hold a sharded optimizer and
     raise ``zest.Error``. Every zest failure raises ``zest.Error`` (a RuntimeError) saying what to do.
     """
 
     def __init__(self, model: Union[torch.nn.Module, NamedParameters],
-                 config: Union[str, os.PathLike, Mapping], *, average_gradients: bool = True):
+                 config: Union[str, os.PathLike, Mapping], *, average_gradients: bool = True,
+                 trace: Union[str, os.PathLike, None] = None):
         global _atexit_registered
         cfg = _load_config(config)
         if isinstance(model, torch.nn.Module):
@@ -233,13 +240,15 @@ class Optimizer(torch.optim.Optimizer):
         if cfg.stage == 3 and module is None:
             raise Error("zest.torch.Optimizer: stage 3 hooks the modules to gather their parameters; "
                         "give the module (zest.torch.Optimizer(model, config)), not its named_parameters()")
+        if trace is not None and os.fspath(trace) == "":
+            raise Error("zest.torch.Optimizer: trace='' names no file; give a new file's path, or leave trace out")
         rank, world = _C.world()
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
         _check_launcher(world)
 
-        self._c = _C.Optimizer([(name, p) for name, p in named], cfg)
+        self._c = _C.Optimizer([(name, p) for name, p in named], cfg, os.fspath(trace) if trace is not None else "")
         self._config = cfg
         self._rank, self._world_size = rank, world
         self._average = bool(average_gradients)
@@ -354,7 +363,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def close(self) -> None:
         """Gives the parameters back to torch (each with storage of its own holding the trained
-        values; collective at stage 3) and ends this optimizer. Called at exit otherwise."""
+        values; collective at stage 3), writes the trace if one was asked for (collective), and ends
+        this optimizer. Called at exit otherwise."""
         if getattr(self, "_hooks", None) is not None:
             self._hooks.remove()
             self._hooks = None

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "base/trace.hpp"
+
 namespace zest::engine {
 
 AheadUpdates::AheadUpdates(AheadUpdater& updater, std::size_t subs, std::size_t slots, std::size_t reads_ahead)
@@ -52,6 +54,7 @@ bool AheadUpdates::cancelled(int group) const {
 }
 
 void AheadUpdates::settle(bool finish) {
+  const trace::Span span("settle updates ahead", trace::Lane::host);
   std::unique_lock<std::mutex> lock(mutex_);
   pause_ = true;
   finish_ = finish;
@@ -80,6 +83,7 @@ void AheadUpdates::confirm_until(std::size_t end, std::unique_lock<std::mutex>& 
     bool stored = updated_[position];
     lock.unlock();
     try {
+      const trace::Span span("wait for write", trace::Lane::update_ahead, static_cast<std::int64_t>(position));
       updater_.confirm(position);
     } catch (...) {
       stored = false;  // the current states are untouched: step() redoes the sub-group
@@ -130,6 +134,7 @@ void AheadUpdates::run() {
       lock.unlock();
       bool updated = true;
       try {
+        const trace::Span span("update ahead", trace::Lane::update_ahead, static_cast<std::int64_t>(item.sub));
         updater_.update(position, item.sub, *assumed);
       } catch (...) {
         updated = false;

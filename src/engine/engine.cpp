@@ -27,6 +27,7 @@
 #include "engine/param_gather.hpp"
 #include "engine/speculative_updates.hpp"
 #include "engine/split_optimizer_states.hpp"
+#include "base/trace.hpp"
 #include "engine/step_args.hpp"
 #include "offload/nvme_store.hpp"
 #include "zest/error.hpp"
@@ -368,9 +369,11 @@ void Engine::grads_ready(int group) {
 }
 
 StepResult Engine::step() {
+  const trace::Span step_span("step", trace::Lane::host);
   State& s = *state_;
   Stream& stream = *s.comm_stream;
   const engine::Layout& layout = s.layout;
+  trace::Span wait_span("wait for reductions", trace::Lane::host);
   s.grads->flush();
   const std::int64_t taken = s.steps - s.skipped;  // Adam steps before this one
   ++s.steps;
@@ -383,6 +386,7 @@ StepResult Engine::step() {
   if (layout.partitions() > 1) s.comm.all_reduce(scalars->reduced, scalars->reduced, 2, DType::f32, ReduceOp::sum, stream);
   s.device.copy_async(s.staging->scalars(), scalars, sizeof(engine::GradStatsScalars), stream);
   stream.synchronize();
+  wait_span.end();
   const auto& agreed = *static_cast<const engine::GradStatsScalars*>(s.staging->scalars());
   // One partition: nothing was reduced, and the double sum is exact.
   const bool reduced = layout.partitions() > 1;
@@ -407,9 +411,13 @@ StepResult Engine::step() {
   const optim::AdamStepArgs args = engine::adam_step_args(taken, scale, result.grad_norm, s.config.gradient_clipping);
   for (int g = 0; g < layout.group_count(); ++g)
     s.step_groups[static_cast<std::size_t>(g)] = {s.grads->reduced(g), s.params->shard_out(g)};
-  s.states->step(s.step_groups, args, s.params->sink());
-  s.params->finish_updates();
+  {
+    const trace::Span span("optimizer step", trace::Lane::host);
+    s.states->step(s.step_groups, args, s.params->sink());
+    s.params->finish_updates();
+  }
   s.grads->end_step();
+  const trace::Span span("all-gather", trace::Lane::host);
   s.params->gather_all();
   return result;
 }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "optim/adam_math.hpp"
+#include "runtime/stream_span.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -130,6 +132,9 @@ void GradBuckets::reduce(int slot) {
   Slot& staging = slots_[static_cast<std::size_t>(slot)];
   Bucket& b = buckets_[static_cast<std::size_t>(slot)];
   char* const data = static_cast<char*>(staging.buffer.data());
+  // On the stream, from the collective to the gradient in its shard; n: the bucket's first group.
+  std::optional<StreamSpan> span(std::in_place, stream_, "reduce", trace::Lane::comm_stream, 
+                                    b.entries.empty() ? -1 : b.entries.front().group);
   if (!full_grads() && b.entries.size() == 1) {
     const int g = b.entries.front().group;
     comm_.reduce_scatter(data, data + bytes(shard_begin(g)), layout_.group(g).shard, dtype_, ReduceOp::sum, stream_);
@@ -152,6 +157,7 @@ void GradBuckets::reduce(int slot) {
       accumulate(accumulated() + bytes(place.shard_offset), reduced + bytes(shard_begin(e.group)), place.shard, first,
                  landed);
   }
+  span.reset();
   if (watcher_)
     for (int g : final_now_) watcher_->final(g, reduced(g));
   // Ordered after the copies to the host shard: the bucket is reused only once they are done.

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "base/trace.hpp"
 #include "engine/residency.hpp"
 #include "engine/sub_groups.hpp"
+#include "runtime/stream_span.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -130,6 +133,8 @@ struct OffloadedOptimizer::Impl {
       adam.current_hyper(hyper);
       if (ahead) ahead->finish();  // every group handed over is updated ahead and stored
       // Groups are all or nothing, so a sink sees each group once.
+      std::optional<trace::Span> commit_span;
+      if (ahead) commit_span.emplace("commit updates ahead", trace::Lane::host);
       for (std::size_t g = 0; g < subs.groups.size(); ++g) {
         const SubGroupList::OfGroup part = subs.of_group(g);
         if (ahead && ahead->take(g, args)) {
@@ -138,6 +143,7 @@ struct OffloadedOptimizer::Impl {
         }
         for (std::size_t i = part.first; i < part.end; ++i) order.push_back(i);
       }
+      commit_span.reset();
       run(groups, args, sink);
       if (ahead) ahead->restart();
     } catch (const std::exception& error) {
@@ -154,6 +160,7 @@ struct OffloadedOptimizer::Impl {
     const char* const updated = ahead->updated(first);
     const std::size_t part_bytes = bytes(last.offset + last.count - first.offset);
     if (void* out = io.device_out) {
+      const StreamSpan up_span(*up, "upload parameters", trace::Lane::copy_stream, static_cast<std::int64_t>(g));
       device.copy_async(static_cast<char*>(out) + bytes(first.in_group), updated, part_bytes, *up);
     } else {
       std::memcpy(static_cast<char*>(sink->begin_update(static_cast<int>(g))) + bytes(first.in_group), updated,
@@ -190,6 +197,7 @@ struct OffloadedOptimizer::Impl {
     for (std::size_t i = 0; i < n; ++i) {
       const SubGroupPlace& sub = subs[order[i]];
       const std::size_t slot = i % slots;
+      const trace::Span sub_span("sub-group", trace::Lane::host, static_cast<std::int64_t>(order[i]));
       if (i + grads_ahead < n) fetch_grad(i + grads_ahead);
       if (i + reads_ahead < n) read_states(i + reads_ahead);
       if (!grads_on_host) grad_ready[slot]->synchronize();
@@ -210,16 +218,21 @@ struct OffloadedOptimizer::Impl {
         if (sub.first_of_group) host_group = static_cast<char*>(sink->begin_update(sub.group));
         out = host_group + bytes(sub.in_group);
       }
-      adam.update(sub, master, master, grad_in, out, args, hyper);
+      {
+        const trace::Span adam_span("adam update", trace::Lane::host, static_cast<std::int64_t>(order[i]));
+        adam.update(sub, master, master, grad_in, out, args, hyper);
+      }
       writes[slot] = states->store(order[i], slot, Copy::current);
       if (upload) {
         const char* source = out ? out : reinterpret_cast<const char*>(master);
+        const StreamSpan up_span(*up, "upload parameters", trace::Lane::copy_stream, static_cast<std::int64_t>(order[i]));
         device.copy_async(static_cast<char*>(io.device_out) + bytes(sub.in_group), source, bytes(sub.count), *up);
         up->record(*out_done[slot]);
       } else if (sub.last_of_group) {
         sink->end_update(sub.group);
       }
     }
+    const trace::Span wait_span("wait for uploads and writes", trace::Lane::host);
     up->synchronize();
     for (offload::IoHandle& w : writes) w.wait();
   }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "runtime/half.hpp"
+#include "runtime/stream_span.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -90,6 +91,8 @@ void ParamGather::start_gather(int g) {
   const auto& place = layout_.group(g);
   Slot& s = gathered_[static_cast<std::size_t>(slot)];
   const void* shard = shards_ ? at(shards_, place.shard_offset) : nullptr;
+  // Stage 3: the group's fetch (offload.param) and all-gather for a lease or a prefetch; n: the group.
+  const StreamSpan span(stream_, "gather group", trace::Lane::comm_stream, g);
   if (offloaded(g)) {
     offload_->fetch(g, s.shard.data(), static_cast<std::size_t>(slot), stream_);
     shard = s.shard.data();
@@ -208,9 +211,12 @@ void ParamGather::gather_all() {
   // The new shards make every gathered copy stale: one prefetched in the step but not leased in it
   // (the trainer left the recorded order) would otherwise be found by the group's next lease.
   drop_prefetched();
-  for (const GatherRun& run : plan_.gather_runs) {
-    if (run.groups.size() == 1) gather_in_place(run.groups.front());
-    else gather_through_bucket(run);
+  {
+    const StreamSpan span(stream_, "all-gather", trace::Lane::comm_stream);
+    for (const GatherRun& run : plan_.gather_runs) {
+      if (run.groups.size() == 1) gather_in_place(run.groups.front());
+      else gather_through_bucket(run);
+    }
   }
   stream_.synchronize();
 }

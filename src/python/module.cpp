@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "zest/error.hpp"
 #include "zest/runtime.hpp"
 #include "zest/torch.hpp"
+#include "zest/trace.hpp"
 
 namespace py = pybind11;
 
@@ -38,21 +40,36 @@ zest::Runtime& keep_mpi() {
 // 3: the parameters are gathered back), after which every call says so.
 class PyOptimizer {
  public:
-  PyOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named, const zest::Config& config) {
+  // `trace`: a new file for the step's trace (empty: none), recorded from here to close().
+  PyOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named, const zest::Config& config,
+              const std::string& trace) {
     keep_mpi();
     zest::torch::NamedParameters params;
     for (const auto& [name, tensor] : named) params.insert(name, tensor);
     opt_ = std::make_unique<zest::torch::Optimizer>(params, config);
+    if (!trace.empty()) trace_.emplace(trace, opt_->runtime().comm(), "zest.torch.Optimizer(trace=...)");
   }
 
   zest::torch::Optimizer& get() {
     if (!opt_) throw zest::Error("zest.torch.Optimizer: this optimizer was closed; build a new one");
     return *opt_;
   }
-  void close() { opt_.reset(); }
+  // Writes the trace (collective), then ends the optimizer even if that failed.
+  void close() {
+    try {
+      if (trace_) trace_->write();
+    } catch (...) {
+      trace_.reset();
+      opt_.reset();
+      throw;
+    }
+    trace_.reset();
+    opt_.reset();
+  }
 
  private:
   std::unique_ptr<zest::torch::Optimizer> opt_;
+  std::optional<zest::TraceFile> trace_;  // over opt_'s communicator: goes first
 };
 
 torch::optim::AdamWOptions& adamw(zest::torch::Optimizer& opt, std::size_t group) {
@@ -94,8 +111,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("hold_for_backward", &zest::torch::hold_for_backward, py::arg("params"));
 
   py::class_<PyOptimizer>(m, "Optimizer")
-      .def(py::init<const std::vector<std::pair<std::string, at::Tensor>>&, const zest::Config&>(),
-           py::arg("named_parameters"), py::arg("config"))
+      .def(py::init<const std::vector<std::pair<std::string, at::Tensor>>&, const zest::Config&, const std::string&>(),
+           py::arg("named_parameters"), py::arg("config"), py::arg("trace") = "")
       .def("close", &PyOptimizer::close)
       .def("group_count", [](PyOptimizer& o) { return o.get().param_groups().size(); })
       .def("group_params", [](PyOptimizer& o, std::size_t g) {

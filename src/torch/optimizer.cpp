@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "base/trace.hpp"
 #include "torch/param_residency.hpp"
 #include "zest/error.hpp"
 #include "zest/torch.hpp"
@@ -234,6 +235,7 @@ void Optimizer::Impl::hand_over(std::size_t t) {
   ::torch::Tensor& param = tensors[t];
   const ::torch::Tensor grad = param.grad();
   if (!grad.defined()) return;
+  const trace::Span span("gradient hand-off", trace::Lane::backward, static_cast<std::int64_t>(t));
   peak_grad_bytes = std::max(peak_grad_bytes, grad.nbytes());
   const TensorView view = engine->grad(t);
   ::torch::NoGradGuard no_grad;

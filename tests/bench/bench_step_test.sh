@@ -8,7 +8,8 @@
 # NVMe and in pinned host memory: each one's exposed step is timed --steps times, the ratio is of
 # their medians, the parameters stay bit-identical, the swap directories are removed afterwards,
 # and --optimizer-on-device or a swap directory that exists is refused. (The ratio is not held to
-# its goal here.)
+# its goal here.) --trace FILE holds both engines' timed steps and nothing from before them (the
+# bandwidth test, the weights set); an existing FILE is refused before any work and left as it was.
 # usage: bench_step_test.sh ZEST DIR   (DIR: where the temporary swap directory goes, e.g. the build dir)
 set -euo pipefail
 zest=$1
@@ -108,8 +109,36 @@ print(f"bench step --overlap ({where}): exposed step {r['exposed_seconds_today']
 PY
 }
 "$zest" bench step --path "$work" --overlap --params 2e6 --steps 2 --io-size 0.125 --reps 1 --backward 0.05 \
-  --json > "$work/overlap.json"
+  --json --trace "$work/trace.json" > "$work/overlap.json"
 check_overlap "$work/overlap.json" nvme
+python3 - "$work/trace.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+count = lambda name: sum(1 for e in spans if e["name"] == name)
+problems = []
+# Warm-up and 2 timed steps of each engine: 6 steps, 6 backward stand-ins.
+if count("step") != 6 or count("backward stand-in") != 6:
+    problems.append(f"{count('step')} steps and {count('backward stand-in')} backward stand-ins, expected 6 each")
+for name in ("gradient hand-off", "reduce", "update ahead", "commit updates ahead", "adam update", "nvme read", "nvme write"):
+    if count(name) == 0: problems.append(f"no '{name}' span")
+first = min(e["ts"] for e in spans if e["name"] == "backward stand-in")
+early = [e for e in spans if e["ts"] < first]
+if early: problems.append(f"{len(early)} spans from before the timed steps, e.g. {early[0]}")
+if doc["otherData"]["dropped_events"] != 0: problems.append(f"dropped {doc['otherData']}")
+if problems:
+    print("FAIL: --trace:\n  " + "\n  ".join(problems)); sys.exit(1)
+print(f"bench step --trace: {len(spans)} spans")
+PY
+cp "$work/trace.json" "$work/trace.copy"
+set +e
+"$zest" bench step --path "$work" --overlap --params 2e5 --io-size 0.01 --reps 1 --trace "$work/trace.json" \
+  > "$work/exists.txt" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || { echo "FAIL: --trace to an existing file exited $rc, expected 1"; cat "$work/exists.txt"; exit 1; }
+grep -q -- "--trace '$work/trace.json': the file exists" "$work/exists.txt" || { echo "FAIL: no message"; cat "$work/exists.txt"; exit 1; }
+cmp -s "$work/trace.json" "$work/trace.copy" || { echo "FAIL: the existing trace was changed"; exit 1; }
 for d in zest-bench-today zest-bench-overlap; do
   [ ! -e "$work/$d" ] || { echo "FAIL: $work/$d was left behind"; ls -lR "$work"; exit 1; }
 done

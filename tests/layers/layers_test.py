@@ -19,7 +19,7 @@ PARTS = [
     ("runtime assembly", 2, ["include/zest/runtime.hpp", "src/runtime/runtime.cpp"]),
     ("runtime", 1, ["src/runtime/", "include/zest/device.hpp", "include/zest/communicator.hpp",
                     "include/zest/runtime.hpp", "include/zest/topology.hpp", "include/zest/mpi.hpp",
-                    "include/zest/nccl.hpp"]),
+                    "include/zest/nccl.hpp", "include/zest/trace.hpp"]),
     ("offload", 2, ["offload/"]),
     ("optim", 2, ["src/optim/", "kernels/"]),
     ("checkpoint", 3, ["src/checkpoint/", "include/zest/checkpoint.hpp"]),

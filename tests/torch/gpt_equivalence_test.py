@@ -2,7 +2,9 @@
 """zest-gpt trained through zest::torch::Optimizer equals the same model trained with
 torch::optim::AdamW (zest-gpt --reference: same initialisation, data order, StepLR schedule and
 no-decay group) at every rank count, stage and offload; a resumed run equals the uninterrupted
-one; bf16 stays within a loose bound; stage 3 holds a fraction of the parameters.
+one; bf16 stays within a loose bound; stage 3 holds a fraction of the parameters. The offloaded run
+with overlap on NVMe also writes --trace: equal all the same, its trace holds every rank's backward,
+hand-offs, updates ahead and NVMe transfers.
 
 usage: gpt_equivalence_test.py ZEST_GPT MPIRUN SOURCE_DIR CASE   (CASE: stages, offload, resume,
        bf16, memory; MPIRUN "-" in a build without MPI: only the single-process runs, the rest
@@ -67,6 +69,24 @@ def run(name, cfg, ranks=None, *flags):
 
 
 failures = []
+
+
+def check_trace(path, ranks, name):
+    """--trace's file: one JSON document with each rank's backward, the adapter's hand-offs, the
+    updates ahead and the NVMe transfers on their lanes."""
+    import json
+    with open(path) as f:
+        doc = json.load(f)
+    lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    for rank in range(ranks):
+        seen = {(e["name"], lanes[(e["pid"], e["tid"])]) for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == rank}
+        for expected in (("forward + backward", "backward"), ("gradient hand-off", "backward"), ("step", "host"),
+                         ("update ahead", "update ahead"), ("gather group", "comm stream")):
+            if expected not in seen:
+                failures.append("%s --trace: rank %d has no %s span on '%s'" % ((name, rank) + expected))
+        if not any(n == "nvme read" for n, _ in seen):
+            failures.append("%s --trace: rank %d has no NVMe read" % (name, rank))
 
 
 def same(ref, got, name, loss_rel=2e-6, param_rms=2e-5, param_abs=5e-4, steps=range(1, STEPS + 1)):
@@ -134,7 +154,11 @@ elif case == "offload":
                     section += "  %s:\n    device: %s\n    path: \"%s\"\n" % (part, device, path)
             if target == "overlap":
                 section += "    overlap: true\n"
-            same(ref, run(name, config(name, stage, extra=section), ranks), name)
+            traced = target == "overlap" and device == "nvme"
+            trace = os.path.join(work, name + "-trace.json")
+            same(ref, run(name, config(name, stage, extra=section), ranks, *(["--trace", trace] if traced else [])), name)
+            if traced and mpirun != "-":
+                check_trace(trace, ranks, name)
 elif case == "resume":
     # 10 steps, a checkpoint, 10 more: on the same layout, and resharded to another rank count
     # and stage; both equal the uninterrupted run (which equals the reference: case stages).
