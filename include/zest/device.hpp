@@ -42,19 +42,28 @@ struct MemoryStats {
 
 // What a block of pinned host memory is for, as its caller labels it: the device counts each
 // label's bytes apart (HostMemoryStats) and gives labels no meaning. The engine labels its blocks
-// by zest::HostPurpose (zest/host_purpose.hpp); a caller may use any enumeration of its own whose
-// values are below kCount, which converts implicitly. Unlabelled blocks count under the last label.
+// by zest::HostPurpose (zest/host_purpose.hpp). A caller's own enumeration labels them once it
+// says so (`template <> inline constexpr bool zest::is_host_label<MyLabels> = true;`), so that no
+// other enumeration converts by mistake; its values must be below HostLabel::kCount (an Error
+// otherwise). Unlabelled blocks count under the last label.
+template <class Enum>
+inline constexpr bool is_host_label = false;
+
+[[noreturn]] void throw_host_label_out_of_range(std::size_t index);
+
 class HostLabel {
  public:
   static constexpr std::size_t kCount = 8;
   static constexpr HostLabel unlabelled() { return HostLabel(kCount - 1); }
   template <class Enum>
-    requires std::is_enum_v<Enum>
-  constexpr HostLabel(Enum value) : index_(static_cast<std::size_t>(value)) {}  // implicit: a label is its value
+    requires(std::is_enum_v<Enum> && is_host_label<Enum>)
+  constexpr HostLabel(Enum value) : HostLabel(static_cast<std::size_t>(value)) {}  // implicit: a label is its value
   constexpr std::size_t index() const { return index_; }
 
  private:
-  explicit constexpr HostLabel(std::size_t index) : index_(index) {}
+  explicit constexpr HostLabel(std::size_t index) : index_(index) {
+    if (index >= kCount) throw_host_label_out_of_range(index);
+  }
   std::size_t index_;
 };
 
@@ -177,8 +186,7 @@ class Device {
   // Counted against the budget; throws OutOfDeviceMemory naming the budget, the request and the
   // largest categories. Aligned to 256 bytes. Contents are unspecified.
   DeviceBuffer allocate(std::size_t bytes, MemoryCategory category);
-  // Pinned host memory for offload, counted separately (pinned_stats), under `label`. Throws
-  // zest::Error for a label of kCount or more.
+  // Pinned host memory for offload, counted separately (pinned_stats), under `label`.
   // Page-aligned, pre-faulted.
   HostBuffer allocate_pinned(std::size_t bytes, HostLabel label = HostLabel::unlabelled());
 

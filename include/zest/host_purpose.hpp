@@ -23,6 +23,8 @@ enum class HostPurpose : unsigned char {
   engine, optimizer_states, optimizer_staging, optimizer_swap, param_shards, param_swap, grad_shards, other
 };
 inline constexpr std::size_t kHostPurposeCount = 8;
+template <>
+inline constexpr bool is_host_label<HostPurpose> = true;
 static_assert(kHostPurposeCount == HostLabel::kCount, "one device label per purpose");
 static_assert(HostLabel(HostPurpose::other).index() == HostLabel::unlabelled().index(),
               "what the device counts unlabelled is the engine's `other`");

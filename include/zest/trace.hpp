@@ -31,7 +31,8 @@ class TraceFile {
 
   // Collective over `comm`, which must outlive this. `option` names the flag or argument in
   // errors (e.g. "--trace"). Throws zest::Error on every rank when rank 0 cannot create `path`
-  // (it exists, or its directory is missing), or when a trace is already recording.
+  // (it exists, or its directory is missing), or when a trace is already recording; and for a
+  // capacity of 0 or past trace::kMaxCapacity (2^24 events), before any file is made.
   TraceFile(std::string path, Communicator& comm, std::string option = "--trace",
             std::size_t capacity = kDefaultCapacity);
   // Not written: stops recording and removes the file this created (if it is still that file).
@@ -40,11 +41,14 @@ class TraceFile {
   TraceFile& operator=(const TraceFile&) = delete;
 
   // Collective: stops recording, brings every rank's events to rank 0, which writes the file.
-  // Returns the events dropped over all ranks (past the capacity; also in the file's otherData).
-  // Once only; throws IoError when the write fails (and removes what it wrote).
+  // Rank 0 writes each rank's events as they arrive, holding one 256 KiB chunk at a time. Returns
+  // the events dropped over all ranks (past the capacity; also in the file's otherData). Once only.
+  // When rank 0's write fails, every rank throws (rank 0 an IoError, the others an Error naming
+  // rank 0's failure) and what was written is removed.
   std::size_t write();
-  // Drops what was recorded so far and records anew (zest bench step: the timed steps only). Call
-  // it with nothing in flight: the streams synchronized, no transfer running.
+  // Collective: drops what was recorded so far and records anew, every rank's clock restarted after
+  // a barrier (zest bench step: the timed steps only). Call it with nothing in flight: the streams
+  // synchronized, no transfer running.
   void restart();
   const std::string& path() const { return path_; }
 

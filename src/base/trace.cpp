@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "zest/error.hpp"
 
@@ -14,6 +15,10 @@ std::atomic<bool> recording{false};
 }
 
 namespace {
+
+// Held from start() to stop(): start() claims it in one step, so of two threads starting at once
+// one is refused (`recording` itself is set only once the room is ready).
+std::atomic<bool> claimed{false};
 
 using Clock = std::chrono::steady_clock;
 
@@ -72,14 +77,22 @@ std::int64_t now_ns() noexcept {
 }
 
 void start(std::size_t capacity) {
-  if (detail::recording.load(std::memory_order_acquire))
+  if (capacity == 0 || capacity > kMaxCapacity)
+    throw Error("trace: a capacity of " + std::to_string(capacity) + " events; give 1 to " + std::to_string(kMaxCapacity));
+  bool expected = false;
+  if (!claimed.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
     throw Error("trace: already recording (one trace at a time per process); write or stop the first one");
-  if (capacity == 0) throw Error("trace: a capacity of 0 events records nothing; give at least 1");
   Recorder& r = recorder();
   if (r.capacity == capacity) {
     for (std::size_t i = 0; i < capacity; ++i) r.events[i].ready.store(false, std::memory_order_relaxed);
   } else {
-    r.events = std::make_unique<Event[]>(capacity);
+    try {
+      r.events = std::make_unique<Event[]>(capacity);
+    } catch (...) {
+      r.capacity = 0;  // the old room is gone either way
+      claimed.store(false, std::memory_order_release);
+      throw;
+    }
     r.capacity = capacity;
   }
   r.next.store(0, std::memory_order_relaxed);
@@ -89,7 +102,10 @@ void start(std::size_t capacity) {
   detail::recording.store(true, std::memory_order_release);
 }
 
-void stop() noexcept { detail::recording.store(false, std::memory_order_release); }
+void stop() noexcept {
+  detail::recording.store(false, std::memory_order_release);
+  claimed.store(false, std::memory_order_release);
+}
 
 std::size_t dropped() noexcept { return recorder().dropped.load(std::memory_order_relaxed); }
 std::size_t capacity() noexcept { return recorder().capacity; }

@@ -31,6 +31,8 @@ enum class Lane : std::uint8_t {
   nvme_write,
 };
 inline constexpr int kLaneCount = 7;
+// The most events start() allocates room for: 2^24 of 40 bytes, 640 MiB per rank.
+inline constexpr std::size_t kMaxCapacity = std::size_t{1} << 24;
 inline constexpr int kTracksPerLane = 8;  // transfers side by side on the nvme lanes
 const char* lane_name(Lane lane) noexcept;
 
@@ -54,7 +56,7 @@ std::int64_t now_ns() noexcept;  // since start()
 // Allocates room for `capacity` events (or reuses the last start's room of that size) and starts
 // recording; clears what an earlier recording held. Call it with no span of an earlier recording
 // still open on another thread. Throws zest::Error while recording already (one trace at a time
-// per process) or for a capacity of 0.
+// per process, also when two threads start at once) or for a capacity of 0 or past kMaxCapacity.
 void start(std::size_t capacity);
 // Stops recording. Events still being filled by other threads are left out of what follows.
 void stop() noexcept;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <string>
 
 #include "optim/adam_math.hpp"
@@ -132,32 +131,33 @@ void GradBuckets::reduce(int slot) {
   Slot& staging = slots_[static_cast<std::size_t>(slot)];
   Bucket& b = buckets_[static_cast<std::size_t>(slot)];
   char* const data = static_cast<char*>(staging.buffer.data());
-  // On the stream, from the collective to the gradient in its shard; n: the bucket's first group.
-  std::optional<StreamSpan> span(std::in_place, stream_, "reduce", trace::Lane::comm_stream, 
-                                    b.entries.empty() ? -1 : b.entries.front().group);
-  if (!full_grads() && b.entries.size() == 1) {
-    const int g = b.entries.front().group;
-    comm_.reduce_scatter(data, data + bytes(shard_begin(g)), layout_.group(g).shard, dtype_, ReduceOp::sum, stream_);
-  } else if (comm_.size() > 1) {
-    comm_.all_reduce(data, data, b.used, dtype_, ReduceOp::sum, stream_);
+  {
+    // On the stream, from the collective to the gradient in its shard; n: the bucket's first group.
+    const StreamSpan span(stream_, "reduce", trace::Lane::comm_stream,
+                          b.entries.empty() ? -1 : b.entries.front().group);
+    if (!full_grads() && b.entries.size() == 1) {
+      const int g = b.entries.front().group;
+      comm_.reduce_scatter(data, data + bytes(shard_begin(g)), layout_.group(g).shard, dtype_, ReduceOp::sum, stream_);
+    } else if (comm_.size() > 1) {
+      comm_.all_reduce(data, data, b.used, dtype_, ReduceOp::sum, stream_);
+    }
+    std::size_t landed = 0;
+    final_now_.clear();
+    for (const Bucket::Entry& e : b.entries) {
+      const int reductions = ++reductions_[static_cast<std::size_t>(e.group)];
+      if (watcher_ && reductions > micro_batches_) watcher_->changing(e.group);
+      if (reductions == micro_batches_) final_now_.push_back(e.group);
+      const auto& place = layout_.group(e.group);
+      const bool first = !summed_[static_cast<std::size_t>(e.group)];
+      summed_[static_cast<std::size_t>(e.group)] = true;
+      char* const reduced = data + bytes(e.offset);
+      if (full_grads())
+        accumulate(accumulated() + bytes(place.full_offset), reduced, place.padded, first, landed);
+      else
+        accumulate(accumulated() + bytes(place.shard_offset), reduced + bytes(shard_begin(e.group)), place.shard, first,
+                   landed);
+    }
   }
-  std::size_t landed = 0;
-  final_now_.clear();
-  for (const Bucket::Entry& e : b.entries) {
-    const int reductions = ++reductions_[static_cast<std::size_t>(e.group)];
-    if (watcher_ && reductions > micro_batches_) watcher_->changing(e.group);
-    if (reductions == micro_batches_) final_now_.push_back(e.group);
-    const auto& place = layout_.group(e.group);
-    const bool first = !summed_[static_cast<std::size_t>(e.group)];
-    summed_[static_cast<std::size_t>(e.group)] = true;
-    char* const reduced = data + bytes(e.offset);
-    if (full_grads())
-      accumulate(accumulated() + bytes(place.full_offset), reduced, place.padded, first, landed);
-    else
-      accumulate(accumulated() + bytes(place.shard_offset), reduced + bytes(shard_begin(e.group)), place.shard, first,
-                 landed);
-  }
-  span.reset();
   if (watcher_)
     for (int g : final_now_) watcher_->final(g, reduced(g));
   // Ordered after the copies to the host shard: the bucket is reused only once they are done.

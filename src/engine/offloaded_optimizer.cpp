@@ -39,6 +39,11 @@ std::unique_ptr<Residency> swapped_states(Device& device, const OptimizerOffload
                                          names, bytes, plan.overlap ? 2 : 1, plan.state_slot_bytes, slots);
 }
 
+const optim::AdamHyperParams& first_hyper(const HyperRuns& runs) {
+  if (runs.empty()) throw Error("offloaded optimizer: no optimizer parameter group covers the shard; pass its runs");
+  return *runs.front().hyper;
+}
+
 std::size_t checked_slots(const OptimizerOffloadPlan& plan) {
   if (plan.slots < 2)
     throw Error(std::string("offloaded optimizer: offload.optimizer.buffer_count must be at least 2, got ")
@@ -58,7 +63,7 @@ struct OffloadedOptimizer::Impl {
         largest(plan.largest),
         grad_slot_bytes(plan.grad_slot_bytes),
         grads_on_host(plan.grads_on_host),
-        adam(*runs.front().hyper, threads, d.host_cpus(), runs, t),
+        adam(first_hyper(runs), threads, d.host_cpus(), runs, t),
         down(d.create_stream()),
         up(d.create_stream()) {
     order.reserve(subs.size());
@@ -261,10 +266,10 @@ struct OffloadedOptimizer::Impl {
   std::vector<std::size_t> order;             // the sub-groups step()'s pipeline runs
   HostBuffer grad_staging, out_staging;       // grad_staging: empty with grads_on_host
   std::vector<std::unique_ptr<Event>> grad_ready, out_done;
-  std::vector<offload::IoHandle> reads, writes;  // per slot
   std::string broken_reason;
   std::unique_ptr<Residency> states;
-  // Declared last, destroyed first: their work refers to the buffers above.
+  // Declared after what they move, destroyed before it: their work refers to the buffers above.
+  std::vector<offload::IoHandle> reads, writes;  // per slot
   std::unique_ptr<Stream> down, up;
   std::unique_ptr<SpeculativeUpdates> ahead;  // overlap only: stopped before anything it uses goes
 };

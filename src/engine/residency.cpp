@@ -14,6 +14,12 @@ Residency::Residency(std::size_t pieces, int copies) : copies_(copies), spare_is
     throw Error(std::string("residency: a piece has one or two copies, not ").append(std::to_string(copies)));
 }
 
+void Residency::require_spare(const char* what) const {
+  if (copies_ < 2)
+    throw Error(std::string("residency: ").append(what).append(" needs two copies of each piece; this one keeps one "
+                                                                 "(offload.optimizer.overlap makes two)"));
+}
+
 PinnedResidency::PinnedResidency(Device& device, HostPurpose purpose, std::size_t bytes, int copies,
                                  std::vector<std::size_t> offsets)
     : Residency(offsets.size(), copies), offsets_(std::move(offsets)) {
@@ -40,6 +46,14 @@ NvmeResidency::NvmeResidency(Device& device, HostPurpose purpose, std::shared_pt
   if (store_->alignment() != kNvmeAlignment)
     throw Error(std::string(owner).append(": the store's alignment is ").append(std::to_string(store_->alignment()))
                     .append(" bytes, the memory plan's ").append(std::to_string(kNvmeAlignment)));
+  if (slots == 0) throw Error(std::string(owner).append(": no staging slot to move its pieces through; give at least one"));
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const std::size_t moved = (bytes[i] + kNvmeAlignment - 1) / kNvmeAlignment * kNvmeAlignment;
+    if (moved > slot_bytes)
+      throw Error(std::string(owner).append(": piece ").append(std::to_string(i)).append(" moves ")
+                      .append(std::to_string(moved)).append(" bytes through a staging slot of ")
+                      .append(std::to_string(slot_bytes)).append("; the slots must hold the largest piece"));
+  }
   slots_ = device.allocate_pinned(slots * slot_bytes, purpose);
   std::memset(slots_.data(), 0, slots_.bytes());
   // Zeros (padding included) into every piece's current copy, from each slot in turn, which keeps

@@ -51,17 +51,24 @@ class Residency {
   virtual std::size_t pinned_bytes() const = 0;  // the arrays or the slots
 
   // With two copies: `piece`'s spare copy becomes its current one (and the current one spare).
-  void promote(std::size_t piece) { spare_is_current_[piece] = !spare_is_current_[piece]; }
+  // Throws Error with one copy.
+  void promote(std::size_t piece) {
+    require_spare("promote");
+    spare_is_current_[piece] = !spare_is_current_[piece];
+  }
 
  protected:
   Residency(std::size_t pieces, int copies);
-  // Which of the two copies (0 or 1) `copy` names for `piece` now.
+  // Which of the two copies (0 or 1) `copy` names for `piece` now; Error for the spare of one copy.
   int index(std::size_t piece, Copy copy) const {
+    if (copy == Copy::spare) require_spare("the spare copy");
     return static_cast<int>(spare_is_current_[piece]) ^ (copy == Copy::spare ? 1 : 0);
   }
   int copies() const { return copies_; }
 
  private:
+  void require_spare(const char* what) const;
+
   const int copies_;
   std::vector<bool> spare_is_current_;  // per piece: copy 1 is the current one
 };

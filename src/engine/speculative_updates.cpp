@@ -90,7 +90,12 @@ bool SpeculativeUpdates::updated_ahead(SubGroupList::OfGroup part) const {
 }
 
 void SpeculativeUpdates::read(std::size_t position, std::size_t i) {
-  reads_[position % slots_] = residency_.load(i, position % slots_, Copy::current);
+  offload::IoHandle& slot_read = reads_[position % slots_];
+  // The slot's previous read is over before this one starts: that of a sub-group whose group was
+  // cancelled is never waited for by update(), and two reads in flight into one slot may finish
+  // in either order (the older one's data would win).
+  slot_read = offload::IoHandle();
+  slot_read = residency_.load(i, position % slots_, Copy::current);
 }
 
 void SpeculativeUpdates::update(std::size_t position, std::size_t i, const Assumption& assumed) {

@@ -46,11 +46,12 @@ DeviceBuffer Device::allocate(std::size_t bytes, MemoryCategory category) {
   return DeviceBuffer(this, data, bytes, category);
 }
 
+void throw_host_label_out_of_range(std::size_t index) {
+  throw Error("pinned memory label " + std::to_string(index) + " is not below HostLabel::kCount (" +
+              std::to_string(HostLabel::kCount) + "); use one of kCount labels, or none");
+}
+
 HostBuffer Device::allocate_pinned(std::size_t bytes, HostLabel label) {
-  if (label.index() >= HostLabel::kCount) {
-    throw Error("allocate_pinned: label " + std::to_string(label.index()) + " is not below HostLabel::kCount (" +
-                std::to_string(HostLabel::kCount) + "); use one of kCount labels, or none");
-  }
   if (bytes == 0) return HostBuffer();
   bool locked = false;
   void* data = allocate_pinned_bytes(bytes, locked);

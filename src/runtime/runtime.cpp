@@ -1,5 +1,10 @@
 #include "zest/runtime.hpp"
 
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "runtime/thread_binding.hpp"
 #include "runtime/world.hpp"
 #include "zest/error.hpp"
 
@@ -11,6 +16,21 @@ CommBackend resolve_backend(const Config& config) {
   return config.device.type == DeviceType::cuda ? CommBackend::nccl : CommBackend::mpi;
 }
 
+// A program's own list of the rank's cpus: each one this process may run on, once.
+void check_rank_cpus(const std::vector<int>& cpus) {
+  const std::string named = "Runtime(config, cpus): ";
+  if (cpus.empty()) throw Error(named + "the list of this rank's cpus is empty; give at least one, or let zest choose");
+  const std::vector<int> allowed = detail::allowed_cpus();
+  std::set<int> seen;
+  for (const int cpu : cpus) {
+    if (std::find(allowed.begin(), allowed.end(), cpu) == allowed.end())
+      throw Error(named + "cpu " + std::to_string(cpu) + " is not one this process may run on (" +
+                  std::to_string(allowed.size()) + " allowed, from " + std::to_string(allowed.front()) + " to " +
+                  std::to_string(allowed.back()) + "); give cpus of its affinity mask");
+    if (!seen.insert(cpu).second) throw Error(named + "cpu " + std::to_string(cpu) + " is listed twice; list each once");
+  }
+}
+
 }  // namespace
 
 Runtime::Runtime(const Config& config) : Runtime(config, nullptr) {}
@@ -20,8 +40,7 @@ Runtime::Runtime(const Config& config, std::vector<int> cpus) : Runtime(config, 
 Runtime::Runtime(const Config& config, const std::vector<int>* chosen_cpus)
     : world_(make_world()), topology_(Topology::detect()) {
   const int ordinal = world_->local_rank();
-  if (chosen_cpus && chosen_cpus->empty())
-    throw Error("Runtime: the list of this rank's cpus is empty; give at least one, or let zest choose");
+  if (chosen_cpus) check_rank_cpus(*chosen_cpus);
   cpus_ = chosen_cpus ? *chosen_cpus
                       : topology_.cpus_for_rank(config.device.type, ordinal, world_->local_rank(), world_->local_size());
   // The device carries the rank's cpus to every host thread zest starts for it (its streams, and

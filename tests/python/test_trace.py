@@ -44,8 +44,7 @@ def test_trace_holds_every_rank_and_lane(ddp, shared_dir):
                          ("commit updates ahead", "host"), ("all-gather", "comm stream")]:
             assert expected in names, (rank, expected, sorted(names))
         assert any(name == "nvme read" for name, _ in names) and any(name == "nvme write" for name, _ in names)
-        if WORLD > 1:
-            assert ("reduce", "comm stream") in names
+        assert ("reduce", "comm stream") in names  # a bucket's span even at one rank, where nothing is sent
 
 
 def test_existing_trace_file_is_refused_and_kept(ddp, shared_dir):

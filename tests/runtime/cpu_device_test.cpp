@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tests/runtime/watchdog.hpp"
@@ -374,10 +375,18 @@ TEST(CpuDevice, PinnedMoveAssignReleasesTheOldBlock) {
   EXPECT_EQ(device->pinned_stats().current, 0u);
 }
 
-// The device counts pinned memory by the caller's labels without knowing them: any enumeration
-// below HostLabel::kCount is a label, unlabelled blocks count under the last one, and a label out
-// of range is refused before anything is allocated.
+// The device counts pinned memory by the caller's labels without knowing them: an enumeration
+// that says it is a label (below HostLabel::kCount), unlabelled blocks under the last one, and a
+// label out of range is refused before anything is allocated.
 enum class TrainerLabel : unsigned char { activations = 2, data = 5, past_the_end = HostLabel::kCount };
+enum class NotALabel { a };
+}  // namespace
+template <>
+inline constexpr bool is_host_label<TrainerLabel> = true;
+namespace {
+static_assert(std::is_convertible_v<TrainerLabel, HostLabel>);
+static_assert(!std::is_convertible_v<NotALabel, HostLabel>, "an enumeration must opt in to label memory");
+static_assert(!std::is_convertible_v<MemoryCategory, HostLabel>, "device categories are not host labels");
 
 TEST(CpuDevice, PinnedMemoryIsCountedByTheCallersLabels) {
   auto device = make_cpu_device(4096);
@@ -397,7 +406,7 @@ TEST(CpuDevice, PinnedMemoryIsCountedByTheCallersLabels) {
     static_cast<void>(device->allocate_pinned(100, TrainerLabel::past_the_end));
     ADD_FAILURE() << "a label past HostLabel::kCount was accepted";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("label 8 is not below HostLabel::kCount (8)"), std::string::npos)
+    EXPECT_NE(std::string(error.what()).find("pinned memory label 8 is not below HostLabel::kCount (8)"), std::string::npos)
         << error.what();
   }
   EXPECT_EQ(device->pinned_stats().current, 1500u);

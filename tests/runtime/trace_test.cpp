@@ -5,9 +5,12 @@
 // trace never written leaves nothing behind.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -230,6 +233,44 @@ TEST_F(TraceTest, UnwrittenTraceRemovesOnlyTheFileItCreated) {
     std::ofstream(file) << "someone else's";
   }
   EXPECT_EQ(read_text(file), "someone else's");
+}
+
+// A write that fails part-way (here: past the file size limit) is no trace: the file goes, the
+// error names the file, and the capacity is checked before any file is made. In a child process,
+// whose size limit and signals the test may change.
+TEST_F(TraceTest, TraceWrittenInPartIsRemovedAndBadCapacitiesAreRefusedFirst) {
+  EXPECT_THROW(TraceFile((dir_ / "none.json").string(), comm_, "--trace", 0), Error);
+  EXPECT_THROW(TraceFile((dir_ / "huge.json").string(), comm_, "--trace", trace::kMaxCapacity + 1), Error);
+  EXPECT_FALSE(fs::exists(dir_ / "none.json"));
+  EXPECT_FALSE(fs::exists(dir_ / "huge.json"));
+
+  const fs::path file = dir_ / "cut.json";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+    const rlimit limit{200, 200};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(3);
+    try {
+      TraceFile trace(file.string(), comm_, "--trace", 64);
+      for (int i = 0; i < 64; ++i) {
+        const trace::Span span("a span long enough to pass the limit", trace::Lane::host, i);
+      }
+      trace.write();
+      ::_exit(4);  // the write should have failed
+    } catch (const IoError& error) {
+      const std::string message = error.what();
+      ::_exit(message.find(file.string()) == std::string::npos ? 5 : fs::exists(file) ? 6 : 0);
+    } catch (...) {
+      ::_exit(7);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: setrlimit failed, 4: the write passed the limit, 5: the error does not "
+                                       "name the file, 6: the file is still there, 7: another error";
+  EXPECT_FALSE(fs::exists(file));
 }
 
 }  // namespace
