@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "optim/adam_kernels.hpp"
+#include "optim/compact_math.hpp"
 
 #if !defined(ZEST_ADAM_ISA_NS)
 #error "compile adam_kernels.cpp with -DZEST_ADAM_ISA_NS=<namespace> (see src/optim/meson.build)"
@@ -77,6 +78,12 @@ inline void store_f16(std::uint16_t* p, VecF x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+using VecU = std::uint32_t __attribute__((vector_size(64)));
+constexpr VecU kLaneOffsets = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+// The low 16 bits of each word (all words hold values below 0x10000).
+inline void store_low16(std::uint16_t* p, VecU x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(__builtin_bit_cast(__m512i, x)));
+}
 
 struct SquareSum {
   __m512d lo = _mm512_setzero_pd();
@@ -124,6 +131,14 @@ inline void store_f16(std::uint16_t* p, VecF x) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                    _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+using VecU = std::uint32_t __attribute__((vector_size(32)));
+constexpr VecU kLaneOffsets = {0, 1, 2, 3, 4, 5, 6, 7};
+// The low 16 bits of each word: every word holds a value below 0x10000, so the saturating pack is exact.
+inline void store_low16(std::uint16_t* p, VecU x) {
+  const __m256i w = __builtin_bit_cast(__m256i, x);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+}
 
 struct SquareSum {
   __m256d lo = _mm256_setzero_pd();
@@ -155,6 +170,9 @@ inline VecF load_bf16(const std::uint16_t* p) { return bf16_to_float(*p); }
 inline VecF load_f16(const std::uint16_t* p) { return fp16_to_float(*p); }
 inline void store_bf16(std::uint16_t* p, VecF x) { *p = float_to_bf16(x); }
 inline void store_f16(std::uint16_t* p, VecF x) { *p = float_to_fp16(x); }
+using VecU = std::uint32_t;
+constexpr VecU kLaneOffsets = 0;
+inline void store_low16(std::uint16_t* p, VecU x) { *p = static_cast<std::uint16_t>(x); }
 
 struct SquareSum {
   double sum = 0.0;
@@ -238,20 +256,87 @@ void for_each_vector(const AdamRange& r, const Op& op_in) {
   }
 }
 
-template <class Op>
-void dispatch(const AdamRange& r, const Op& op) {
-  const Out out = r.out == nullptr ? Out::none : (r.out_dtype == DType::f16 ? Out::f16 : Out::bf16);
+// Calls run.template operator()<G, O>() for the range's gradient type and output.
+template <class Run>
+void with_types(DType grad_dtype, const void* out_ptr, DType out_dtype, const Run& run) {
+  const Out out = out_ptr == nullptr ? Out::none : (out_dtype == DType::f16 ? Out::f16 : Out::bf16);
   auto with_grad = [&]<Out O>() {
-    switch (r.grad_dtype) {
-      case DType::f32: for_each_vector<DType::f32, O>(r, op); return;
-      case DType::bf16: for_each_vector<DType::bf16, O>(r, op); return;
-      case DType::f16: for_each_vector<DType::f16, O>(r, op); return;
+    switch (grad_dtype) {
+      case DType::f32: run.template operator()<DType::f32, O>(); return;
+      case DType::bf16: run.template operator()<DType::bf16, O>(); return;
+      case DType::f16: run.template operator()<DType::f16, O>(); return;
     }
   };
   switch (out) {
     case Out::none: with_grad.template operator()<Out::none>(); return;
     case Out::bf16: with_grad.template operator()<Out::bf16>(); return;
     case Out::f16: with_grad.template operator()<Out::f16>(); return;
+  }
+}
+
+template <class Op>
+void dispatch(const AdamRange& r, const Op& op) {
+  with_types(r.grad_dtype, r.out, r.out_dtype,
+             [&]<DType G, Out O>() { for_each_vector<G, O>(r, op); });
+}
+
+inline VecU as_words(VecF x) { return __builtin_bit_cast(VecU, x); }
+
+// One vector of the bf16-states update at offset i of the pointers; `index` is the global index
+// of its first element (the rounding bits' counter).
+template <DType G, Out O>
+inline void bf16_states_at(float* p, std::uint16_t* m, std::uint16_t* v, const void* grad, void* out,
+                           std::size_t i, std::uint64_t index, const AdamCoefficients& c,
+                           VecU key_lo, VecU key_hi) {
+  VecF pv = load_f32(p + i);
+  VecF mv = load_bf16(m + i);
+  VecF vv = load_bf16(v + i);
+  adam_update(pv, mv, vv, load_grad<G>(grad, i), c);
+  VecU lo;
+  VecU hi;
+  add_index(VecU{} + static_cast<std::uint32_t>(index), VecU{} + static_cast<std::uint32_t>(index >> 32),
+            kLaneOffsets, lo, hi);
+  const VecU bits = state_random_bits(lo, hi, key_lo, key_hi);
+  store_f32(p + i, pv);
+  store_low16(m + i, stochastic_round_bf16_bits(as_words(mv), bits & 0xffffu));
+  store_low16(v + i, stochastic_round_bf16_bits(as_words(vv), bits >> 16));
+  store_out<O>(out, i, pv);
+}
+
+// As for_each_vector, for bf16 m and v.
+template <DType G, Out O>
+void for_each_bf16_states_vector(const CompactAdamRange& r, const AdamCoefficients& c_in,
+                                 std::uint64_t key) {
+  const AdamCoefficients c = c_in;  // local copies: see for_each_vector
+  float* const p = r.master;
+  std::uint16_t* const m = static_cast<std::uint16_t*>(r.m);
+  std::uint16_t* const v = static_cast<std::uint16_t*>(r.v);
+  const void* const grad = r.grad;
+  void* const out = r.out;
+  const std::size_t n = r.count;
+  const std::uint64_t first = r.first_index;
+  const VecU key_lo = VecU{} + static_cast<std::uint32_t>(key);
+  const VecU key_hi = VecU{} + static_cast<std::uint32_t>(key >> 32);
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) bf16_states_at<G, O>(p, m, v, grad, out, i, first + i, c, key_lo, key_hi);
+  if constexpr (kLanes > 1) {
+    const std::size_t rest = n - i;
+    if (rest == 0) return;
+    alignas(64) float tp[kLanes] = {};
+    alignas(64) std::uint16_t tm[kLanes] = {};
+    alignas(64) std::uint16_t tv[kLanes] = {};
+    alignas(64) unsigned char tg[kLanes * 4] = {};
+    alignas(64) unsigned char to[kLanes * 2] = {};
+    constexpr std::size_t grad_size = dtype_size(G);
+    std::memcpy(tp, p + i, rest * 4);
+    std::memcpy(tm, m + i, rest * 2);
+    std::memcpy(tv, v + i, rest * 2);
+    std::memcpy(tg, static_cast<const unsigned char*>(grad) + i * grad_size, rest * grad_size);
+    bf16_states_at<G, O>(tp, tm, tv, tg, to, 0, first + i, c, key_lo, key_hi);
+    std::memcpy(p + i, tp, rest * 4);
+    std::memcpy(m + i, tm, rest * 2);
+    std::memcpy(v + i, tv, rest * 2);
+    if constexpr (O != Out::none) std::memcpy(static_cast<unsigned char*>(out) + i * 2, to, rest * 2);
   }
 }
 
@@ -284,6 +369,14 @@ void roofline(const AdamRange& range) {
     p = p + g * k;
     m = m + g * k;
     v = v + g * k;
+  });
+}
+
+void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c, const StateRounding& rounding) {
+  // CpuAdam refuses the formats without a kernel; only bf16 reaches here.
+  if (range.states != StatesFormat::bf16) return;
+  with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
+    for_each_bf16_states_vector<G, O>(range, c, rounding.key);
   });
 }
 
