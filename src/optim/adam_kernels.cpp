@@ -282,32 +282,27 @@ void dispatch(const AdamRange& r, const Op& op) {
 
 inline VecU as_words(VecF x) { return __builtin_bit_cast(VecU, x); }
 
-// One vector of the bf16-states update at offset i of the pointers; `index` is the global index
-// of its first element (the rounding bits' counter).
-template <DType G, Out O>
+// One vector of a bf16-states pass at offset i of the pointers; `index` is the global index of its
+// first element. op(p, m, v, g, index, m_out, v_out) updates p and sets the bf16 words to store.
+template <DType G, Out O, class Op>
 inline void bf16_states_at(float* p, std::uint16_t* m, std::uint16_t* v, const void* grad, void* out,
-                           std::size_t i, std::uint64_t index, const AdamCoefficients& c,
-                           VecU key_lo, VecU key_hi) {
+                           std::size_t i, std::uint64_t index, const Op& op) {
   VecF pv = load_f32(p + i);
   VecF mv = load_bf16(m + i);
   VecF vv = load_bf16(v + i);
-  adam_update(pv, mv, vv, load_grad<G>(grad, i), c);
-  VecU lo;
-  VecU hi;
-  add_index(VecU{} + static_cast<std::uint32_t>(index), VecU{} + static_cast<std::uint32_t>(index >> 32),
-            kLaneOffsets, lo, hi);
-  const VecU bits = state_random_bits(lo, hi, key_lo, key_hi);
+  VecU m_out;
+  VecU v_out;
+  op(pv, mv, vv, load_grad<G>(grad, i), index, m_out, v_out);
   store_f32(p + i, pv);
-  store_low16(m + i, stochastic_round_bf16_bits(as_words(mv), bits & 0xffffu));
-  store_low16(v + i, stochastic_round_bf16_bits(as_words(vv), bits >> 16));
+  store_low16(m + i, m_out);
+  store_low16(v + i, v_out);
   store_out<O>(out, i, pv);
 }
 
 // As for_each_vector, for bf16 m and v.
-template <DType G, Out O>
-void for_each_bf16_states_vector(const CompactAdamRange& r, const AdamCoefficients& c_in,
-                                 std::uint64_t key) {
-  const AdamCoefficients c = c_in;  // local copies: see for_each_vector
+template <DType G, Out O, class Op>
+void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
+  const Op op = op_in;  // local copies: see for_each_vector
   float* const p = r.master;
   std::uint16_t* const m = static_cast<std::uint16_t*>(r.m);
   std::uint16_t* const v = static_cast<std::uint16_t*>(r.v);
@@ -315,10 +310,8 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const AdamCoefficien
   void* const out = r.out;
   const std::size_t n = r.count;
   const std::uint64_t first = r.first_index;
-  const VecU key_lo = VecU{} + static_cast<std::uint32_t>(key);
-  const VecU key_hi = VecU{} + static_cast<std::uint32_t>(key >> 32);
   std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) bf16_states_at<G, O>(p, m, v, grad, out, i, first + i, c, key_lo, key_hi);
+  for (; i + kLanes <= n; i += kLanes) bf16_states_at<G, O>(p, m, v, grad, out, i, first + i, op);
   if constexpr (kLanes > 1) {
     const std::size_t rest = n - i;
     if (rest == 0) return;
@@ -332,12 +325,18 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const AdamCoefficien
     std::memcpy(tm, m + i, rest * 2);
     std::memcpy(tv, v + i, rest * 2);
     std::memcpy(tg, static_cast<const unsigned char*>(grad) + i * grad_size, rest * grad_size);
-    bf16_states_at<G, O>(tp, tm, tv, tg, to, 0, first + i, c, key_lo, key_hi);
+    bf16_states_at<G, O>(tp, tm, tv, tg, to, 0, first + i, op);
     std::memcpy(p + i, tp, rest * 4);
     std::memcpy(m + i, tm, rest * 2);
     std::memcpy(v + i, tv, rest * 2);
     if constexpr (O != Out::none) std::memcpy(static_cast<unsigned char*>(out) + i * 2, to, rest * 2);
   }
+}
+
+template <class Op>
+void dispatch_bf16_states(const CompactAdamRange& r, const Op& op) {
+  with_types(r.grad_dtype, r.out, r.out_dtype,
+             [&]<DType G, Out O>() { for_each_bf16_states_vector<G, O>(r, op); });
 }
 
 template <DType G>
@@ -375,8 +374,29 @@ void roofline(const AdamRange& range) {
 void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c, const StateRounding& rounding) {
   // CpuAdam refuses the formats without a kernel; only bf16 reaches here.
   if (range.states != StatesFormat::bf16) return;
-  with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
-    for_each_bf16_states_vector<G, O>(range, c, rounding.key);
+  const VecU key_lo = VecU{} + static_cast<std::uint32_t>(rounding.key);
+  const VecU key_hi = VecU{} + static_cast<std::uint32_t>(rounding.key >> 32);
+  dispatch_bf16_states(range, [c, key_lo, key_hi](VecF& p, VecF& m, VecF& v, VecF g, std::uint64_t index,
+                                                  VecU& m_out, VecU& v_out) {
+    adam_update(p, m, v, g, c);
+    VecU lo;
+    VecU hi;
+    add_index(VecU{} + static_cast<std::uint32_t>(index), VecU{} + static_cast<std::uint32_t>(index >> 32),
+              kLaneOffsets, lo, hi);
+    const VecU bits = state_random_bits(lo, hi, key_lo, key_hi);
+    m_out = stochastic_round_bf16_bits(as_words(m), bits & 0xffffu);
+    v_out = stochastic_round_bf16_bits(as_words(v), bits >> 16);
+  });
+}
+
+void roofline_compact(const CompactAdamRange& range) {
+  if (range.states != StatesFormat::bf16) return;
+  // The traffic of adam_compact with trivial arithmetic (states truncated to bf16).
+  const float k = 1.0f / 1024.0f;
+  dispatch_bf16_states(range, [k](VecF& p, VecF& m, VecF& v, VecF g, std::uint64_t, VecU& m_out, VecU& v_out) {
+    p = p + g * k;
+    m_out = as_words(m + g * k) >> 16;
+    v_out = as_words(v + g * k) >> 16;
   });
 }
 

@@ -67,6 +67,8 @@ struct AdamKernels {
   // `adam` on compact states: the same fp32 update, the states widened on load and rounded on store.
   void (*adam_compact)(const CompactAdamRange& range, const AdamCoefficients& c,
                        const StateRounding& rounding);
+  // The same memory traffic as `adam_compact` with trivial arithmetic.
+  void (*roofline_compact)(const CompactAdamRange& range);
 };
 
 // The kernels of one instruction set; Isa::avx2/avx512 must be supported by this CPU.
@@ -79,6 +81,7 @@ const AdamKernels& adam_kernels(Isa isa);
   GradStats grad_stats(const void* grad, DType grad_dtype, std::size_t count);          \
   void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c,           \
                     const StateRounding& rounding);                                     \
+  void roofline_compact(const CompactAdamRange& range);                                 \
   }
 ZEST_DECLARE_ADAM_KERNELS(scalar_isa)
 ZEST_DECLARE_ADAM_KERNELS(avx2_isa)

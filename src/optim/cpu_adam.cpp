@@ -102,16 +102,13 @@ void CpuAdam::step_from(SourceStates from, std::span<float> master, std::span<fl
   });
 }
 
-void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstTensorSpan grad,
-                           const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
+CompactAdamRange CpuAdam::checked_compact_range(std::span<float> master, CompactStates states,
+                                                ConstTensorSpan grad, CompactRounding rounding,
+                                                TensorSpan out) const {
   const std::size_t n = master.size();
   if (states.count != n) throw Error(size_mismatch("m and v", states.count, n));
   if (n > 0 && (states.m == nullptr || states.v == nullptr))
     throw Error("CpuAdam::step_compact: m or v is null; pass both states");
-  if (states.format == StatesFormat::f32) {
-    step(master, {static_cast<float*>(states.m), n}, {static_cast<float*>(states.v), n}, grad, args, out);
-    return;
-  }
   if (states.format != StatesFormat::bf16)
     throw Error(std::string("CpuAdam::step_compact: ").append(states_format_name(states.format))
                     .append(" states have no CPU kernel yet; use optimizer.states fp32 or bf16"));
@@ -126,11 +123,13 @@ void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstT
   range.count = n;
   range.first_index = rounding.first_index;
   check_grad_and_out(n, grad, out, range);
-  const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
-  const StateRounding keys{rounding_key(rounding.seed, args.step)};
-  const auto adam = kernels_->adam_compact;
-  const std::size_t state_size = 2;  // bf16
-  arena_.for_each_tile(n, kTileElements, [&](std::size_t begin, std::size_t end) {
+  return range;
+}
+
+template <class Kernel>
+void CpuAdam::for_each_compact_tile(const CompactAdamRange& range, const Kernel& kernel) {
+  const std::size_t state_size = 2;  // bf16, the one format with a kernel
+  arena_.for_each_tile(range.count, kTileElements, [&](std::size_t begin, std::size_t end) {
     CompactAdamRange tile = range;
     tile.master += begin;
     tile.m = static_cast<unsigned char*>(range.m) + begin * state_size;
@@ -140,8 +139,30 @@ void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstT
       tile.out = static_cast<unsigned char*>(range.out) + begin * dtype_size(range.out_dtype);
     tile.count = end - begin;
     tile.first_index = range.first_index + begin;
-    adam(tile, c, keys);
+    kernel(tile);
   });
+}
+
+void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                           const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
+  if (states.format == StatesFormat::f32) {
+    const std::size_t n = master.size();
+    if (states.count != n) throw Error(size_mismatch("m and v", states.count, n));
+    step(master, {static_cast<float*>(states.m), n}, {static_cast<float*>(states.v), n}, grad, args, out);
+    return;
+  }
+  const CompactAdamRange range = checked_compact_range(master, states, grad, rounding, out);
+  const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
+  const StateRounding keys{rounding_key(rounding.seed, args.step)};
+  const auto adam = kernels_->adam_compact;
+  for_each_compact_tile(range, [&](const CompactAdamRange& tile) { adam(tile, c, keys); });
+}
+
+void CpuAdam::roofline_compact_pass(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                                    TensorSpan out) {
+  const CompactAdamRange range = checked_compact_range(master, states, grad, {}, out);
+  const auto roofline = kernels_->roofline_compact;
+  for_each_compact_tile(range, [&](const CompactAdamRange& tile) { roofline(tile); });
 }
 
 void CpuAdam::roofline_pass(std::span<float> master, std::span<float> m, std::span<float> v,

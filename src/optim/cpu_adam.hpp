@@ -93,6 +93,10 @@ class CpuAdam {
   // the sum means nothing when one is.
   GradStats grad_stats(ConstTensorSpan grad);
 
+  // Benchmark only: the same memory traffic and tiling as step_compact() (bf16) with trivial arithmetic.
+  void roofline_compact_pass(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                             TensorSpan out = {});
+
   // Benchmark only: the same memory traffic and tiling as step() with trivial arithmetic.
   void roofline_pass(std::span<float> master, std::span<float> m, std::span<float> v,
                      ConstTensorSpan grad, TensorSpan out = {});
@@ -105,6 +109,10 @@ class CpuAdam {
  private:
   AdamRange checked_range(std::span<float> master, std::span<float> m, std::span<float> v,
                           ConstTensorSpan grad, TensorSpan out) const;
+  CompactAdamRange checked_compact_range(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                                         CompactRounding rounding, TensorSpan out) const;
+  template <class Kernel>
+  void for_each_compact_tile(const CompactAdamRange& range, const Kernel& kernel);
   // Checks the gradient and the optional copy against n elements and sets them in r.
   template <class Range>
   static void check_grad_and_out(std::size_t n, ConstTensorSpan grad, TensorSpan out, Range& r);
