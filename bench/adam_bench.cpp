@@ -178,7 +178,7 @@ int bench_adam(int argc, char** argv) {
       throw args::UsageError("--peers measures the cpu Adam in fp32 (--device cpu --mode fp32)");
     if (!python.empty() && !with_peers) throw args::UsageError("--python goes with --peers");
     if (states_name == "int8")
-      throw args::UsageError("--states int8 has no CPU kernel yet (docs/compact-states.md); use fp32 or bf16");
+      throw args::UsageError("--states int8 has no roofline kernel yet (docs/compact-states.md); use fp32 or bf16");
     if (states_name != "fp32" && states_name != "bf16")
       throw args::UsageError(std::string("unknown --states '").append(states_name).append("'"));
     if (states_name != "fp32" && (device != "cpu" || with_peers))

@@ -34,11 +34,19 @@ struct AdamRange {
 // patterns, rounded stochastically), the gradient and optional parameter copy as in AdamRange.
 // `first_index` is the global index of element 0: it, the step's key and nothing else decide the
 // rounding bits, so the result does not depend on tiles, threads or the instruction set.
+//
+// int8: m and v are bytes of the dynamic codes m_code (signed) and v_code (unsigned), in blocks of
+// kInt8Block elements from element 0 (the last may be shorter), each block with its scale in
+// m_scale/v_scale (one float per block, rewritten by the step).
 struct CompactAdamRange {
   float* master = nullptr;
   void* m = nullptr;
   void* v = nullptr;
-  StatesFormat states = StatesFormat::bf16;  // bf16 only, so far
+  StatesFormat states = StatesFormat::bf16;
+  float* m_scale = nullptr;              // int8
+  float* v_scale = nullptr;              // int8
+  const DynamicCode* m_code = nullptr;   // int8: make_dynamic_code(true)
+  const DynamicCode* v_code = nullptr;   // int8: make_dynamic_code(false)
   const void* grad = nullptr;
   DType grad_dtype = DType::f32;
   void* out = nullptr;

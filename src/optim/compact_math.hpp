@@ -89,9 +89,11 @@ ZEST_HOST_DEVICE inline U stochastic_round_bf16_bits(U u, U r) {
 // The dynamic code over w magnitude bits (w = 7 for signed m, whose byte's top bit is the sign;
 // w = 8 for v >= 0): for a magnitude byte b > 0 with e leading zeros in its w bits, the next bit
 // is the indicator 1 and the k = w - 1 - e bits below it a fraction j; the value is
-// 10^-e * (0.1 + 0.9 * (j + 0.5) / 2^k), the centre of the j-th of 2^k equal intervals of
-// [0.1, 1] scaled by 10^-e; b = 0 is 0. Values grow with b, so encoding is a search over the
-// midpoints of consecutive values. Each value is rounded to 16 significant bits so that every
+// 10^-e * (0.1 + 0.9 * (j + 1) / 2^k), the top of the j-th of 2^k equal intervals of (0.1, 1]
+// scaled by 10^-e; b = 0 is 0. The paper takes the intervals' centres and appends 1; tops make
+// the largest value exactly 1, so the element that sets a block's scale is stored exactly and the
+// scale, and with it the whole block, decays at beta2 instead of shrinking by the top gap each
+// step. Values grow with b, so encoding is a search over the midpoints of consecutive values. Each value is rounded to 16 significant bits so that every
 // midpoint is exactly a float: the float comparison x > midpoint then decides nearest exactly.
 constexpr std::size_t kInt8Block = 256;  // elements per scale
 
@@ -111,7 +113,7 @@ inline DynamicCode make_dynamic_code(bool is_signed) {
     while ((b & (1u << (width - 1 - e))) == 0) ++e;
     const int k = width - 1 - e;
     const std::uint32_t j = b & ((1u << k) - 1u);
-    const double exact = std::pow(10.0, -e) * (0.1 + 0.9 * (static_cast<double>(j) + 0.5) / std::ldexp(1.0, k));
+    const double exact = std::pow(10.0, -e) * (0.1 + 0.9 * (static_cast<double>(j) + 1.0) / std::ldexp(1.0, k));
     int exponent = 0;
     std::frexp(exact, &exponent);
     code.values[b] = static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(exact, 16 - exponent)), exponent - 16));
@@ -122,17 +124,41 @@ inline DynamicCode make_dynamic_code(bool is_signed) {
 }
 
 // The magnitude byte nearest to a >= 0 (ties to the smaller; beyond the top value, the top; NaN,
-// 0): a branch-free binary search over the midpoints, the same steps on every backend.
-ZEST_HOST_DEVICE inline std::uint32_t dynamic_encode_magnitude(const DynamicCode& code, float a) {
-  std::uint32_t b = 0;
+// 0): a branch-free binary search over the midpoints, the same steps on every backend. F/U: the
+// float and word types; ops.gather(table, index) reads a table per lane, ops.greater(a, b) is all
+// ones where a > b (false for NaN) and 0 elsewhere.
+template <class F, class U, class Ops>
+ZEST_HOST_DEVICE inline U dynamic_encode_magnitude(const DynamicCode& code, F a, const Ops& ops) {
+  U b = U{};
   for (std::uint32_t step = code.magnitudes >> 1; step > 0; step >>= 1)
-    b += a > code.midpoints[b + step - 1] ? step : 0u;
+    b = b + (ops.greater(a, ops.gather(code.midpoints, b + (step - 1u))) & step);
   return b;
 }
 
-// Quantizes n <= kInt8Block values to bytes with the block's scale, its largest magnitude (0 for
-// an all-zero block; NaN elements are skipped by the maximum and encode as 0: the engine skips
-// steps with nonfinite gradients before they reach the states). Returns the scale.
+// The byte of a signed (m) value from its float bits and magnitude byte: the sign on top, except
+// for magnitude 0 (-0 and values that round to 0 encode as +0).
+template <class U>
+ZEST_HOST_DEVICE inline U signed_code_byte(U word, U magnitude) {
+  const U nonzero = (magnitude + 0x7fu) >> 7;  // magnitude <= 127
+  return magnitude | (((word >> 31) & nonzero) << 7);
+}
+
+// The float bits of a code byte times the scale: the sign bit flipped for a signed byte's top bit.
+template <class U>
+ZEST_HOST_DEVICE inline U signed_code_sign(U byte) {
+  return (byte & 0x80u) << 24;
+}
+
+struct ScalarCodeOps {
+  ZEST_HOST_DEVICE float gather(const float* table, std::uint32_t index) const { return table[index]; }
+  ZEST_HOST_DEVICE std::uint32_t greater(float a, float b) const { return a > b ? ~0u : 0u; }
+};
+
+// Quantizes n <= kInt8Block values to bytes with the block's scale, its largest magnitude: each
+// |x| / scale is encoded (a division, not a multiply by 1/scale, which overflows for subnormal
+// scales; an all-zero block divides 0 by 0 and encodes NaN as 0). NaN elements are skipped by the
+// maximum and encode as 0: the engine skips steps with nonfinite gradients before they reach the
+// states. Returns the scale.
 ZEST_HOST_DEVICE inline float quantize_block(const DynamicCode& code, bool is_signed, const float* x,
                                              std::size_t n, std::uint8_t* q) {
   float scale = 0.0f;
@@ -140,19 +166,18 @@ ZEST_HOST_DEVICE inline float quantize_block(const DynamicCode& code, bool is_si
     const float a = fabsf(x[i]);
     scale = a > scale ? a : scale;
   }
-  const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t magnitude = dynamic_encode_magnitude(code, fabsf(x[i]) * inverse);
-    const std::uint32_t sign = is_signed && float_bits(x[i]) >> 31 != 0u && magnitude != 0u ? 0x80u : 0u;
-    q[i] = static_cast<std::uint8_t>(sign | magnitude);
+    const std::uint32_t magnitude =
+        dynamic_encode_magnitude<float, std::uint32_t>(code, fabsf(x[i]) / scale, ScalarCodeOps{});
+    q[i] = static_cast<std::uint8_t>(is_signed ? signed_code_byte(float_bits(x[i]), magnitude) : magnitude);
   }
   return scale;
 }
 
 ZEST_HOST_DEVICE inline float dequantize(const DynamicCode& code, bool is_signed, std::uint8_t q, float scale) {
-  const std::uint32_t magnitude = is_signed ? q & 0x7fu : q;
-  const float value = code.values[magnitude] * scale;
-  return is_signed && (q & 0x80u) != 0u ? -value : value;
+  const std::uint32_t byte = q;
+  if (!is_signed) return code.values[byte] * scale;
+  return bits_float(float_bits(code.values[byte & 0x7fu] * scale) ^ signed_code_sign(byte));
 }
 
 }  // namespace zest::optim

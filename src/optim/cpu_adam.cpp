@@ -109,9 +109,11 @@ CompactAdamRange CpuAdam::checked_compact_range(std::span<float> master, Compact
   if (states.count != n) throw Error(size_mismatch("m and v", states.count, n));
   if (n > 0 && (states.m == nullptr || states.v == nullptr))
     throw Error("CpuAdam::step_compact: m or v is null; pass both states");
-  if (states.format != StatesFormat::bf16)
-    throw Error(std::string("CpuAdam::step_compact: ").append(states_format_name(states.format))
-                    .append(" states have no CPU kernel yet; use optimizer.states fp32 or bf16"));
+  if (states.format == StatesFormat::f32)
+    throw Error("CpuAdam: fp32 states take step()");
+  if (states.format == StatesFormat::int8 && n > 0 && (states.m_scale == nullptr || states.v_scale == nullptr))
+    throw Error("CpuAdam::step_compact: int8 states need m_scale and v_scale, one float per block of "
+                "kInt8Block elements");
   if (rounding.first_index > UINT64_MAX - n)
     throw Error("CpuAdam::step_compact: first_index + count overflows 64 bits; pass the global "
                 "index of master[0]");
@@ -122,15 +124,28 @@ CompactAdamRange CpuAdam::checked_compact_range(std::span<float> master, Compact
   range.states = states.format;
   range.count = n;
   range.first_index = rounding.first_index;
+  if (states.format == StatesFormat::int8) {
+    static const DynamicCode m_code = make_dynamic_code(true);
+    static const DynamicCode v_code = make_dynamic_code(false);
+    range.m_scale = states.m_scale;
+    range.v_scale = states.v_scale;
+    range.m_code = &m_code;
+    range.v_code = &v_code;
+  }
   check_grad_and_out(n, grad, out, range);
   return range;
 }
 
 template <class Kernel>
 void CpuAdam::for_each_compact_tile(const CompactAdamRange& range, const Kernel& kernel) {
-  const std::size_t state_size = 2;  // bf16, the one format with a kernel
+  static_assert(kTileElements % kInt8Block == 0, "an int8 block must not straddle two tiles");
+  const std::size_t state_size = range.states == StatesFormat::int8 ? 1 : 2;
   arena_.for_each_tile(range.count, kTileElements, [&](std::size_t begin, std::size_t end) {
     CompactAdamRange tile = range;
+    if (range.states == StatesFormat::int8) {
+      tile.m_scale += begin / kInt8Block;
+      tile.v_scale += begin / kInt8Block;
+    }
     tile.master += begin;
     tile.m = static_cast<unsigned char*>(range.m) + begin * state_size;
     tile.v = static_cast<unsigned char*>(range.v) + begin * state_size;
@@ -160,6 +175,9 @@ void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstT
 
 void CpuAdam::roofline_compact_pass(std::span<float> master, CompactStates states, ConstTensorSpan grad,
                                     TensorSpan out) {
+  if (states.format != StatesFormat::bf16)
+    throw Error(std::string("CpuAdam::roofline_compact_pass: no roofline for ")
+                    .append(states_format_name(states.format)).append(" states yet; pass bf16"));
   const CompactAdamRange range = checked_compact_range(master, states, grad, {}, out);
   const auto roofline = kernels_->roofline_compact;
   for_each_compact_tile(range, [&](const CompactAdamRange& tile) { roofline(tile); });

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -73,6 +74,39 @@ inline std::uint16_t reference_stochastic_bf16(float x, std::uint16_t r) {
 
 enum class StateRoundingMode { stochastic, nearest };
 
+// Adam/AdamW on one element in float, in the documented order; m and v are the stored moments
+// (widened), returned updated and unrounded.
+struct ReferenceElementAdam {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, inv_sqrt_bias2, eps, decay, l2, multiplier;
+  bool adamw;
+  ReferenceElementAdam(const AdamHyperParams& hp, std::int64_t step, double grad_scale, double clip_coef) {
+    const double t = static_cast<double>(step);
+    beta1 = static_cast<float>(hp.beta1);
+    beta2 = static_cast<float>(hp.beta2);
+    one_minus_beta1 = static_cast<float>(1.0 - hp.beta1);
+    one_minus_beta2 = static_cast<float>(1.0 - hp.beta2);
+    step_size = static_cast<float>(hp.lr / (1.0 - std::pow(hp.beta1, t)));
+    inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(hp.beta2, t)));
+    eps = static_cast<float>(hp.eps);
+    adamw = hp.type == OptimizerType::adamw;
+    decay = adamw ? static_cast<float>(1.0 - hp.lr * hp.weight_decay) : 1.0f;
+    l2 = adamw ? 0.0f : static_cast<float>(hp.weight_decay);
+    multiplier = static_cast<float>(grad_scale * clip_coef);
+  }
+  void update(float& p, float& m, float& v, float grad) const {
+    float g = grad * multiplier;
+    if (adamw) {
+      p = p * decay;
+    } else {
+      g = g + p * l2;
+    }
+    m = m * beta1 + g * one_minus_beta1;
+    v = v * beta2 + (g * g) * one_minus_beta2;
+    const float denom = std::sqrt(v) * inv_sqrt_bias2 + eps;
+    p = p - (m / denom) * step_size;
+  }
+};
+
 // Adam/AdamW on fp32 master weights and bf16 m and v, one element at a time.
 struct ReferenceBf16StatesAdam {
   AdamHyperParams hp;
@@ -83,29 +117,11 @@ struct ReferenceBf16StatesAdam {
   void step(std::vector<float>& p, std::vector<std::uint16_t>& m, std::vector<std::uint16_t>& v,
             const std::vector<float>& grad, std::int64_t step, std::uint64_t first_index,
             double grad_scale = 1.0, double clip_coef = 1.0) const {
-    const double t = static_cast<double>(step);
-    const float beta1 = static_cast<float>(hp.beta1);
-    const float beta2 = static_cast<float>(hp.beta2);
-    const float one_minus_beta1 = static_cast<float>(1.0 - hp.beta1);
-    const float one_minus_beta2 = static_cast<float>(1.0 - hp.beta2);
-    const float step_size = static_cast<float>(hp.lr / (1.0 - std::pow(hp.beta1, t)));
-    const float inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(hp.beta2, t)));
-    const float eps = static_cast<float>(hp.eps);
-    const bool adamw = hp.type == OptimizerType::adamw;
-    const float decay = adamw ? static_cast<float>(1.0 - hp.lr * hp.weight_decay) : 1.0f;
-    const float l2 = adamw ? 0.0f : static_cast<float>(hp.weight_decay);
-    const float multiplier = static_cast<float>(grad_scale * clip_coef);
+    const ReferenceElementAdam adam(hp, step, grad_scale, clip_coef);
     for (std::size_t i = 0; i < p.size(); ++i) {
-      float g = grad[i] * multiplier;
-      if (adamw) {
-        p[i] = p[i] * decay;
-      } else {
-        g = g + p[i] * l2;
-      }
-      const float m1 = widen_bf16(m[i]) * beta1 + g * one_minus_beta1;
-      const float v1 = widen_bf16(v[i]) * beta2 + (g * g) * one_minus_beta2;
-      const float denom = std::sqrt(v1) * inv_sqrt_bias2 + eps;
-      p[i] = p[i] - (m1 / denom) * step_size;
+      float m1 = widen_bf16(m[i]);
+      float v1 = widen_bf16(v[i]);
+      adam.update(p[i], m1, v1, grad[i]);
       if (mode == StateRoundingMode::nearest) {
         m[i] = float_to_bf16(m1);
         v[i] = float_to_bf16(v1);
@@ -121,7 +137,7 @@ struct ReferenceBf16StatesAdam {
 // ---- int8: the dynamic code from its definition and nearest by brute force ----
 
 // The code value of magnitude byte b over `width` bits: e = the leading zeros above b's highest
-// set bit, k = the bits below it; 10^-e * (0.1 + 0.9 * (j + 0.5) / 2^k) with j those k bits,
+// set bit, k = the bits below it; 10^-e * (0.1 + 0.9 * (j + 1) / 2^k) with j those k bits,
 // rounded to 16 significant bits (to nearest, ties to even).
 inline float reference_code_value(std::uint32_t b, int width) {
   if (b == 0) return 0.0f;
@@ -130,28 +146,39 @@ inline float reference_code_value(std::uint32_t b, int width) {
   const int e = width - 1 - top;
   const int k = top;
   const double j = static_cast<double>(b - (1u << top));
-  const double exact = std::pow(10.0, -e) * (0.1 + 0.9 * (j + 0.5) / std::pow(2.0, k));
+  const double exact = std::pow(10.0, -e) * (0.1 + 0.9 * (j + 1.0) / std::pow(2.0, k));
   const double unit = std::pow(2.0, std::floor(std::log2(exact)) - 15);  // 16 significant bits
   return static_cast<float>(std::nearbyint(exact / unit) * unit);
 }
 
 // The nearest code magnitude to a (ties to the smaller byte), searching every byte.
 inline std::uint32_t reference_encode_magnitude(double a, int width) {
+  static const std::vector<float> values7 = [] {
+    std::vector<float> t;
+    for (std::uint32_t b = 0; b < 128; ++b) t.push_back(reference_code_value(b, 7));
+    return t;
+  }();
+  static const std::vector<float> values8 = [] {
+    std::vector<float> t;
+    for (std::uint32_t b = 0; b < 256; ++b) t.push_back(reference_code_value(b, 8));
+    return t;
+  }();
+  const std::vector<float>& values = width == 7 ? values7 : values8;
   std::uint32_t best = 0;
-  for (std::uint32_t b = 1; b < (1u << width); ++b)
-    if (std::fabs(a - reference_code_value(b, width)) < std::fabs(a - reference_code_value(best, width))) best = b;
+  for (std::uint32_t b = 1; b < values.size(); ++b)
+    if (std::fabs(a - values[b]) < std::fabs(a - values[best])) best = b;
   return best;
 }
 
-// One block: scale = largest magnitude; each x encoded from |x| * fl(1 / scale) and its sign.
+// One block: scale = largest magnitude; each x encoded from fl(|x| / scale) and its sign (0 / 0:
+// NaN, nearest to no value, encodes as 0).
 inline float reference_quantize_block(bool is_signed, const std::vector<float>& x, std::vector<std::uint8_t>& q) {
   const int width = is_signed ? 7 : 8;
   float scale = 0.0f;
   for (float value : x) scale = std::max(scale, std::fabs(value));
-  const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
   q.assign(x.size(), 0);
   for (std::size_t i = 0; i < x.size(); ++i) {
-    const float a = std::fabs(x[i]) * inverse;
+    const float a = std::fabs(x[i]) / scale;
     const std::uint32_t magnitude = reference_encode_magnitude(a, width);
     q[i] = static_cast<std::uint8_t>(magnitude | (is_signed && std::signbit(x[i]) && magnitude != 0 ? 0x80u : 0u));
   }
@@ -162,5 +189,34 @@ inline float reference_dequantize(bool is_signed, std::uint8_t q, float scale) {
   const float value = reference_code_value(is_signed ? q & 0x7fu : q, is_signed ? 7 : 8) * scale;
   return is_signed && (q & 0x80u) != 0 ? -value : value;
 }
+
+// Adam/AdamW on fp32 master weights and int8 m and v: per block of `block` elements from p[0],
+// dequantize with the old scales, update each element, then quantize each state with its new scale.
+struct ReferenceInt8StatesAdam {
+  AdamHyperParams hp;
+  std::size_t block = 256;
+
+  void step(std::vector<float>& p, std::vector<std::uint8_t>& m, std::vector<std::uint8_t>& v,
+            std::vector<float>& m_scale, std::vector<float>& v_scale, const std::vector<float>& grad,
+            std::int64_t step, double grad_scale = 1.0, double clip_coef = 1.0) const {
+    const ReferenceElementAdam adam(hp, step, grad_scale, clip_coef);
+    for (std::size_t begin = 0, b = 0; begin < p.size(); begin += block, ++b) {
+      const std::size_t end = std::min(p.size(), begin + block);
+      std::vector<float> new_m, new_v;
+      for (std::size_t i = begin; i < end; ++i) {
+        float m1 = reference_dequantize(true, m[i], m_scale[b]);
+        float v1 = reference_dequantize(false, v[i], v_scale[b]);
+        adam.update(p[i], m1, v1, grad[i]);
+        new_m.push_back(m1);
+        new_v.push_back(v1);
+      }
+      std::vector<std::uint8_t> qm, qv;
+      m_scale[b] = reference_quantize_block(true, new_m, qm);
+      v_scale[b] = reference_quantize_block(false, new_v, qv);
+      std::copy(qm.begin(), qm.end(), m.begin() + static_cast<std::ptrdiff_t>(begin));
+      std::copy(qv.begin(), qv.end(), v.begin() + static_cast<std::ptrdiff_t>(begin));
+    }
+  }
+};
 
 }  // namespace zest::optim::test
