@@ -33,10 +33,11 @@ namespace {
 
 constexpr const char* kBenchUsage =
     "usage: zest bench adam [--threads N] [--params N] [--mode MODE] [--reps N] [--json]\n"
-    "                       [--device cpu|cuda] [--states fp32|bf16] [--peers [--python PATH]]\n"
+    "                       [--device cpu|cuda] [--states fp32|bf16|int8] [--peers [--python PATH]]\n"
     "  MODE: fp32 | bf16-grad | fp16-grad | fp32-bf16-out | bf16-grad-bf16-out | fp16-grad-fp16-out\n"
     "  defaults: --threads 1 --params 100000000 --mode fp32 --reps 7 --device cpu --states fp32\n"
-    "  --states bf16: m and v stored as bf16, rounded stochastically (docs/compact-states.md; cpu only).\n"
+    "  --states bf16|int8: m and v stored as bf16 (stochastic rounding) or int8 (block-wise dynamic\n"
+    "  code), docs/compact-states.md; cpu only.\n"
     "  ZEST_ADAM_ISA=scalar|avx2|avx512 forces the CPU variant.\n"
     "  --peers: also DeepSpeed's CPU Adam and torch.optim.AdamW (fp32, cpu), at 1 thread and at all\n"
     "  threads unless --threads is given; PATH: the Python with torch and deepspeed (default\n"
@@ -177,12 +178,10 @@ int bench_adam(int argc, char** argv) {
     if (with_peers && (device != "cpu" || mode_name != "fp32"))
       throw args::UsageError("--peers measures the cpu Adam in fp32 (--device cpu --mode fp32)");
     if (!python.empty() && !with_peers) throw args::UsageError("--python goes with --peers");
-    if (states_name == "int8")
-      throw args::UsageError("--states int8 has no roofline kernel yet (docs/compact-states.md); use fp32 or bf16");
-    if (states_name != "fp32" && states_name != "bf16")
+    if (states_name != "fp32" && states_name != "bf16" && states_name != "int8")
       throw args::UsageError(std::string("unknown --states '").append(states_name).append("'"));
     if (states_name != "fp32" && (device != "cpu" || with_peers))
-      throw args::UsageError("--states bf16 measures the cpu Adam alone (--device cpu, no --peers)");
+      throw args::UsageError("--states bf16|int8 measures the cpu Adam alone (--device cpu, no --peers)");
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest bench adam: %s\n%s", error.what(), kBenchUsage);
     return 2;
@@ -196,10 +195,14 @@ int bench_adam(int argc, char** argv) {
     return 2;
   }
   const std::size_t n = static_cast<std::size_t>(params);
-  // p read and written (8), m and v read and written, the gradient read, the copy written.
-  const bool compact = states_name == "bf16";
-  const std::size_t state_size = compact ? 2 : 4;
+  // p read and written (8), m and v read and written, the gradient read, the copy written; int8
+  // also reads and writes one float scale per state and block.
+  const bool compact = states_name != "fp32";
+  const bool int8 = states_name == "int8";
+  const std::size_t state_size = int8 ? 1 : compact ? 2 : 4;
+  const std::size_t blocks = int8 ? (n + optim::kInt8Block - 1) / optim::kInt8Block : 0;
   const double bytes_per_param = 8.0 + 4.0 * static_cast<double>(state_size) +
+                                 (int8 ? 16.0 / static_cast<double>(optim::kInt8Block) : 0.0) +
                                  static_cast<double>(dtype_size(mode->grad)) +
                                  (mode->out ? static_cast<double>(dtype_size(mode->out_dtype)) : 0.0);
 
@@ -267,7 +270,9 @@ int bench_adam(int argc, char** argv) {
       }
     }
     const std::span<float> ps(p.as<float>(), n), ms(m.as<float>(), compact ? 0 : n), vs(v.as<float>(), compact ? 0 : n);
-    const optim::CpuAdam::CompactStates cs{optim::StatesFormat::bf16, m.data, v.data, n};
+    Array m_scales(blocks * 4), v_scales(blocks * 4);
+    const optim::CpuAdam::CompactStates cs{int8 ? optim::StatesFormat::int8 : optim::StatesFormat::bf16, m.data,
+                                           v.data, n, m_scales.as<float>(), v_scales.as<float>()};
     const optim::ConstTensorSpan gs{g.data, mode->grad, n};
     const optim::TensorSpan os{mode->out ? out.data : nullptr, mode->out_dtype, n};
     auto roofline_pass = [&](optim::CpuAdam& adam) {
@@ -324,7 +329,7 @@ int bench_adam(int argc, char** argv) {
       const double scalar_pps = static_cast<double>(n) / median(arm.t_scalar);
       if (json) {
         std::printf("{\"device\": \"cpu\", \"mode\": \"%s\", \"states\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"params\": %zu, "
-                    "\"reps\": %lld, \"bytes_per_param\": %.0f, \"params_per_s\": %.6g, "
+                    "\"reps\": %lld, \"bytes_per_param\": %.4g, \"params_per_s\": %.6g, "
                     "\"roofline_params_per_s\": %.6g, \"roofline_ratio\": %.4f, "
                     "\"scalar_params_per_s\": %.6g, \"scalar_ratio\": %.4f, \"spread\": %.3f",
                     mode->name, states_name.c_str(), optim::isa_name(ours.isa()), ours.threads(), n, reps, bytes_per_param,
@@ -354,7 +359,7 @@ int bench_adam(int argc, char** argv) {
                   states_name.c_str(), n, ours.threads(), optim::isa_name(ours.isa()), reps);
       std::printf("  ours      %.4g params/s  %6.2f GB/s  %.3f of roofline\n", ours_pps,
                   ours_pps * bytes_per_param / 1e9, ours_pps / roof_pps);
-      std::printf("  roofline  %.4g params/s  %6.2f GB/s  (%.0f B/param, in place)\n", roof_pps,
+      std::printf("  roofline  %.4g params/s  %6.2f GB/s  (%.4g B/param, in place)\n", roof_pps,
                   roof_pps * bytes_per_param / 1e9, bytes_per_param);
       std::printf("  scalar    %.4g params/s  %6.2f GB/s  %.3f of roofline\n", scalar_pps,
                   scalar_pps * bytes_per_param / 1e9, scalar_pps / roof_pps);

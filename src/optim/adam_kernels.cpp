@@ -463,8 +463,10 @@ void int8_block(float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, 
   }
 }
 
-template <DType G, Out O>
-void for_each_int8_block(const CompactAdamRange& r, const AdamCoefficients& c) {
+// The blocks of an int8 range: block(p, qm, qv, grad, out, len, m_scale, v_scale) on each, len a
+// multiple of kLanes (a short last block runs on zero-padded copies).
+template <DType G, Out O, class Block>
+void for_each_int8_block(const CompactAdamRange& r, const Block& block_op) {
   auto* const qm = static_cast<std::uint8_t*>(r.m);
   auto* const qv = static_cast<std::uint8_t*>(r.v);
   constexpr std::size_t grad_size = dtype_size(G);
@@ -473,8 +475,7 @@ void for_each_int8_block(const CompactAdamRange& r, const AdamCoefficients& c) {
     const void* grad = static_cast<const unsigned char*>(r.grad) + begin * grad_size;
     void* out = O == Out::none ? nullptr : static_cast<unsigned char*>(r.out) + begin * 2;
     if (len % kLanes == 0) {
-      int8_block<G, O>(r.master + begin, qm + begin, qv + begin, grad, out, len, r.m_scale[block],
-                       r.v_scale[block], *r.m_code, *r.v_code, c);
+      block_op(r.master + begin, qm + begin, qv + begin, grad, out, len, r.m_scale[block], r.v_scale[block]);
       continue;
     }
     alignas(64) float tp[kInt8Block] = {};
@@ -487,7 +488,7 @@ void for_each_int8_block(const CompactAdamRange& r, const AdamCoefficients& c) {
     std::memcpy(tv, qv + begin, len);
     std::memcpy(tg, grad, len * grad_size);
     const std::size_t padded = (len + kLanes - 1) / kLanes * kLanes;
-    int8_block<G, O>(tp, tm, tv, tg, to, padded, r.m_scale[block], r.v_scale[block], *r.m_code, *r.v_code, c);
+    block_op(tp, tm, tv, tg, to, padded, r.m_scale[block], r.v_scale[block]);
     std::memcpy(r.master + begin, tp, len * 4);
     std::memcpy(qm + begin, tm, len);
     std::memcpy(qv + begin, tv, len);
@@ -499,8 +500,12 @@ void for_each_int8_block(const CompactAdamRange& r, const AdamCoefficients& c) {
 
 void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c, const StateRounding& rounding) {
   if (range.states == StatesFormat::int8) {
-    with_types(range.grad_dtype, range.out, range.out_dtype,
-               [&]<DType G, Out O>() { for_each_int8_block<G, O>(range, c); });
+    with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
+      for_each_int8_block<G, O>(range, [&](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad,
+                                           void* out, std::size_t len, float& m_scale, float& v_scale) {
+        int8_block<G, O>(p, qm, qv, grad, out, len, m_scale, v_scale, *range.m_code, *range.v_code, c);
+      });
+    });
     return;
   }
   // CpuAdam refuses the formats without a kernel; only bf16 reaches here.
@@ -521,9 +526,27 @@ void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c, cons
 }
 
 void roofline_compact(const CompactAdamRange& range) {
-  if (range.states != StatesFormat::bf16) return;
-  // The traffic of adam_compact with trivial arithmetic (states truncated to bf16).
+  // The traffic of adam_compact with trivial arithmetic (states truncated to bf16; int8 bytes and
+  // scales rewritten).
   const float k = 1.0f / 1024.0f;
+  if (range.states == StatesFormat::int8) {
+    with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
+      for_each_int8_block<G, O>(range, [k](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad,
+                                           void* out, std::size_t len, float& m_scale, float& v_scale) {
+        for (std::size_t i = 0; i < len; i += kLanes) {
+          const VecF pv = load_f32(p + i) + load_grad<G>(grad, i) * k;
+          store_f32(p + i, pv);
+          store_out<O>(out, i, pv);
+          store_low8(qm + i, (load_u8(qm + i) + 1u) & 0xffu);
+          store_low8(qv + i, (load_u8(qv + i) + 1u) & 0xffu);
+        }
+        m_scale = m_scale * 0.5f + 1.0f;
+        v_scale = v_scale * 0.5f + 1.0f;
+      });
+    });
+    return;
+  }
+  if (range.states != StatesFormat::bf16) return;
   dispatch_bf16_states(range, [k](VecF& p, VecF& m, VecF& v, VecF g, std::uint64_t, VecU& m_out, VecU& v_out) {
     p = p + g * k;
     m_out = as_words(m + g * k) >> 16;

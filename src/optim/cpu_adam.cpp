@@ -175,9 +175,6 @@ void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstT
 
 void CpuAdam::roofline_compact_pass(std::span<float> master, CompactStates states, ConstTensorSpan grad,
                                     TensorSpan out) {
-  if (states.format != StatesFormat::bf16)
-    throw Error(std::string("CpuAdam::roofline_compact_pass: no roofline for ")
-                    .append(states_format_name(states.format)).append(" states yet; pass bf16"));
   const CompactAdamRange range = checked_compact_range(master, states, grad, {}, out);
   const auto roofline = kernels_->roofline_compact;
   for_each_compact_tile(range, [&](const CompactAdamRange& tile) { roofline(tile); });

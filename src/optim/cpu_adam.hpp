@@ -97,8 +97,7 @@ class CpuAdam {
   // the sum means nothing when one is.
   GradStats grad_stats(ConstTensorSpan grad);
 
-  // Benchmark only: the same memory traffic and tiling as step_compact() (bf16 only) with trivial
-  // arithmetic.
+  // Benchmark only: the same memory traffic and tiling as step_compact() with trivial arithmetic.
   void roofline_compact_pass(std::span<float> master, CompactStates states, ConstTensorSpan grad,
                              TensorSpan out = {});
 

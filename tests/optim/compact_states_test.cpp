@@ -280,7 +280,7 @@ TEST(CompactAdam, RefusesWhatItCannotDo) {
   EXPECT_THROW(adam.step_compact(p, {StatesFormat::int8, m.data(), v.data(), 4}, {g.data(), DType::f32, 4}, {1}, {}),
                Error);  // no scales
   EXPECT_THROW(adam.roofline_compact_pass(p, {StatesFormat::int8, m.data(), v.data(), 4}, {g.data(), DType::f32, 4}),
-               Error);
+               Error);  // no scales
   EXPECT_THROW(adam.step_compact(p, {StatesFormat::bf16, m.data(), v.data(), 3}, {g.data(), DType::f32, 4}, {1}, {}),
                Error);
   EXPECT_THROW(adam.step_compact(p, {StatesFormat::bf16, nullptr, v.data(), 4}, {g.data(), DType::f32, 4}, {1}, {}),
