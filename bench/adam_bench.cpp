@@ -33,9 +33,11 @@ namespace {
 
 constexpr const char* kBenchUsage =
     "usage: zest bench adam [--threads N] [--params N] [--mode MODE] [--reps N] [--json]\n"
-    "                       [--device cpu|cuda] [--peers [--python PATH]]\n"
+    "                       [--device cpu|cuda] [--states fp32|bf16|int8] [--peers [--python PATH]]\n"
     "  MODE: fp32 | bf16-grad | fp16-grad | fp32-bf16-out | bf16-grad-bf16-out | fp16-grad-fp16-out\n"
-    "  defaults: --threads 1 --params 100000000 --mode fp32 --reps 7 --device cpu\n"
+    "  defaults: --threads 1 --params 100000000 --mode fp32 --reps 7 --device cpu --states fp32\n"
+    "  --states bf16|int8: m and v stored as bf16 (stochastic rounding) or int8 (block-wise dynamic\n"
+    "  code), docs/compact-states.md; cpu only.\n"
     "  ZEST_ADAM_ISA=scalar|avx2|avx512 forces the CPU variant.\n"
     "  --peers: also DeepSpeed's CPU Adam and torch.optim.AdamW (fp32, cpu), at 1 thread and at all\n"
     "  threads unless --threads is given; PATH: the Python with torch and deepspeed (default\n"
@@ -152,7 +154,7 @@ int bench_adam(int argc, char** argv) {
   if (args::asks_for_help(argc, argv)) return args::print_usage(kBenchUsage);
   long long threads = 1, reps = 7;
   std::size_t params = 100000000;
-  std::string mode_name = "fp32", device = "cpu";
+  std::string mode_name = "fp32", device = "cpu", states_name = "fp32";
   bool json = false, with_peers = false, threads_given = false;
   std::string python;
   try {
@@ -170,11 +172,16 @@ int bench_adam(int argc, char** argv) {
       else if (arg == "--reps") reps = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1000);
       else if (arg == "--mode") mode_name = args::value_of(argc, argv, i);
       else if (arg == "--device") device = args::value_of(argc, argv, i);
+      else if (arg == "--states") states_name = args::value_of(argc, argv, i);
       else throw args::UsageError(std::string("invalid argument '").append(arg).append("'"));
     }
     if (with_peers && (device != "cpu" || mode_name != "fp32"))
       throw args::UsageError("--peers measures the cpu Adam in fp32 (--device cpu --mode fp32)");
     if (!python.empty() && !with_peers) throw args::UsageError("--python goes with --peers");
+    if (states_name != "fp32" && states_name != "bf16" && states_name != "int8")
+      throw args::UsageError(std::string("unknown --states '").append(states_name).append("'"));
+    if (states_name != "fp32" && (device != "cpu" || with_peers))
+      throw args::UsageError("--states bf16|int8 measures the cpu Adam alone (--device cpu, no --peers)");
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest bench adam: %s\n%s", error.what(), kBenchUsage);
     return 2;
@@ -188,7 +195,15 @@ int bench_adam(int argc, char** argv) {
     return 2;
   }
   const std::size_t n = static_cast<std::size_t>(params);
-  const double bytes_per_param = 28.0 - 4.0 + static_cast<double>(dtype_size(mode->grad)) +
+  // p read and written (8), m and v read and written, the gradient read, the copy written; int8
+  // also reads and writes one float scale per state and block.
+  const bool compact = states_name != "fp32";
+  const bool int8 = states_name == "int8";
+  const std::size_t state_size = int8 ? 1 : compact ? 2 : 4;
+  const std::size_t blocks = int8 ? (n + optim::kInt8Block - 1) / optim::kInt8Block : 0;
+  const double bytes_per_param = 8.0 + 4.0 * static_cast<double>(state_size) +
+                                 (int8 ? 16.0 / static_cast<double>(optim::kInt8Block) : 0.0) +
+                                 static_cast<double>(dtype_size(mode->grad)) +
                                  (mode->out ? static_cast<double>(dtype_size(mode->out_dtype)) : 0.0);
 
   try {
@@ -243,7 +258,7 @@ int bench_adam(int argc, char** argv) {
     // On a one-cpu machine "all" is 1: one arm.
     if (arms.size() == 2 && arms[1].ours->threads() == 1) arms.pop_back();
 
-    Array p(n * 4), m(n * 4), v(n * 4), g(n * dtype_size(mode->grad)), out(mode->out ? n * 2 : 0);
+    Array p(n * 4), m(n * state_size), v(n * state_size), g(n * dtype_size(mode->grad)), out(mode->out ? n * 2 : 0);
     // Bounded, normal-range values: no denormals or overflow over the repetitions.
     for (std::size_t i = 0; i < n; ++i) {
       const float x = 0.5f + static_cast<float>(i % 1000) * 1e-3f;
@@ -254,9 +269,20 @@ int bench_adam(int argc, char** argv) {
         g.as<std::uint16_t>()[i] = mode->grad == DType::bf16 ? float_to_bf16(x - 1.0f) : float_to_fp16(x - 1.0f);
       }
     }
-    const std::span<float> ps(p.as<float>(), n), ms(m.as<float>(), n), vs(v.as<float>(), n);
+    const std::span<float> ps(p.as<float>(), n), ms(m.as<float>(), compact ? 0 : n), vs(v.as<float>(), compact ? 0 : n);
+    Array m_scales(blocks * 4), v_scales(blocks * 4);
+    const optim::CpuAdam::CompactStates cs{int8 ? optim::StatesFormat::int8 : optim::StatesFormat::bf16, m.data,
+                                           v.data, n, m_scales.as<float>(), v_scales.as<float>()};
     const optim::ConstTensorSpan gs{g.data, mode->grad, n};
     const optim::TensorSpan os{mode->out ? out.data : nullptr, mode->out_dtype, n};
+    auto roofline_pass = [&](optim::CpuAdam& adam) {
+      if (compact) adam.roofline_compact_pass(ps, cs, gs, os);
+      else adam.roofline_pass(ps, ms, vs, gs, os);
+    };
+    auto step_pass = [&](optim::CpuAdam& adam, std::int64_t k) {
+      if (compact) adam.step_compact(ps, cs, gs, {k}, {1, 0}, os);
+      else adam.step(ps, ms, vs, gs, {k}, os);
+    };
 
     using Clock = std::chrono::steady_clock;
     auto time_pass = [](const std::function<void()>& pass) {
@@ -269,9 +295,9 @@ int bench_adam(int argc, char** argv) {
     // three, then the peers', at one thread count, then the next), so drifting machine load
     // affects them alike.
     for (Arm& arm : arms) {
-      arm.ours->roofline_pass(ps, ms, vs, gs, os);
-      arm.ours->step(ps, ms, vs, gs, {step++}, os);
-      arm.scalar->step(ps, ms, vs, gs, {step++}, os);
+      roofline_pass(*arm.ours);
+      step_pass(*arm.ours, step++);
+      step_pass(*arm.scalar, step++);
       if (peers) peers->round(arm.ours->threads());
     }
     // With the peers, a pause where zest hands over to them and back: the idle threads of the one
@@ -286,9 +312,9 @@ int bench_adam(int argc, char** argv) {
     for (long long r = 0; r < reps; ++r) {
       for (Arm& arm : arms) {
         settle();
-        arm.t_roof.push_back(time_pass([&] { arm.ours->roofline_pass(ps, ms, vs, gs, os); }));
-        arm.t_ours.push_back(time_pass([&] { arm.ours->step(ps, ms, vs, gs, {step++}, os); }));
-        arm.t_scalar.push_back(time_pass([&] { arm.scalar->step(ps, ms, vs, gs, {step++}, os); }));
+        arm.t_roof.push_back(time_pass([&] { roofline_pass(*arm.ours); }));
+        arm.t_ours.push_back(time_pass([&] { step_pass(*arm.ours, step++); }));
+        arm.t_scalar.push_back(time_pass([&] { step_pass(*arm.scalar, step++); }));
         if (!peers) continue;
         settle();
         const std::array<double, 3> seconds = peers->round(arm.ours->threads());
@@ -302,11 +328,11 @@ int bench_adam(int argc, char** argv) {
       const double roof_pps = static_cast<double>(n) / median(arm.t_roof);
       const double scalar_pps = static_cast<double>(n) / median(arm.t_scalar);
       if (json) {
-        std::printf("{\"device\": \"cpu\", \"mode\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"params\": %zu, "
-                    "\"reps\": %lld, \"bytes_per_param\": %.0f, \"params_per_s\": %.6g, "
+        std::printf("{\"device\": \"cpu\", \"mode\": \"%s\", \"states\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"params\": %zu, "
+                    "\"reps\": %lld, \"bytes_per_param\": %.4g, \"params_per_s\": %.6g, "
                     "\"roofline_params_per_s\": %.6g, \"roofline_ratio\": %.4f, "
                     "\"scalar_params_per_s\": %.6g, \"scalar_ratio\": %.4f, \"spread\": %.3f",
-                    mode->name, optim::isa_name(ours.isa()), ours.threads(), n, reps, bytes_per_param,
+                    mode->name, states_name.c_str(), optim::isa_name(ours.isa()), ours.threads(), n, reps, bytes_per_param,
                     ours_pps, roof_pps, ours_pps / roof_pps, scalar_pps, scalar_pps / roof_pps,
                     spread(arm.t_ours));
         if (peers) {
@@ -329,11 +355,11 @@ int bench_adam(int argc, char** argv) {
         std::printf("}\n");
         continue;
       }
-      std::printf("cpu adam %s, %zu params, %d thread(s), %s, median of %lld:\n", mode->name, n,
-                  ours.threads(), optim::isa_name(ours.isa()), reps);
+      std::printf("cpu adam %s, %s states, %zu params, %d thread(s), %s, median of %lld:\n", mode->name,
+                  states_name.c_str(), n, ours.threads(), optim::isa_name(ours.isa()), reps);
       std::printf("  ours      %.4g params/s  %6.2f GB/s  %.3f of roofline\n", ours_pps,
                   ours_pps * bytes_per_param / 1e9, ours_pps / roof_pps);
-      std::printf("  roofline  %.4g params/s  %6.2f GB/s  (%.0f B/param, in place)\n", roof_pps,
+      std::printf("  roofline  %.4g params/s  %6.2f GB/s  (%.4g B/param, in place)\n", roof_pps,
                   roof_pps * bytes_per_param / 1e9, bytes_per_param);
       std::printf("  scalar    %.4g params/s  %6.2f GB/s  %.3f of roofline\n", scalar_pps,
                   scalar_pps * bytes_per_param / 1e9, scalar_pps / roof_pps);

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "optim/adam_kernels.hpp"
+#include "optim/compact_math.hpp"
 
 #if !defined(ZEST_ADAM_ISA_NS)
 #error "compile adam_kernels.cpp with -DZEST_ADAM_ISA_NS=<namespace> (see src/optim/meson.build)"
@@ -22,8 +23,10 @@
 #endif
 #if defined(__AVX512F__)
 // GCC 12's AVX-512 headers start some conversions from _mm512_undefined_*(), which -O3 then
-// reports as maybe-uninitialized wherever they are inlined.
+// reports as maybe-uninitialized wherever they are inlined (and, in the int8 block loop, as
+// uninitialized: the same false report).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace zest::optim {
@@ -77,6 +80,29 @@ inline void store_f16(std::uint16_t* p, VecF x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+using VecU = std::uint32_t __attribute__((vector_size(64)));
+constexpr VecU kLaneOffsets = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+// The low 16 bits of each word (all words hold values below 0x10000).
+inline void store_low16(std::uint16_t* p, VecU x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(__builtin_bit_cast(__m512i, x)));
+}
+inline VecU load_u8(const std::uint8_t* p) {
+  return __builtin_bit_cast(VecU, _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline void store_low8(std::uint8_t* p, VecU x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(__builtin_bit_cast(__m512i, x)));
+}
+struct VecCodeOps {
+  VecF gather(const float* table, VecU index) const {
+    return _mm512_i32gather_ps(__builtin_bit_cast(__m512i, index), table, 4);
+  }
+  VecU greater(VecF a, VecF b) const {
+    return __builtin_bit_cast(VecU, _mm512_movm_epi32(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ)));
+  }
+};
+// max(a, acc) that keeps acc where a is NaN (as the scalar a > acc ? a : acc).
+inline VecF max_keeping(VecF a, VecF acc) { return _mm512_max_ps(a, acc); }
+inline float horizontal_max(VecF x) { return _mm512_reduce_max_ps(x); }
 
 struct SquareSum {
   __m512d lo = _mm512_setzero_pd();
@@ -124,6 +150,36 @@ inline void store_f16(std::uint16_t* p, VecF x) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                    _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+using VecU = std::uint32_t __attribute__((vector_size(32)));
+constexpr VecU kLaneOffsets = {0, 1, 2, 3, 4, 5, 6, 7};
+// The low 16 bits of each word: every word holds a value below 0x10000, so the saturating pack is exact.
+inline void store_low16(std::uint16_t* p, VecU x) {
+  const __m256i w = __builtin_bit_cast(__m256i, x);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+}
+inline VecU load_u8(const std::uint8_t* p) {
+  return __builtin_bit_cast(VecU, _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+// Every word holds a value below 0x100: both saturating packs are exact.
+inline void store_low8(std::uint8_t* p, VecU x) {
+  const __m256i w = __builtin_bit_cast(__m256i, x);
+  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
+}
+struct VecCodeOps {
+  VecF gather(const float* table, VecU index) const {
+    return _mm256_i32gather_ps(table, __builtin_bit_cast(__m256i, index), 4);
+  }
+  VecU greater(VecF a, VecF b) const { return __builtin_bit_cast(VecU, _mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
+};
+inline VecF max_keeping(VecF a, VecF acc) { return _mm256_max_ps(a, acc); }
+inline float horizontal_max(VecF x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
 
 struct SquareSum {
   __m256d lo = _mm256_setzero_pd();
@@ -155,6 +211,14 @@ inline VecF load_bf16(const std::uint16_t* p) { return bf16_to_float(*p); }
 inline VecF load_f16(const std::uint16_t* p) { return fp16_to_float(*p); }
 inline void store_bf16(std::uint16_t* p, VecF x) { *p = float_to_bf16(x); }
 inline void store_f16(std::uint16_t* p, VecF x) { *p = float_to_fp16(x); }
+using VecU = std::uint32_t;
+constexpr VecU kLaneOffsets = 0;
+inline void store_low16(std::uint16_t* p, VecU x) { *p = static_cast<std::uint16_t>(x); }
+inline VecU load_u8(const std::uint8_t* p) { return *p; }
+inline void store_low8(std::uint8_t* p, VecU x) { *p = static_cast<std::uint8_t>(x); }
+using VecCodeOps = ScalarCodeOps;
+inline VecF max_keeping(VecF a, VecF acc) { return a > acc ? a : acc; }
+inline float horizontal_max(VecF x) { return x; }
 
 struct SquareSum {
   double sum = 0.0;
@@ -238,14 +302,15 @@ void for_each_vector(const AdamRange& r, const Op& op_in) {
   }
 }
 
-template <class Op>
-void dispatch(const AdamRange& r, const Op& op) {
-  const Out out = r.out == nullptr ? Out::none : (r.out_dtype == DType::f16 ? Out::f16 : Out::bf16);
+// Calls run.template operator()<G, O>() for the range's gradient type and output.
+template <class Run>
+void with_types(DType grad_dtype, const void* out_ptr, DType out_dtype, const Run& run) {
+  const Out out = out_ptr == nullptr ? Out::none : (out_dtype == DType::f16 ? Out::f16 : Out::bf16);
   auto with_grad = [&]<Out O>() {
-    switch (r.grad_dtype) {
-      case DType::f32: for_each_vector<DType::f32, O>(r, op); return;
-      case DType::bf16: for_each_vector<DType::bf16, O>(r, op); return;
-      case DType::f16: for_each_vector<DType::f16, O>(r, op); return;
+    switch (grad_dtype) {
+      case DType::f32: run.template operator()<DType::f32, O>(); return;
+      case DType::bf16: run.template operator()<DType::bf16, O>(); return;
+      case DType::f16: run.template operator()<DType::f16, O>(); return;
     }
   };
   switch (out) {
@@ -253,6 +318,71 @@ void dispatch(const AdamRange& r, const Op& op) {
     case Out::bf16: with_grad.template operator()<Out::bf16>(); return;
     case Out::f16: with_grad.template operator()<Out::f16>(); return;
   }
+}
+
+template <class Op>
+void dispatch(const AdamRange& r, const Op& op) {
+  with_types(r.grad_dtype, r.out, r.out_dtype,
+             [&]<DType G, Out O>() { for_each_vector<G, O>(r, op); });
+}
+
+inline VecU as_words(VecF x) { return __builtin_bit_cast(VecU, x); }
+
+// One vector of a bf16-states pass at offset i of the pointers; `index` is the global index of its
+// first element. op(p, m, v, g, index, m_out, v_out) updates p and sets the bf16 words to store.
+template <DType G, Out O, class Op>
+inline void bf16_states_at(float* p, std::uint16_t* m, std::uint16_t* v, const void* grad, void* out,
+                           std::size_t i, std::uint64_t index, const Op& op) {
+  VecF pv = load_f32(p + i);
+  VecF mv = load_bf16(m + i);
+  VecF vv = load_bf16(v + i);
+  VecU m_out;
+  VecU v_out;
+  op(pv, mv, vv, load_grad<G>(grad, i), index, m_out, v_out);
+  store_f32(p + i, pv);
+  store_low16(m + i, m_out);
+  store_low16(v + i, v_out);
+  store_out<O>(out, i, pv);
+}
+
+// As for_each_vector, for bf16 m and v.
+template <DType G, Out O, class Op>
+void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
+  const Op op = op_in;  // local copies: see for_each_vector
+  float* const p = r.master;
+  std::uint16_t* const m = static_cast<std::uint16_t*>(r.m);
+  std::uint16_t* const v = static_cast<std::uint16_t*>(r.v);
+  const void* const grad = r.grad;
+  void* const out = r.out;
+  const std::size_t n = r.count;
+  const std::uint64_t first = r.first_index;
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) bf16_states_at<G, O>(p, m, v, grad, out, i, first + i, op);
+  if constexpr (kLanes > 1) {
+    const std::size_t rest = n - i;
+    if (rest == 0) return;
+    alignas(64) float tp[kLanes] = {};
+    alignas(64) std::uint16_t tm[kLanes] = {};
+    alignas(64) std::uint16_t tv[kLanes] = {};
+    alignas(64) unsigned char tg[kLanes * 4] = {};
+    alignas(64) unsigned char to[kLanes * 2] = {};
+    constexpr std::size_t grad_size = dtype_size(G);
+    std::memcpy(tp, p + i, rest * 4);
+    std::memcpy(tm, m + i, rest * 2);
+    std::memcpy(tv, v + i, rest * 2);
+    std::memcpy(tg, static_cast<const unsigned char*>(grad) + i * grad_size, rest * grad_size);
+    bf16_states_at<G, O>(tp, tm, tv, tg, to, 0, first + i, op);
+    std::memcpy(p + i, tp, rest * 4);
+    std::memcpy(m + i, tm, rest * 2);
+    std::memcpy(v + i, tv, rest * 2);
+    if constexpr (O != Out::none) std::memcpy(static_cast<unsigned char*>(out) + i * 2, to, rest * 2);
+  }
+}
+
+template <class Op>
+void dispatch_bf16_states(const CompactAdamRange& r, const Op& op) {
+  with_types(r.grad_dtype, r.out, r.out_dtype,
+             [&]<DType G, Out O>() { for_each_bf16_states_vector<G, O>(r, op); });
 }
 
 template <DType G>
@@ -284,6 +414,143 @@ void roofline(const AdamRange& range) {
     p = p + g * k;
     m = m + g * k;
     v = v + g * k;
+  });
+}
+
+namespace {
+
+inline VecF as_floats(VecU x) { return __builtin_bit_cast(VecF, x); }
+
+// One block of the int8-states update: `len` elements at the pointers, a multiple of kLanes (the
+// caller pads the last block with zeros, which leave the block's largest magnitude as it is).
+// Dequantize, update in fp32 keeping the new moments here, then quantize with the new scales.
+template <DType G, Out O>
+void int8_block(float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out, std::size_t len,
+                float& m_scale, float& v_scale, const DynamicCode& m_code, const DynamicCode& v_code,
+                const AdamCoefficients& c) {
+  alignas(64) float new_m[kInt8Block];
+  alignas(64) float new_v[kInt8Block];
+  const VecF old_m_scale = VecF{} + m_scale;
+  const VecF old_v_scale = VecF{} + v_scale;
+  const VecCodeOps ops;
+  VecF m_max = VecF{};
+  VecF v_max = VecF{};
+  for (std::size_t i = 0; i < len; i += kLanes) {
+    const VecU mb = load_u8(qm + i);
+    const VecU vb = load_u8(qv + i);
+    VecF pv = load_f32(p + i);
+    VecF mv = as_floats(as_words(ops.gather(m_code.values, mb & 0x7fu) * old_m_scale) ^ signed_code_sign(mb));
+    VecF vv = ops.gather(v_code.values, vb) * old_v_scale;
+    adam_update(pv, mv, vv, load_grad<G>(grad, i), c);
+    store_f32(p + i, pv);
+    store_out<O>(out, i, pv);
+    store_f32(new_m + i, mv);
+    store_f32(new_v + i, vv);
+    m_max = max_keeping(as_floats(as_words(mv) & 0x7fffffffu), m_max);
+    v_max = max_keeping(as_floats(as_words(vv) & 0x7fffffffu), v_max);
+  }
+  m_scale = horizontal_max(m_max);
+  v_scale = horizontal_max(v_max);
+  const VecF m_divisor = VecF{} + m_scale;
+  const VecF v_divisor = VecF{} + v_scale;
+  for (std::size_t i = 0; i < len; i += kLanes) {
+    const VecU mw = as_words(load_f32(new_m + i));
+    const VecU vw = as_words(load_f32(new_v + i));
+    const VecU m_magnitude =
+        dynamic_encode_magnitude<VecF, VecU>(m_code, as_floats(mw & 0x7fffffffu) / m_divisor, ops);
+    store_low8(qm + i, signed_code_byte(mw, m_magnitude));
+    store_low8(qv + i, dynamic_encode_magnitude<VecF, VecU>(v_code, as_floats(vw & 0x7fffffffu) / v_divisor, ops));
+  }
+}
+
+// The blocks of an int8 range: block(p, qm, qv, grad, out, len, m_scale, v_scale) on each, len a
+// multiple of kLanes (a short last block runs on zero-padded copies).
+template <DType G, Out O, class Block>
+void for_each_int8_block(const CompactAdamRange& r, const Block& block_op) {
+  auto* const qm = static_cast<std::uint8_t*>(r.m);
+  auto* const qv = static_cast<std::uint8_t*>(r.v);
+  constexpr std::size_t grad_size = dtype_size(G);
+  for (std::size_t begin = 0, block = 0; begin < r.count; begin += kInt8Block, ++block) {
+    const std::size_t len = r.count - begin < kInt8Block ? r.count - begin : kInt8Block;
+    const void* grad = static_cast<const unsigned char*>(r.grad) + begin * grad_size;
+    void* out = O == Out::none ? nullptr : static_cast<unsigned char*>(r.out) + begin * 2;
+    if (len % kLanes == 0) {
+      block_op(r.master + begin, qm + begin, qv + begin, grad, out, len, r.m_scale[block], r.v_scale[block]);
+      continue;
+    }
+    alignas(64) float tp[kInt8Block] = {};
+    alignas(64) std::uint8_t tm[kInt8Block] = {};
+    alignas(64) std::uint8_t tv[kInt8Block] = {};
+    alignas(64) unsigned char tg[kInt8Block * 4] = {};
+    alignas(64) unsigned char to[kInt8Block * 2] = {};
+    std::memcpy(tp, r.master + begin, len * 4);
+    std::memcpy(tm, qm + begin, len);
+    std::memcpy(tv, qv + begin, len);
+    std::memcpy(tg, grad, len * grad_size);
+    const std::size_t padded = (len + kLanes - 1) / kLanes * kLanes;
+    block_op(tp, tm, tv, tg, to, padded, r.m_scale[block], r.v_scale[block]);
+    std::memcpy(r.master + begin, tp, len * 4);
+    std::memcpy(qm + begin, tm, len);
+    std::memcpy(qv + begin, tv, len);
+    if constexpr (O != Out::none) std::memcpy(out, to, len * 2);
+  }
+}
+
+}  // namespace
+
+void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c, const StateRounding& rounding) {
+  if (range.states == StatesFormat::int8) {
+    with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
+      for_each_int8_block<G, O>(range, [&](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad,
+                                           void* out, std::size_t len, float& m_scale, float& v_scale) {
+        int8_block<G, O>(p, qm, qv, grad, out, len, m_scale, v_scale, *range.m_code, *range.v_code, c);
+      });
+    });
+    return;
+  }
+  // CpuAdam refuses the formats without a kernel; only bf16 reaches here.
+  if (range.states != StatesFormat::bf16) return;
+  const VecU key_lo = VecU{} + static_cast<std::uint32_t>(rounding.key);
+  const VecU key_hi = VecU{} + static_cast<std::uint32_t>(rounding.key >> 32);
+  dispatch_bf16_states(range, [c, key_lo, key_hi](VecF& p, VecF& m, VecF& v, VecF g, std::uint64_t index,
+                                                  VecU& m_out, VecU& v_out) {
+    adam_update(p, m, v, g, c);
+    VecU lo;
+    VecU hi;
+    add_index(VecU{} + static_cast<std::uint32_t>(index), VecU{} + static_cast<std::uint32_t>(index >> 32),
+              kLaneOffsets, lo, hi);
+    const VecU bits = state_random_bits(lo, hi, key_lo, key_hi);
+    m_out = stochastic_round_bf16_bits(as_words(m), bits & 0xffffu);
+    v_out = stochastic_round_bf16_bits(as_words(v), bits >> 16);
+  });
+}
+
+void roofline_compact(const CompactAdamRange& range) {
+  // The traffic of adam_compact with trivial arithmetic (states truncated to bf16; int8 bytes and
+  // scales rewritten).
+  const float k = 1.0f / 1024.0f;
+  if (range.states == StatesFormat::int8) {
+    with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
+      for_each_int8_block<G, O>(range, [k](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad,
+                                           void* out, std::size_t len, float& m_scale, float& v_scale) {
+        for (std::size_t i = 0; i < len; i += kLanes) {
+          const VecF pv = load_f32(p + i) + load_grad<G>(grad, i) * k;
+          store_f32(p + i, pv);
+          store_out<O>(out, i, pv);
+          store_low8(qm + i, (load_u8(qm + i) + 1u) & 0xffu);
+          store_low8(qv + i, (load_u8(qv + i) + 1u) & 0xffu);
+        }
+        m_scale = m_scale * 0.5f + 1.0f;
+        v_scale = v_scale * 0.5f + 1.0f;
+      });
+    });
+    return;
+  }
+  if (range.states != StatesFormat::bf16) return;
+  dispatch_bf16_states(range, [k](VecF& p, VecF& m, VecF& v, VecF g, std::uint64_t, VecU& m_out, VecU& v_out) {
+    p = p + g * k;
+    m_out = as_words(m + g * k) >> 16;
+    v_out = as_words(v + g * k) >> 16;
   });
 }
 

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "optim/adam_math.hpp"
+#include "optim/compact_math.hpp"
 #include "zest/dtype.hpp"
 
 namespace zest::optim {
@@ -27,6 +29,37 @@ struct AdamRange {
   std::size_t count = 0;
 };
 
+// One contiguous range of an Adam update with compact states (docs/compact-states.md): the fp32
+// master updated in place, m and v stored as `states` and updated in place (bf16: bf16 bit
+// patterns, rounded stochastically), the gradient and optional parameter copy as in AdamRange.
+// `first_index` is the global index of element 0: it, the step's key and nothing else decide the
+// rounding bits, so the result does not depend on tiles, threads or the instruction set.
+//
+// int8: m and v are bytes of the dynamic codes m_code (signed) and v_code (unsigned), in blocks of
+// kInt8Block elements from element 0 (the last may be shorter), each block with its scale in
+// m_scale/v_scale (one float per block, rewritten by the step).
+struct CompactAdamRange {
+  float* master = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
+  StatesFormat states = StatesFormat::bf16;
+  float* m_scale = nullptr;              // int8
+  float* v_scale = nullptr;              // int8
+  const DynamicCode* m_code = nullptr;   // int8: make_dynamic_code(true)
+  const DynamicCode* v_code = nullptr;   // int8: make_dynamic_code(false)
+  const void* grad = nullptr;
+  DType grad_dtype = DType::f32;
+  void* out = nullptr;
+  DType out_dtype = DType::bf16;
+  std::size_t count = 0;
+  std::uint64_t first_index = 0;
+};
+
+// The step's rounding key: rounding_key(seed, step).
+struct StateRounding {
+  std::uint64_t key = 0;
+};
+
 // What the engine needs about gradients before a step, from one pass over them.
 struct GradStats {
   double sum_squares = 0.0;  // of the gradients as stored (before any scale); void if nonfinite
@@ -39,6 +72,11 @@ struct AdamKernels {
   // The same memory traffic as `adam` with trivial arithmetic: the machine's roofline for it.
   void (*roofline)(const AdamRange& range);
   GradStats (*grad_stats)(const void* grad, DType grad_dtype, std::size_t count);
+  // `adam` on compact states: the same fp32 update, the states widened on load and rounded on store.
+  void (*adam_compact)(const CompactAdamRange& range, const AdamCoefficients& c,
+                       const StateRounding& rounding);
+  // The same memory traffic as `adam_compact` with trivial arithmetic.
+  void (*roofline_compact)(const CompactAdamRange& range);
 };
 
 // The kernels of one instruction set; Isa::avx2/avx512 must be supported by this CPU.
@@ -49,6 +87,9 @@ const AdamKernels& adam_kernels(Isa isa);
   void adam(const AdamRange& range, const AdamCoefficients& c);                         \
   void roofline(const AdamRange& range);                                                \
   GradStats grad_stats(const void* grad, DType grad_dtype, std::size_t count);          \
+  void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c,           \
+                    const StateRounding& rounding);                                     \
+  void roofline_compact(const CompactAdamRange& range);                                 \
   }
 ZEST_DECLARE_ADAM_KERNELS(scalar_isa)
 ZEST_DECLARE_ADAM_KERNELS(avx2_isa)

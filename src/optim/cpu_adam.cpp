@@ -1,5 +1,6 @@
 #include "optim/cpu_adam.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -54,9 +55,17 @@ AdamRange CpuAdam::checked_range(std::span<float> master, std::span<float> m, st
   const std::size_t n = master.size();
   if (m.size() != n) throw Error(size_mismatch("m", m.size(), n));
   if (v.size() != n) throw Error(size_mismatch("v", v.size(), n));
+  AdamRange r{master.data(), m.data(), v.data(), nullptr, DType::f32, nullptr, DType::bf16, n};
+  check_grad_and_out(n, grad, out, r);
+  return r;
+}
+
+template <class Range>
+void CpuAdam::check_grad_and_out(std::size_t n, ConstTensorSpan grad, TensorSpan out, Range& r) {
   if (grad.count != n) throw Error(size_mismatch("grad", grad.count, n));
   if (n > 0 && grad.data == nullptr) throw Error("CpuAdam::step: grad.data is null; pass the gradients");
-  AdamRange r{master.data(), m.data(), v.data(), grad.data, grad.dtype, nullptr, DType::bf16, n};
+  r.grad = grad.data;
+  r.grad_dtype = grad.dtype;
   if (out.data != nullptr) {
     if (out.count != n) throw Error(size_mismatch("out", out.count, n));
     if (out.dtype == DType::f32)
@@ -65,7 +74,6 @@ AdamRange CpuAdam::checked_range(std::span<float> master, std::span<float> m, st
     r.out = out.data;
     r.out_dtype = out.dtype;
   }
-  return r;
 }
 
 void CpuAdam::step(std::span<float> master, std::span<float> m, std::span<float> v,
@@ -92,6 +100,84 @@ void CpuAdam::step_from(SourceStates from, std::span<float> master, std::span<fl
     std::memcpy(v.data() + begin, from.v + begin, bytes);
     adam(offset(range, begin, end), c);
   });
+}
+
+CompactAdamRange CpuAdam::checked_compact_range(std::span<float> master, CompactStates states,
+                                                ConstTensorSpan grad, CompactRounding rounding,
+                                                TensorSpan out) const {
+  const std::size_t n = master.size();
+  if (states.count != n) throw Error(size_mismatch("m and v", states.count, n));
+  if (n > 0 && (states.m == nullptr || states.v == nullptr))
+    throw Error("CpuAdam::step_compact: m or v is null; pass both states");
+  if (states.format == StatesFormat::f32)
+    throw Error("CpuAdam: fp32 states take step()");
+  if (states.format == StatesFormat::int8 && n > 0 && (states.m_scale == nullptr || states.v_scale == nullptr))
+    throw Error("CpuAdam::step_compact: int8 states need m_scale and v_scale, one float per block of "
+                "kInt8Block elements");
+  if (rounding.first_index > UINT64_MAX - n)
+    throw Error("CpuAdam::step_compact: first_index + count overflows 64 bits; pass the global "
+                "index of master[0]");
+  CompactAdamRange range;
+  range.master = master.data();
+  range.m = states.m;
+  range.v = states.v;
+  range.states = states.format;
+  range.count = n;
+  range.first_index = rounding.first_index;
+  if (states.format == StatesFormat::int8) {
+    static const DynamicCode m_code = make_dynamic_code(true);
+    static const DynamicCode v_code = make_dynamic_code(false);
+    range.m_scale = states.m_scale;
+    range.v_scale = states.v_scale;
+    range.m_code = &m_code;
+    range.v_code = &v_code;
+  }
+  check_grad_and_out(n, grad, out, range);
+  return range;
+}
+
+template <class Kernel>
+void CpuAdam::for_each_compact_tile(const CompactAdamRange& range, const Kernel& kernel) {
+  static_assert(kTileElements % kInt8Block == 0, "an int8 block must not straddle two tiles");
+  const std::size_t state_size = range.states == StatesFormat::int8 ? 1 : 2;
+  arena_.for_each_tile(range.count, kTileElements, [&](std::size_t begin, std::size_t end) {
+    CompactAdamRange tile = range;
+    if (range.states == StatesFormat::int8) {
+      tile.m_scale += begin / kInt8Block;
+      tile.v_scale += begin / kInt8Block;
+    }
+    tile.master += begin;
+    tile.m = static_cast<unsigned char*>(range.m) + begin * state_size;
+    tile.v = static_cast<unsigned char*>(range.v) + begin * state_size;
+    tile.grad = static_cast<const unsigned char*>(range.grad) + begin * dtype_size(range.grad_dtype);
+    if (range.out != nullptr)
+      tile.out = static_cast<unsigned char*>(range.out) + begin * dtype_size(range.out_dtype);
+    tile.count = end - begin;
+    tile.first_index = range.first_index + begin;
+    kernel(tile);
+  });
+}
+
+void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                           const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
+  if (states.format == StatesFormat::f32) {
+    const std::size_t n = master.size();
+    if (states.count != n) throw Error(size_mismatch("m and v", states.count, n));
+    step(master, {static_cast<float*>(states.m), n}, {static_cast<float*>(states.v), n}, grad, args, out);
+    return;
+  }
+  const CompactAdamRange range = checked_compact_range(master, states, grad, rounding, out);
+  const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
+  const StateRounding keys{rounding_key(rounding.seed, args.step)};
+  const auto adam = kernels_->adam_compact;
+  for_each_compact_tile(range, [&](const CompactAdamRange& tile) { adam(tile, c, keys); });
+}
+
+void CpuAdam::roofline_compact_pass(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                                    TensorSpan out) {
+  const CompactAdamRange range = checked_compact_range(master, states, grad, {}, out);
+  const auto roofline = kernels_->roofline_compact;
+  for_each_compact_tile(range, [&](const CompactAdamRange& tile) { roofline(tile); });
 }
 
 void CpuAdam::roofline_pass(std::span<float> master, std::span<float> m, std::span<float> v,

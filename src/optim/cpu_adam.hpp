@@ -67,9 +67,39 @@ class CpuAdam {
   void step_from(SourceStates from, std::span<float> master, std::span<float> m, std::span<float> v,
                  ConstTensorSpan grad, const AdamStepArgs& args, TensorSpan out = {});
 
+  // m and v in a compact format (docs/compact-states.md): `count` elements each, as bf16 bit
+  // patterns (uint16) for bf16, as float for f32, as bytes of the dynamic codes for int8, whose
+  // blocks of kInt8Block elements from master[0] have one scale each in m_scale and v_scale
+  // (ceil(count / kInt8Block) floats each; all zero, with zero bytes, for zero states).
+  struct CompactStates {
+    StatesFormat format = StatesFormat::bf16;
+    void* m = nullptr;
+    void* v = nullptr;
+    std::size_t count = 0;
+    float* m_scale = nullptr;  // int8
+    float* v_scale = nullptr;  // int8
+  };
+  // What decides the stochastic rounding's bits besides the step: a run's seed and the global
+  // index of master[0] in the flat parameter space (so any tiling, thread count, ISA or sharding
+  // rounds the same element the same way).
+  struct CompactRounding {
+    std::uint64_t seed = 0;
+    std::uint64_t first_index = 0;
+  };
+  // As step(), with m and v stored as states.format: each is widened to fp32, updated by the same
+  // fp32 Adam, and rounded back: stochastically for bf16, to the nearest code value of the block's
+  // new scale for int8 (rounding unused). The parameter update uses the unrounded fp32 moments.
+  // f32 is step() itself (rounding unused), bit for bit. Throws zest::Error on mismatched arguments.
+  void step_compact(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                    const AdamStepArgs& args, CompactRounding rounding, TensorSpan out = {});
+
   // Sum of squares of `grad` (as stored, before any scale) and whether any element is Inf/NaN;
   // the sum means nothing when one is.
   GradStats grad_stats(ConstTensorSpan grad);
+
+  // Benchmark only: the same memory traffic and tiling as step_compact() with trivial arithmetic.
+  void roofline_compact_pass(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                             TensorSpan out = {});
 
   // Benchmark only: the same memory traffic and tiling as step() with trivial arithmetic.
   void roofline_pass(std::span<float> master, std::span<float> m, std::span<float> v,
@@ -83,6 +113,13 @@ class CpuAdam {
  private:
   AdamRange checked_range(std::span<float> master, std::span<float> m, std::span<float> v,
                           ConstTensorSpan grad, TensorSpan out) const;
+  CompactAdamRange checked_compact_range(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                                         CompactRounding rounding, TensorSpan out) const;
+  template <class Kernel>
+  void for_each_compact_tile(const CompactAdamRange& range, const Kernel& kernel);
+  // Checks the gradient and the optional copy against n elements and sets them in r.
+  template <class Range>
+  static void check_grad_and_out(std::size_t n, ConstTensorSpan grad, TensorSpan out, Range& r);
 
   AdamHyperParams hyper_;
   const AdamKernels* kernels_;

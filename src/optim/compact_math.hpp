@@ -1,0 +1,183 @@
+// The element math of compact optimizer states (docs/compact-states.md), shared by every CPU
+// instruction-set variant and (later) the CUDA kernels: the counter-based random bits of
+// stochastic rounding and the rounding itself. The fp32 update stays adam_update (adam_math.hpp).
+//
+// The per-element functions are templates over the unsigned 32-bit word type U: uint32_t for the
+// scalar build and CUDA, a GCC vector of uint32_t for the SIMD builds (whose instantiations then
+// name the vector type, as adam_kernels.cpp requires). They use only +, *, ^, &, |, ~ and shifts,
+// no comparison (a comparison gives bool on scalars but a mask vector on vectors), so one text
+// means the same on every type. All of it is exact integer arithmetic: every backend gets the
+// same bits.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/half.hpp"
+
+namespace zest::optim {
+
+// How Adam's m and v are stored. f32: AdamRange and the fp32 kernel, as always.
+enum class StatesFormat { f32, bf16, int8 };
+
+// "fp32", "bf16", "int8"
+inline const char* states_format_name(StatesFormat format) {
+  switch (format) {
+    case StatesFormat::f32: return "fp32";
+    case StatesFormat::bf16: return "bf16";
+    case StatesFormat::int8: return "int8";
+  }
+  return "?";
+}
+
+// SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mix.
+ZEST_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The key of one step's rounding bits; computed once per step on the host.
+ZEST_HOST_DEVICE inline std::uint64_t rounding_key(std::uint64_t seed, std::int64_t step) {
+  return splitmix64(seed ^ splitmix64(static_cast<std::uint64_t>(step)));
+}
+
+// MurmurHash3's 32-bit finalizer (Appleby): a bijective mix with full avalanche.
+template <class U>
+ZEST_HOST_DEVICE inline U fmix32(U h) {
+  h = h ^ (h >> 16);
+  h = h * 0x85ebca6bu;
+  h = h ^ (h >> 13);
+  h = h * 0xc2b2ae35u;
+  return h ^ (h >> 16);
+}
+
+// The 32 random bits of global element index (hi:lo), for the step's key (key_hi:key_lo). The low
+// 16 bits round m, the high 16 bits round v.
+template <class U>
+ZEST_HOST_DEVICE inline U state_random_bits(U lo, U hi, U key_lo, U key_hi) {
+  return fmix32(fmix32(lo ^ key_lo) + (hi ^ key_hi));
+}
+
+// (base_hi:base_lo) + offset as two words, offset < 2^32 (the lanes of one vector): the carry out of
+// the low word computed without a comparison.
+template <class U>
+ZEST_HOST_DEVICE inline void add_index(U base_lo, U base_hi, U offset, U& lo, U& hi) {
+  lo = base_lo + offset;
+  hi = base_hi + (((base_lo & offset) | ((base_lo | offset) & ~lo)) >> 31);
+}
+
+// The bf16 bit pattern (in the low 16 bits) of the float with bit pattern u, rounded
+// stochastically with the 16 random bits r (< 0x10000): up in magnitude exactly when
+// r >= 0x10000 - (u & 0xffff), i.e. with probability (u & 0xffff) / 65536, so the expected
+// result is the float itself. NaN becomes a quiet NaN keeping its top bits (as float_to_bf16);
+// Inf stays Inf.
+template <class U>
+ZEST_HOST_DEVICE inline U stochastic_round_bf16_bits(U u, U r) {
+  const U magnitude = u & 0x7fffffffu;
+  // All ones when magnitude > 0x7f800000 (NaN): the subtraction then wraps into the top bit.
+  const U nan = U{} - ((0x7f800000u - magnitude) >> 31);
+  const U rounded = (u + r) >> 16;
+  const U quiet = (u >> 16) | 0x40u;
+  return (rounded & ~nan) | (quiet & nan);
+}
+
+// ---- int8 states: block-wise dynamic quantization (Dettmers et al. 2022), scalar math so far ----
+//
+// The dynamic code over w magnitude bits (w = 7 for signed m, whose byte's top bit is the sign;
+// w = 8 for v >= 0): for a magnitude byte b > 0 with e leading zeros in its w bits, the next bit
+// is the indicator 1 and the k = w - 1 - e bits below it a fraction j; the value is
+// 10^-e * (0.1 + 0.9 * (j + 1) / 2^k), the top of the j-th of 2^k equal intervals of (0.1, 1]
+// scaled by 10^-e; b = 0 is 0. The paper takes the intervals' centres and appends 1; tops make
+// the largest value exactly 1, so the element that sets a block's scale is stored exactly and the
+// scale, and with it the whole block, decays at beta2 instead of shrinking by the top gap each
+// step. Values grow with b, so encoding is a search over the midpoints of consecutive values. Each value is rounded to 16 significant bits so that every
+// midpoint is exactly a float: the float comparison x > midpoint then decides nearest exactly.
+constexpr std::size_t kInt8Block = 256;  // elements per scale
+
+struct DynamicCode {
+  std::uint32_t magnitudes = 0;  // 128 (signed) or 256 (unsigned)
+  float values[256] = {};        // by magnitude byte, increasing, values[0] = 0
+  float midpoints[255] = {};     // (values[b] + values[b + 1]) / 2, exact
+};
+
+// Built on the host (once); the CUDA kernels will take a copy in constant memory.
+inline DynamicCode make_dynamic_code(bool is_signed) {
+  DynamicCode code;
+  const int width = is_signed ? 7 : 8;
+  code.magnitudes = 1u << width;
+  for (std::uint32_t b = 1; b < code.magnitudes; ++b) {
+    int e = 0;
+    while ((b & (1u << (width - 1 - e))) == 0) ++e;
+    const int k = width - 1 - e;
+    const std::uint32_t j = b & ((1u << k) - 1u);
+    const double exact = std::pow(10.0, -e) * (0.1 + 0.9 * (static_cast<double>(j) + 1.0) / std::ldexp(1.0, k));
+    int exponent = 0;
+    std::frexp(exact, &exponent);
+    code.values[b] = static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(exact, 16 - exponent)), exponent - 16));
+  }
+  for (std::uint32_t b = 0; b + 1 < code.magnitudes; ++b)
+    code.midpoints[b] = static_cast<float>((static_cast<double>(code.values[b]) + code.values[b + 1]) / 2.0);
+  return code;
+}
+
+// The magnitude byte nearest to a >= 0 (ties to the smaller; beyond the top value, the top; NaN,
+// 0): a branch-free binary search over the midpoints, the same steps on every backend. F/U: the
+// float and word types; ops.gather(table, index) reads a table per lane, ops.greater(a, b) is all
+// ones where a > b (false for NaN) and 0 elsewhere.
+template <class F, class U, class Ops>
+ZEST_HOST_DEVICE inline U dynamic_encode_magnitude(const DynamicCode& code, F a, const Ops& ops) {
+  U b = U{};
+  for (std::uint32_t step = code.magnitudes >> 1; step > 0; step >>= 1)
+    b = b + (ops.greater(a, ops.gather(code.midpoints, b + (step - 1u))) & step);
+  return b;
+}
+
+// The byte of a signed (m) value from its float bits and magnitude byte: the sign on top, except
+// for magnitude 0 (-0 and values that round to 0 encode as +0).
+template <class U>
+ZEST_HOST_DEVICE inline U signed_code_byte(U word, U magnitude) {
+  const U nonzero = (magnitude + 0x7fu) >> 7;  // magnitude <= 127
+  return magnitude | (((word >> 31) & nonzero) << 7);
+}
+
+// The float bits of a code byte times the scale: the sign bit flipped for a signed byte's top bit.
+template <class U>
+ZEST_HOST_DEVICE inline U signed_code_sign(U byte) {
+  return (byte & 0x80u) << 24;
+}
+
+struct ScalarCodeOps {
+  ZEST_HOST_DEVICE float gather(const float* table, std::uint32_t index) const { return table[index]; }
+  ZEST_HOST_DEVICE std::uint32_t greater(float a, float b) const { return a > b ? ~0u : 0u; }
+};
+
+// Quantizes n <= kInt8Block values to bytes with the block's scale, its largest magnitude: each
+// |x| / scale is encoded (a division, not a multiply by 1/scale, which overflows for subnormal
+// scales; an all-zero block divides 0 by 0 and encodes NaN as 0). NaN elements are skipped by the
+// maximum and encode as 0: the engine skips steps with nonfinite gradients before they reach the
+// states. Returns the scale.
+ZEST_HOST_DEVICE inline float quantize_block(const DynamicCode& code, bool is_signed, const float* x,
+                                             std::size_t n, std::uint8_t* q) {
+  float scale = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = fabsf(x[i]);
+    scale = a > scale ? a : scale;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t magnitude =
+        dynamic_encode_magnitude<float, std::uint32_t>(code, fabsf(x[i]) / scale, ScalarCodeOps{});
+    q[i] = static_cast<std::uint8_t>(is_signed ? signed_code_byte(float_bits(x[i]), magnitude) : magnitude);
+  }
+  return scale;
+}
+
+ZEST_HOST_DEVICE inline float dequantize(const DynamicCode& code, bool is_signed, std::uint8_t q, float scale) {
+  const std::uint32_t byte = q;
+  if (!is_signed) return code.values[byte] * scale;
+  return bits_float(float_bits(code.values[byte & 0x7fu] * scale) ^ signed_code_sign(byte));
+}
+
+}  // namespace zest::optim

@@ -1,0 +1,430 @@
+// Compact optimizer states (docs/compact-states.md): every instruction-set variant of the bf16-states
+// Adam equals the independent scalar reference (compact_reference.hpp) bit for bit; the threaded
+// front end does too, whatever its tiling; stochastic rounding is unbiased; and v decays under
+// beta2 = 0.999 where round-to-nearest provably stalls.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "optim/compact_math.hpp"
+#include "optim/compact_reference.hpp"
+#include "optim/cpu_adam.hpp"
+#include "runtime/half.hpp"
+
+namespace zest::optim {
+namespace {
+
+using test::ReferenceBf16StatesAdam;
+using test::StateRoundingMode;
+using test::bits_of;
+using test::widen_bf16;
+
+std::vector<Isa> supported_isas() {
+  const std::vector<Isa> all{Isa::scalar, Isa::avx2, Isa::avx512};
+  std::vector<Isa> isas;
+  std::copy_if(all.begin(), all.end(), std::back_inserter(isas), cpu_supports);
+  return isas;
+}
+
+// Gradients as the kernel reads them (`dtype`) and as the reference does (widened to float).
+struct Grads {
+  DType dtype = DType::f32;
+  std::vector<std::uint16_t> half;
+  std::vector<float> f32;
+  const void* data() const { return dtype == DType::f32 ? static_cast<const void*>(f32.data()) : half.data(); }
+};
+
+Grads random_grads(DType dtype, std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Grads g{dtype, {}, {}};
+  for (std::size_t i = 0; i < n; ++i) {
+    // Spread magnitudes over several binades, with some zeros.
+    const float x = i % 11 == 3 ? 0.0f : normal(rng) * std::ldexp(1.0f, static_cast<int>(i % 9) - 6);
+    if (dtype == DType::f32) {
+      g.f32.push_back(x);
+    } else {
+      const std::uint16_t h = dtype == DType::bf16 ? float_to_bf16(x) : float_to_fp16(x);
+      g.half.push_back(h);
+      g.f32.push_back(dtype == DType::bf16 ? bf16_to_float(h) : fp16_to_float(h));
+    }
+  }
+  return g;
+}
+
+struct Bf16States {
+  std::vector<float> p;
+  std::vector<std::uint16_t> m, v;
+  explicit Bf16States(std::size_t n, std::mt19937& rng) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (std::size_t i = 0; i < n; ++i) p.push_back(uniform(rng));
+    m.assign(n, 0);
+    v.assign(n, 0);
+  }
+};
+
+void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(bits_of(a[i]), bits_of(b[i])) << what << " element " << i << ": " << a[i] << " vs " << b[i];
+}
+
+void expect_same(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(a[i], b[i]) << what << " element " << i << ": " << widen_bf16(a[i]) << " vs " << widen_bf16(b[i]);
+}
+
+struct KernelCase {
+  AdamHyperParams hp;
+  DType grad_dtype;
+  bool out;
+  std::uint64_t first_index;
+};
+
+// Odd lengths (every tail of every vector width), several steps, each gradient type, with and
+// without the bf16 parameter copy, and a first index whose vectors cross 2^32 (the carry).
+TEST(CompactAdam, EveryVariantEqualsTheReferenceBitForBit) {
+  const AdamHyperParams adamw{OptimizerType::adamw, 1e-2, 0.9, 0.999, 1e-8, 0.1};
+  const AdamHyperParams adam{OptimizerType::adam, 3e-3, 0.8, 0.99, 1e-6, 0.01};
+  const std::uint64_t seed = 0x5eed1234abcdull;
+  for (const KernelCase& kc : {KernelCase{adamw, DType::f32, false, 0}, KernelCase{adamw, DType::bf16, true, 12345},
+                               KernelCase{adam, DType::f16, true, (1ull << 32) - 5},
+                               KernelCase{adam, DType::f32, false, (1ull << 40) + 3}}) {
+    for (std::size_t n : {1u, 2u, 7u, 8u, 15u, 16u, 17u, 31u, 33u, 100u, 1027u}) {
+      std::mt19937 rng(static_cast<unsigned>(n));
+      const Bf16States init(n, rng);
+      std::vector<Grads> grads;
+      for (int s = 0; s < 5; ++s) grads.push_back(random_grads(kc.grad_dtype, n, rng));
+      ReferenceBf16StatesAdam reference{kc.hp, seed, StateRoundingMode::stochastic};
+      Bf16States want = init;
+      std::vector<std::vector<std::uint16_t>> want_out;
+      for (int s = 0; s < 5; ++s) {
+        reference.step(want.p, want.m, want.v, grads[s].f32, s + 1, kc.first_index, 0.5, 0.75);
+        std::vector<std::uint16_t> out;
+        for (float x : want.p) out.push_back(float_to_bf16(x));
+        want_out.push_back(out);
+      }
+      for (Isa isa : supported_isas()) {
+        const std::string what = std::string(isa_name(isa)) + " n=" + std::to_string(n) + " grad " +
+                                 std::string(dtype_name(kc.grad_dtype)) + " first " + std::to_string(kc.first_index);
+        Bf16States got = init;
+        std::vector<std::uint16_t> out(n);
+        for (int s = 0; s < 5; ++s) {
+          CompactAdamRange r;
+          r.master = got.p.data();
+          r.m = got.m.data();
+          r.v = got.v.data();
+          r.grad = grads[s].data();
+          r.grad_dtype = kc.grad_dtype;
+          r.out = kc.out ? out.data() : nullptr;
+          r.count = n;
+          r.first_index = kc.first_index;
+          adam_kernels(isa).adam_compact(r, make_adam_coefficients(kc.hp, s + 1, 0.5, 0.75),
+                                         StateRounding{rounding_key(seed, s + 1)});
+          if (kc.out) expect_same(out, want_out[s], what + " out step " + std::to_string(s + 1));
+        }
+        expect_same_bits(got.p, want.p, what + " p");
+        expect_same(got.m, want.m, what + " m");
+        expect_same(got.v, want.v, what + " v");
+      }
+    }
+  }
+}
+
+// Tiles and threads change nothing: the bits depend on the global index only.
+TEST(CompactAdam, ThreadedFrontEndEqualsTheReference) {
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  const std::size_t n = 3 * CpuAdam::kTileElements + 77;
+  const std::uint64_t first_index = 987654321;
+  std::mt19937 rng(7);
+  const Bf16States init(n, rng);
+  ReferenceBf16StatesAdam reference{hp, 42, StateRoundingMode::stochastic};
+  for (Isa isa : supported_isas()) {
+    CpuAdam adam(hp, 3, {}, isa);
+    Bf16States want = init;
+    Bf16States got = init;
+    std::mt19937 grad_rng(11);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      const Grads g = random_grads(DType::bf16, n, grad_rng);
+      reference.step(want.p, want.m, want.v, g.f32, step, first_index);
+      adam.step_compact(got.p, {StatesFormat::bf16, got.m.data(), got.v.data(), n},
+                        {g.data(), DType::bf16, n}, {step}, {42, first_index});
+    }
+    expect_same_bits(got.p, want.p, std::string(isa_name(isa)) + " p");
+    expect_same(got.m, want.m, std::string(isa_name(isa)) + " m");
+    expect_same(got.v, want.v, std::string(isa_name(isa)) + " v");
+  }
+}
+
+TEST(CompactAdam, Fp32FormatIsStepBitForBit) {
+  const AdamHyperParams hp{OptimizerType::adam, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  const std::size_t n = 1000;
+  std::mt19937 rng(3);
+  const Grads g = random_grads(DType::f32, n, rng);
+  std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
+  std::vector<float> p2 = p, m2 = m, v2 = v;
+  CpuAdam adam(hp, 2);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    adam.step(p, m, v, {g.f32.data(), DType::f32, n}, {step});
+    adam.step_compact(p2, {StatesFormat::f32, m2.data(), v2.data(), n}, {g.f32.data(), DType::f32, n}, {step},
+                      {99, 5});
+  }
+  expect_same_bits(p2, p, "p");
+  expect_same_bits(m2, m, "m");
+  expect_same_bits(v2, v, "v");
+}
+
+// The shared rounding equals the reference for every 16-bit r on values of every kind, and is
+// exactly unbiased over r: of the 65536 values of r, exactly (u & 0xffff) round up, so the mean
+// over a uniform r is x itself.
+TEST(StochasticRounding, SharedMathEqualsReferenceAndIsExactlyUnbiasedOverR) {
+  const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f, 1.0f + 0x1p-9f, -3.14159f, 0.999f * 0.7f,
+                            1e-40f, -1e-42f, 0x1p-126f, 3.3e38f, -3.4028235e38f, INFINITY, -INFINITY,
+                            std::nanf(""), -std::nanf("0x12345"), 1e30f, 6.1e-5f};
+  for (float x : specials) {
+    const std::uint32_t u = bits_of(x);
+    std::uint32_t ups = 0;
+    for (std::uint32_t r = 0; r < 0x10000u; ++r) {
+      const std::uint32_t got = stochastic_round_bf16_bits<std::uint32_t>(u, r);
+      ASSERT_EQ(got, test::reference_stochastic_bf16(x, static_cast<std::uint16_t>(r))) << x << " r=" << r;
+      if (got != (u >> 16)) ++ups;
+    }
+    if (!std::isnan(x)) {
+      EXPECT_EQ(ups, u & 0xffffu) << x;
+    }
+  }
+}
+
+// The hash's bits are uniform enough: over 2^20 consecutive elements, the mean of the rounded value
+// of a fixed x is within 6 standard deviations of x, for both the m (low) and v (high) 16 bits.
+// Each rounding is x_lo + ulp * Bernoulli(f), so the mean of N has standard deviation
+// ulp * sqrt(f (1 - f) / N); 6 sigma makes a false failure (for truly random bits) ~2e-9.
+TEST(StochasticRounding, UnbiasedOverElementsWithAFixedSeed) {
+  const std::size_t n = std::size_t{1} << 20;
+  const std::uint64_t key = rounding_key(2024, 17);
+  for (float x : {1.0f + 0x1p-9f, 0.3f, -7.77f, 1.0f + 0x1p-16f * 3.0f}) {
+    const std::uint32_t u = bits_of(x);
+    const double lo = std::fabs(static_cast<double>(widen_bf16(static_cast<std::uint16_t>(u >> 16))));
+    const double ulp = std::fabs(static_cast<double>(widen_bf16(static_cast<std::uint16_t>((u >> 16) + 1)))) - lo;
+    const double f = (std::fabs(static_cast<double>(x)) - lo) / ulp;
+    const double sigma = ulp * std::sqrt(f * (1.0 - f) / static_cast<double>(n));
+    for (int half : {0, 1}) {
+      double sum = 0.0;
+      for (std::uint64_t i = 0; i < n; ++i) {
+        std::uint32_t lo_word = 0;
+        std::uint32_t hi_word = 0;
+        add_index<std::uint32_t>(0xfff00000u, 7u, static_cast<std::uint32_t>(i), lo_word, hi_word);
+        const std::uint32_t bits = state_random_bits<std::uint32_t>(lo_word, hi_word, static_cast<std::uint32_t>(key),
+                                                                    static_cast<std::uint32_t>(key >> 32));
+        const std::uint32_t r = half == 0 ? (bits & 0xffffu) : (bits >> 16);
+        sum += widen_bf16(static_cast<std::uint16_t>(stochastic_round_bf16_bits<std::uint32_t>(u, r)));
+      }
+      const double mean = sum / static_cast<double>(n);
+      EXPECT_LE(std::fabs(mean - static_cast<double>(x)), 6.0 * sigma)
+          << x << (half == 0 ? " m bits" : " v bits") << ": mean " << mean << ", sigma " << sigma;
+    }
+  }
+}
+
+// Round to nearest: 0.999 * v differs from v by less than half a bf16 ulp for every bf16 v (the
+// design note's arithmetic; every binade behaves as [1, 2)), so v never decays. Stochastic
+// rounding follows 0.999^t in expectation; the kernels show it over 693 steps (0.999^693 ~ 0.5).
+TEST(CompactAdam, RoundToNearestStallsVWhereStochasticRoundingDecays) {
+  const float beta2 = 0.999f;
+  const float one_minus_beta2 = static_cast<float>(1.0 - 0.999);
+  for (std::uint16_t h = 0x3f80; h < 0x4000; ++h) {  // every bf16 in [1, 2)
+    const float v = widen_bf16(h);
+    const float decayed = v * beta2 + (0.0f * 0.0f) * one_minus_beta2;  // adam_update with g = 0
+    ASSERT_LT(decayed, v);
+    ASSERT_EQ(float_to_bf16(decayed), h) << v << " decays under round to nearest";
+  }
+
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.0};
+  const std::size_t n = 4096;
+  const int steps = 693;
+  const std::vector<float> g(n, 0.0f);
+  std::vector<float> p(n, 1.0f);
+  std::vector<std::uint16_t> m(n, 0), v(n, float_to_bf16(1.0f));
+  std::vector<float> p_rtn = p;
+  std::vector<std::uint16_t> m_rtn = m, v_rtn = v;
+  const ReferenceBf16StatesAdam nearest{hp, 1, StateRoundingMode::nearest};
+  for (Isa isa : supported_isas()) {
+    CpuAdam adam(hp, 2, {}, isa);
+    std::vector<float> pk = p;
+    std::vector<std::uint16_t> mk = m, vk = v;
+    for (int s = 1; s <= steps; ++s)
+      adam.step_compact(pk, {StatesFormat::bf16, mk.data(), vk.data(), n}, {g.data(), DType::f32, n}, {s}, {1, 0});
+    // v stays in (0, 1], where every rounding is between bf16 neighbours at most 2^-8 apart, so each
+    // adds variance at most (2^-8)^2 / 4: after t steps an element's standard deviation is below
+    // sqrt(t) * 2^-9 = 0.051, the mean of n's below 0.051 / 64 = 0.0008. The bound is 6 of those.
+    double sum = 0.0;
+    for (std::uint16_t h : vk) sum += widen_bf16(h);
+    const double expected = std::pow(static_cast<double>(beta2), steps);
+    EXPECT_NEAR(sum / static_cast<double>(n), expected, 0.005) << isa_name(isa);
+  }
+  for (int s = 1; s <= steps; ++s) nearest.step(p_rtn, m_rtn, v_rtn, g, s, 0);
+  for (std::uint16_t h : v_rtn) ASSERT_EQ(h, float_to_bf16(1.0f)) << "round to nearest moved v";
+}
+
+TEST(CompactAdam, RefusesWhatItCannotDo) {
+  const AdamHyperParams hp{};
+  CpuAdam adam(hp, 1);
+  std::vector<float> p(4, 0.0f), g(4, 0.0f);
+  std::vector<std::uint16_t> m(4, 0), v(4, 0);
+  EXPECT_THROW(adam.step_compact(p, {StatesFormat::int8, m.data(), v.data(), 4}, {g.data(), DType::f32, 4}, {1}, {}),
+               Error);  // no scales
+  EXPECT_THROW(adam.roofline_compact_pass(p, {StatesFormat::int8, m.data(), v.data(), 4}, {g.data(), DType::f32, 4}),
+               Error);  // no scales
+  EXPECT_THROW(adam.step_compact(p, {StatesFormat::bf16, m.data(), v.data(), 3}, {g.data(), DType::f32, 4}, {1}, {}),
+               Error);
+  EXPECT_THROW(adam.step_compact(p, {StatesFormat::bf16, nullptr, v.data(), 4}, {g.data(), DType::f32, 4}, {1}, {}),
+               Error);
+  EXPECT_THROW(adam.step_compact(p, {StatesFormat::bf16, m.data(), v.data(), 4}, {g.data(), DType::f32, 4}, {1},
+                                 {0, UINT64_MAX - 2}),
+               Error);
+}
+
+// The dynamic code as built for the kernels equals its definition, increases, and has midpoints
+// that are floats exactly (so float comparisons decide nearest exactly).
+TEST(Int8States, DynamicCodeMatchesItsDefinition) {
+  for (bool is_signed : {true, false}) {
+    const DynamicCode code = make_dynamic_code(is_signed);
+    const int width = is_signed ? 7 : 8;
+    ASSERT_EQ(code.magnitudes, 1u << width);
+    for (std::uint32_t b = 0; b < code.magnitudes; ++b) {
+      ASSERT_EQ(bits_of(code.values[b]), bits_of(test::reference_code_value(b, width))) << b;
+      if (b + 1 < code.magnitudes) {
+        ASSERT_LT(code.values[b], code.values[b + 1]) << b;
+        ASSERT_EQ(2.0 * static_cast<double>(code.midpoints[b]),
+                  static_cast<double>(code.values[b]) + static_cast<double>(code.values[b + 1])) << b;
+      }
+    }
+    EXPECT_EQ(code.values[code.magnitudes - 1], 1.0f);
+  }
+}
+
+// Blocks of every kind (zeros, -0, a subnormal scale, many binades, a short block) through the
+// shared quantizer equal the brute-force reference byte for byte, and each element's round trip
+// error is at most the code's largest half gap times the scale: 0.9/128 * scale for m, below the
+// scale/127 of a linear code, and 0.9/256 * scale for v. The slack covers the two float roundings
+// (|x| / scale, value * scale): a few units in the last place of the scale.
+TEST(Int8States, QuantizerEqualsReferenceAndRoundTripIsBounded) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (bool is_signed : {true, false}) {
+    const DynamicCode code = make_dynamic_code(is_signed);
+    double half_gap = 0.0;
+    for (std::uint32_t b = 0; b + 1 < code.magnitudes; ++b)
+      half_gap = std::max(half_gap, (static_cast<double>(code.values[b + 1]) - code.values[b]) / 2.0);
+    // Rounding the values to 16 significant bits moves each by at most 2^-17, a half gap by as much.
+    EXPECT_LE(half_gap, (is_signed ? 0.9 / 128.0 : 0.9 / 256.0) + 0x1p-17);
+    EXPECT_LT(half_gap, 1.0 / 127.0);
+    for (int trial = 0; trial < 40; ++trial) {
+      const std::size_t n = trial % 5 == 4 ? 37 : kInt8Block;  // a short last block too
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float magnitude = std::ldexp(normal(rng), -static_cast<int>(rng() % 24));  // many binades
+        x[i] = is_signed ? magnitude : magnitude * magnitude;
+      }
+      if (trial == 0) std::fill(x.begin(), x.end(), 0.0f);
+      if (trial == 1) x[3] = -0.0f;
+      if (trial == 2)
+        for (float& value : x) value *= 1e-39f;  // a subnormal scale
+      std::vector<std::uint8_t> want;
+      const float want_scale = test::reference_quantize_block(is_signed, x, want);
+      std::vector<std::uint8_t> got(n);
+      const float scale = quantize_block(code, is_signed, x.data(), n, got.data());
+      ASSERT_EQ(bits_of(scale), bits_of(want_scale));
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i], want[i]) << (is_signed ? "m" : "v") << " trial " << trial << " element " << i;
+        const float back = dequantize(code, is_signed, got[i], scale);
+        ASSERT_EQ(bits_of(back), bits_of(test::reference_dequantize(is_signed, want[i], want_scale)));
+        const double bound = half_gap * scale + 4.0 * std::ldexp(static_cast<double>(scale), -23);
+        ASSERT_LE(std::fabs(static_cast<double>(back) - x[i]), bound) << x[i] << " -> " << back;
+      }
+    }
+  }
+}
+
+struct Int8States {
+  std::vector<float> p;
+  std::vector<std::uint8_t> m, v;
+  std::vector<float> m_scale, v_scale;
+  Int8States(std::size_t n, std::mt19937& rng) : m(n, 0), v(n, 0) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (std::size_t i = 0; i < n; ++i) p.push_back(uniform(rng));
+    m_scale.assign((n + kInt8Block - 1) / kInt8Block, 0.0f);
+    v_scale = m_scale;
+  }
+  CpuAdam::CompactStates states() {
+    return {StatesFormat::int8, m.data(), v.data(), p.size(), m_scale.data(), v_scale.data()};
+  }
+  void expect_equal(const Int8States& want, const std::string& what) const {
+    expect_same_bits(p, want.p, what + " p");
+    expect_same_bits(m_scale, want.m_scale, what + " m scales");
+    expect_same_bits(v_scale, want.v_scale, what + " v scales");
+    ASSERT_EQ(m, want.m) << what << " m bytes";
+    ASSERT_EQ(v, want.v) << what << " v bytes";
+  }
+};
+
+// The int8-states step of every variant, one thread and threaded (tiles of several blocks), equals
+// the block-wise reference bit for bit: short, odd and several-block lengths, 4 steps.
+TEST(Int8States, EveryVariantEqualsTheReferenceBitForBit) {
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-2, 0.9, 0.999, 1e-8, 0.1};
+  const test::ReferenceInt8StatesAdam reference{hp, kInt8Block};
+  for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{17}, std::size_t{255}, std::size_t{256},
+                        std::size_t{257}, std::size_t{1000}, 2 * CpuAdam::kTileElements + 300}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      std::mt19937 rng(static_cast<unsigned>(n) + 1);
+      const Int8States init(n, rng);
+      std::vector<Grads> grads;
+      for (int s = 0; s < 4; ++s) grads.push_back(random_grads(dtype, n, rng));
+      Int8States want = init;
+      for (int s = 0; s < 4; ++s)
+        reference.step(want.p, want.m, want.v, want.m_scale, want.v_scale, grads[s].f32, s + 1, 0.5, 1.0);
+      for (Isa isa : supported_isas()) {
+        CpuAdam adam(hp, 3, {}, isa);
+        Int8States got = init;
+        for (int s = 0; s < 4; ++s)
+          adam.step_compact(got.p, got.states(), {grads[s].data(), dtype, n}, {s + 1, 0.5, 1.0}, {});
+        got.expect_equal(want, std::string(isa_name(isa)) + " n=" + std::to_string(n) + " " +
+                                   std::string(dtype_name(dtype)));
+      }
+    }
+  }
+}
+
+// The block's largest element is stored exactly (the code's top is 1), so with zero gradients the
+// scale decays at beta2 and every element keeps its code: each dequantized v follows
+// v(0) * 0.999^t to float rounding (here within 1e-4 relative after 693 steps), where bf16 with
+// round-to-nearest stalls (RoundToNearestStallsVWhereStochasticRoundingDecays).
+TEST(Int8States, VDecaysAtBeta2WithZeroGradients) {
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.0};
+  const std::size_t n = 3 * kInt8Block + 5;
+  std::mt19937 rng(9);
+  Int8States s(n, rng);
+  CpuAdam adam(hp, 1);
+  const Grads first = random_grads(DType::f32, n, rng);
+  adam.step_compact(s.p, s.states(), {first.data(), DType::f32, n}, {1}, {});
+  const DynamicCode code = make_dynamic_code(false);
+  std::vector<float> v0;
+  for (std::size_t i = 0; i < n; ++i) v0.push_back(dequantize(code, false, s.v[i], s.v_scale[i / kInt8Block]));
+  const std::vector<float> zero(n, 0.0f);
+  const int steps = 693;
+  for (int t = 2; t <= steps + 1; ++t) adam.step_compact(s.p, s.states(), {zero.data(), DType::f32, n}, {t}, {});
+  const double decay = std::pow(static_cast<double>(0.999f), steps);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double got = dequantize(code, false, s.v[i], s.v_scale[i / kInt8Block]);
+    ASSERT_NEAR(got, v0[i] * decay, 1e-4 * v0[i] * decay + 1e-30) << "element " << i << " from " << v0[i];
+  }
+}
+
+}  // namespace
+}  // namespace zest::optim
