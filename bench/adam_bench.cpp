@@ -271,7 +271,7 @@ int bench_adam(int argc, char** argv) {
     }
     const std::span<float> ps(p.as<float>(), n), ms(m.as<float>(), compact ? 0 : n), vs(v.as<float>(), compact ? 0 : n);
     Array m_scales(blocks * 4), v_scales(blocks * 4);
-    const optim::CpuAdam::CompactStates cs{int8 ? optim::StatesFormat::int8 : optim::StatesFormat::bf16, m.data,
+    const optim::CpuAdam::CompactStates cs{int8 ? StatesFormat::int8 : StatesFormat::bf16, m.data,
                                            v.data, n, m_scales.as<float>(), v_scales.as<float>()};
     const optim::ConstTensorSpan gs{g.data, mode->grad, n};
     const optim::TensorSpan os{mode->out ? out.data : nullptr, mode->out_dtype, n};

@@ -64,6 +64,15 @@ struct OptimizerConfig {
   double weight_decay = 0.01;
   int threads = 0;  // CPU Adam threads; 0 = one per cpu of this rank (Runtime::cpus)
   std::vector<OptimizerParamGroup> param_groups;  // groups 1, 2, ... in this order
+  // optimizer.states: how m and v are stored (docs/compact-states.md). fp32 is exact; bf16 (8 bytes
+  // per parameter with the fp32 master instead of 12) and int8 (about 6.1) change what the next
+  // step remembers, never the arithmetic of a step.
+  StatesFormat states = StatesFormat::f32;
+  // optimizer.master: the master weights' type. Only fp32 is implemented; bf16 is refused.
+  DType master = DType::f32;
+  // optimizer.seed: the stochastic rounding's seed (bf16 states); with the step and each element's
+  // place in the model, it decides every rounding, so runs repeat bit for bit.
+  int seed = 0;
 };
 
 struct LossScaleConfig {

@@ -42,6 +42,7 @@ inline constexpr IntRange kAtLeastOne{1, INT_MAX};
 inline constexpr IntRange kBufferCountRange{2, 64};
 inline constexpr IntRange kQueueDepthRange{1, 4096};
 inline constexpr IntRange kIoThreadsRange{1, 64};
+inline constexpr IntRange kSeedRange{0, INT_MAX};
 
 // "an integer from 0 to 3", "an integer >= 1".
 std::string expected_integer(IntRange range);

@@ -615,6 +615,9 @@ Config ConfigReader::read(const YAML::Node* root) {
                                                 detail::kNonNegative)},
                         {"threads", integer(c.optimizer.threads, detail::kOptimizerThreadsRange)},
                         {"param_groups", param_groups(c.optimizer.param_groups)},
+                        {"states", choice(detail::kStatesFormatNames, c.optimizer.states)},
+                        {"master", choice(detail::kDTypeNames, c.optimizer.master)},
+                        {"seed", integer(c.optimizer.seed, detail::kSeedRange)},
                     })},
       {"precision",
        section({

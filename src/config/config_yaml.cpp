@@ -148,6 +148,9 @@ std::string to_yaml(const Config& c) {
   out.number("weight_decay", c.optimizer.weight_decay);
   out.integer("threads", c.optimizer.threads);
   out.plain("param_groups", param_groups_text(c.optimizer));
+  out.plain("states", detail::enum_name(detail::kStatesFormatNames, c.optimizer.states));
+  out.plain("master", detail::enum_name(detail::kDTypeNames, c.optimizer.master));
+  out.integer("seed", c.optimizer.seed);
   out.end_section();
 
   const LossScaleConfig& scale = c.precision.loss_scale;

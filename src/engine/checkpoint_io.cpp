@@ -58,10 +58,10 @@ std::string fingerprint(const Config& c) {
   char text[320];
   std::snprintf(text, sizeof text,
                 "stage=%d dtype=%s optimizer=%s lr=%.9g beta1=%.9g beta2=%.9g eps=%.9g weight_decay=%.9g "
-                "gradient_clipping=%.9g",
+                "gradient_clipping=%.9g states=%s seed=%d",
                 c.stage, std::string(dtype_name(c.precision.dtype)).c_str(),
                 o.type == OptimizerType::adam ? "adam" : "adamw", o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
-                c.gradient_clipping);
+                c.gradient_clipping, std::string(states_format_name(o.states)).c_str(), o.seed);
   return text;
 }
 
@@ -80,7 +80,9 @@ std::vector<std::string> config_changes(const std::string& saved, const std::str
   const auto before = words(saved);
   for (const auto& [key, value] : words(now)) {
     const auto it = std::find_if(before.begin(), before.end(), [&](const auto& w) { return w.first == key; });
-    const std::string old = it == before.end() ? std::string("unset") : it->second;
+    // Checkpoints written before a key existed ran with its default (states fp32, seed 0).
+    const std::string missing = key == "states" ? "fp32" : key == "seed" ? "0" : "unset";
+    const std::string old = it == before.end() ? missing : it->second;
     if (old != value) changes.push_back(std::string(key).append(": ").append(old).append(" in the checkpoint, ").append(value).append(" now"));
   }
   return changes;

@@ -62,7 +62,12 @@ class CpuDeviceMath final : public DeviceMath {
         adam_.set_hyper(s.hyper ? *s.hyper : hyper_);
         std::span<float> master(s.master, s.count), m(s.m, s.count), v(s.v, s.count);
         const optim::ConstTensorSpan grad{s.grad, grad_dtype, s.count};
-        if (out_dtype == DType::f32) {
+        if (s.compact.format != StatesFormat::f32) {
+          const optim::TensorSpan low =
+              out_dtype == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{s.out, out_dtype, s.count};
+          adam_.step_compact(master, s.compact, grad, args, s.rounding, low);
+          if (out_dtype == DType::f32) std::memcpy(s.out, s.master, s.count * sizeof(float));
+        } else if (out_dtype == DType::f32) {
           // The CPU Adam writes only low-precision copies; fp32 parameters are the master weights.
           adam_.step(master, m, v, grad, args);
           std::memcpy(s.out, s.master, s.count * sizeof(float));

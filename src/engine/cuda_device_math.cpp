@@ -14,6 +14,7 @@
 #include "kernels/adam.hpp"
 #include "kernels/grad_stats_pack.hpp"
 #include "runtime/cuda_check.hpp"
+#include "zest/error.hpp"
 #include "runtime/cuda_device.hpp"
 #include "zest/error.hpp"
 
@@ -58,6 +59,10 @@ class CudaDeviceMath final : public DeviceMath {
                  const optim::AdamStepArgs& args, Stream& stream) override {
     const cudaStream_t s = handle(stream);
     check_span_count(shards.size(), "adam_step");
+    for (const AdamShard& a : shards)
+      if (a.compact.format != StatesFormat::f32)
+        throw Error("cuda Adam: compact optimizer states (optimizer.states bf16 or int8) have no CUDA kernels yet; "
+                    "offload them (offload.optimizer.device: cpu or nvme) or use optimizer.states: fp32");
     const bool low_precision = out_dtype != DType::f32;
     // One launch per run of shards sharing their optimizer parameter group's hyper-parameters.
     for (std::size_t first = 0; first < shards.size();) {

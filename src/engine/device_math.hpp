@@ -40,6 +40,10 @@ struct AdamShard {
   void* out = nullptr;
   std::size_t count = 0;
   const optim::AdamHyperParams* hyper = nullptr;
+  // Compact states (optimizer.states bf16 or int8; m and v above unused): where they are and how
+  // bf16's are rounded. The cpu backend only; the cuda one refuses them.
+  optim::CpuAdam::CompactStates compact{StatesFormat::f32};
+  optim::CpuAdam::CompactRounding rounding{};
 };
 
 // The gradient statistics of one step, in device memory. `reduced` comes first so the ranks can

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "zest/error.hpp"
 
 namespace zest::engine {
 
 DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout,
                                              const MemoryPlan& plan, DType dtype, HostStaging& staging,
-                                             const HyperRuns& runs)
+                                             const HyperRuns& runs, const StatesOptions& states)
     : device_(device),
       stream_(stream),
       math_(math),
@@ -15,22 +18,25 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       dtype_(dtype),
       staging_(staging),
       runs_(runs),
-      range_(plan.device_states) {
-  master_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
-  m_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
-  v_ = device.allocate(plan.optimizer_state, MemoryCategory::optimizer_states);
+      range_(plan.device_states),
+      options_(states),
+      layout_of_states_(states.format, plan.device_states.count()) {
+  if (states.format != StatesFormat::f32 && !device.host_accessible())
+    throw Error(std::string(states_format_name(states.format))
+                    .append(" optimizer states on this device are not implemented: its Adam updates fp32 states "
+                            "only. Offload them (offload.optimizer.device: cpu or nvme) or use optimizer.states: fp32"));
+  states_ = device.allocate(plan.device_states_bytes, MemoryCategory::optimizer_states);
   if (plan.offload_params) update_out_ = device.allocate(plan.update_out, MemoryCategory::buffers);
   shards_.reserve(static_cast<std::size_t>(layout.group_count()) + runs.size());
   // Padding and the moments are read before anything is written.
-  for (const DeviceBuffer* b : {&master_, &m_, &v_})
-    if (*b) device.memset_async(b->data(), 0, b->bytes(), stream_);
+  if (states_) device.memset_async(states_.data(), 0, states_.bytes(), stream_);
 }
 
 void DeviceOptimizerStates::write_master(std::size_t offset, const float* values, std::size_t count) {
   for (std::size_t first = 0; first < count; first += staging_.elements()) {
     const std::size_t n = std::min(staging_.elements(), count - first);
     std::memcpy(staging_.f32(), values + first, n * sizeof(float));
-    device_.copy_async(at(master_, offset + first), staging_.f32(), n * sizeof(float), stream_);
+    device_.copy_async(at(0, offset + first), staging_.f32(), n * sizeof(float), stream_);
     stream_.synchronize();  // the staging is refilled next
   }
 }
@@ -38,7 +44,7 @@ void DeviceOptimizerStates::write_master(std::size_t offset, const float* values
 void DeviceOptimizerStates::read_master(std::size_t offset, float* values, std::size_t count) {
   for (std::size_t first = 0; first < count; first += staging_.elements()) {
     const std::size_t n = std::min(staging_.elements(), count - first);
-    device_.copy_async(staging_.f32(), at(master_, offset + first), n * sizeof(float), stream_);
+    device_.copy_async(staging_.f32(), at(0, offset + first), n * sizeof(float), stream_);
     stream_.synchronize();
     std::memcpy(values + first, staging_.f32(), n * sizeof(float));
   }
@@ -46,25 +52,39 @@ void DeviceOptimizerStates::read_master(std::size_t offset, float* values, std::
 
 void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, bool write_back,
                                          const StatesVisit& visit) {
+  if (options_.format != StatesFormat::f32) {
+    // Host-accessible memory (the constructor's check): visited in place once the stream is idle.
+    stream_.synchronize();
+    visit_laid_out(layout_of_states_, states_.as<char>(), offset - range_.begin, count, 0, write_back, visit,
+                   visit_scratch_);
+    return;
+  }
   // The three states of a piece side by side in the fp32 staging.
   const std::size_t piece = staging_.elements() / 3;
   float* const host[] = {staging_.f32(), staging_.f32() + piece, staging_.f32() + 2 * piece};
-  float* const states[] = {at(master_, offset), at(m_, offset), at(v_, offset)};
   for (std::size_t first = 0; first < count; first += piece) {
     const std::size_t n = std::min(piece, count - first);
-    for (int k = 0; k < 3; ++k) device_.copy_async(host[k], states[k] + first, n * sizeof(float), stream_);
+    for (int k = 0; k < 3; ++k) device_.copy_async(host[k], at(k, offset + first), n * sizeof(float), stream_);
     stream_.synchronize();
     visit(host[0], host[1], host[2], first, n);
     if (!write_back) continue;
-    for (int k = 0; k < 3; ++k) device_.copy_async(states[k] + first, host[k], n * sizeof(float), stream_);
+    for (int k = 0; k < 3; ++k) device_.copy_async(at(k, offset + first), host[k], n * sizeof(float), stream_);
     stream_.synchronize();
   }
 }
 
-void DeviceOptimizerStates::add_shard(ShardRange part, const char* grad, char* out) {
+void DeviceOptimizerStates::add_shard(int g, ShardRange part, const char* grad, char* out) {
   for_each_run(runs_, part.begin, part.end, [&](std::size_t lo, std::size_t hi, const optim::AdamHyperParams& hyper) {
     const std::size_t in = (lo - part.begin) * dtype_size(dtype_);
-    shards_.push_back({at(master_, lo), at(m_, lo), at(v_, lo), grad + in, out + in, hi - lo, &hyper});
+    AdamShard shard{at(0, lo), nullptr, nullptr, grad + in, out + in, hi - lo, &hyper};
+    if (options_.format == StatesFormat::f32) {
+      shard.m = at(1, lo);
+      shard.v = at(2, lo);
+    } else {
+      shard.compact = layout_of_states_.moments(states_.as<char>(), lo - range_.begin, hi - lo);
+      shard.rounding = options_.rounding(g, lo - layout_.group(g).shard_offset);
+    }
+    shards_.push_back(shard);
   });
 }
 
@@ -77,7 +97,7 @@ void DeviceOptimizerStates::step(std::span<const StepGroup> groups, const optim:
   shards_.clear();
   for (int g = 0; g < layout_.group_count(); ++g) {
     char* const out = static_cast<char*>(groups[static_cast<std::size_t>(g)].device_out);
-    if (out && part(g).count() > 0) add_shard(part(g), grad(g), out + in_group(g));
+    if (out && part(g).count() > 0) add_shard(g, part(g), grad(g), out + in_group(g));
   }
   math_.adam_step(shards_, dtype_, dtype_, args, stream_);
   if (!sink) return;
@@ -87,7 +107,7 @@ void DeviceOptimizerStates::step(std::span<const StepGroup> groups, const optim:
   for (int g = 0; g < layout_.group_count(); ++g) {
     if (groups[static_cast<std::size_t>(g)].device_out || part(g).count() == 0) continue;
     shards_.clear();
-    add_shard(part(g), grad(g), update_out_.as<char>());
+    add_shard(g, part(g), grad(g), update_out_.as<char>());
     math_.adam_step(shards_, dtype_, dtype_, args, stream_);
     device_.copy_async(static_cast<char*>(sink->begin_update(g)) + in_group(g), update_out_.data(),
                        dtype_size(dtype_) * part(g).count(), stream_);

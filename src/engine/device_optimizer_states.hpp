@@ -1,8 +1,9 @@
 // Optimizer states on the device: fp32 master weights, m and v of this rank's shard (of
-// plan.device_states, the part a partial offload keeps on the device) in three device buffers,
-// stepped by the device's Adam (DeviceMath) on the comm stream. Host access (set_param, get_param,
-// checkpoints) goes through the engine's pinned staging in chunks. Offsets are of the shard buffer
-// and must lie in plan.device_states.
+// plan.device_states, the part a partial offload keeps on the device) in one device buffer laid out
+// by optim::StatesLayout (m and v in optimizer.states' format), stepped by the device's Adam
+// (DeviceMath) on the comm stream. Host access (set_param, get_param, checkpoints) goes through the
+// engine's pinned staging in chunks; compact states, which only the cpu backend's Adam steps, are
+// visited in place. Offsets are of the shard buffer and must lie in plan.device_states.
 #pragma once
 
 #include <vector>
@@ -18,10 +19,12 @@ namespace zest::engine {
 
 class DeviceOptimizerStates final : public OptimizerStates {
  public:
-  // Allocates master, m and v of plan.device_states (plan.optimizer_state each, zeroed) and, where
+  // Allocates the states of plan.device_states (plan.device_states_bytes, zeroed) and, where
   // stage 3's parameters are offloaded, the buffer their updates pass through (plan.update_out).
+  // `states`: the format and rounding of m and v (kept by the caller); compact ones need a
+  // host-accessible device (Error otherwise: the CUDA Adam has no compact kernels yet).
   DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout, const MemoryPlan& plan,
-                        DType dtype, HostStaging& staging, const HyperRuns& runs);
+                        DType dtype, HostStaging& staging, const HyperRuns& runs, const StatesOptions& states);
 
   void write_master(std::size_t offset, const float* values, std::size_t count) override;
   void read_master(std::size_t offset, float* values, std::size_t count) override;
@@ -31,10 +34,13 @@ class DeviceOptimizerStates final : public OptimizerStates {
   std::size_t pinned_bytes() const override { return 0; }
 
  private:
-  // Appends `part` (of a group's shard, in range_) to shards_, one piece per optimizer parameter
+  // Appends `part` (of group g's shard, in range_) to shards_, one piece per optimizer parameter
   // group in it; `grad` and `out` hold the part's first element.
-  void add_shard(ShardRange part, const char* grad, char* out);
-  float* at(const DeviceBuffer& state, std::size_t offset) const { return state.as<float>() + (offset - range_.begin); }
+  void add_shard(int g, ShardRange part, const char* grad, char* out);
+  // State k (0 master, 1 m, 2 v) of shard element `offset`, fp32 states only.
+  float* at(int k, std::size_t offset) const {
+    return layout_of_states_.master(states_.as<char>()) + static_cast<std::size_t>(k) * range_.count() + (offset - range_.begin);
+  }
 
   Device& device_;
   Stream& stream_;
@@ -44,7 +50,10 @@ class DeviceOptimizerStates final : public OptimizerStates {
   HostStaging& staging_;
   const HyperRuns& runs_;
   const ShardRange range_;
-  DeviceBuffer master_, m_, v_;
+  const StatesOptions& options_;
+  const optim::StatesLayout layout_of_states_;
+  DeviceBuffer states_;
+  std::vector<float> visit_scratch_;  // compact states' m and v widened for visit_states
   DeviceBuffer update_out_;  // offloaded parameters: one group's updated shard on its way to the host
   std::vector<AdamShard> shards_;  // the stream reads them until the step's math has run
 };

@@ -77,6 +77,7 @@ struct Engine::State {
         optimizer_group_of(engine::optimizer_groups_of(c, specs)),
         hyper(engine::optimizer_group_values(c)),
         runs(engine::hyper_runs(layout, k.rank(), optimizer_group_of, hyper)),
+        states_options(engine::states_options(c, layout, k.rank())),
         scaler(c.precision.loss_scale),
         math(engine::make_device_math(d, hyper.front(), c.optimizer.threads,
                                       static_cast<std::size_t>(layout.group_count()) + runs.size())),
@@ -101,6 +102,7 @@ struct Engine::State {
   const std::vector<int> optimizer_group_of;           // per tensor
   std::vector<optim::AdamHyperParams> hyper;           // per optimizer group; never resized (runs point in)
   const engine::HyperRuns runs;
+  const engine::StatesOptions states_options;
   engine::LossScaler scaler;
   std::unique_ptr<engine::DeviceMath> math;
   std::unique_ptr<Stream> comm_stream;
@@ -165,12 +167,12 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
     return std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,
-                                                           config.precision.dtype, *s.staging, s.runs);
+                                                           config.precision.dtype, *s.staging, s.runs, s.states_options);
   };
   const auto offloaded = [&] {
     return std::make_unique<engine::OffloadedOptimizer>(device, s.plan.optimizer_offload,
                                                         config.precision.dtype, config.optimizer.threads,
-                                                        std::move(optimizer_store), s.runs);
+                                                        std::move(optimizer_store), s.runs, s.states_options);
   };
   if (!s.plan.offload_optimizer) {
     s.states = on_device();

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/device_math.hpp"
+#include "optim/states_layout.hpp"
 
 namespace zest::engine {
 namespace {
@@ -10,6 +11,9 @@ namespace {
 std::size_t round_up(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 static_assert(sizeof(GradStatsScalars) <= kScalarsBytes);
+// Every boundary in a shard buffer (tensor, shard, sub-group, optimizer group, partial offload) is a
+// multiple of kAlign, so int8 states' blocks never straddle one: the same blocks at any world size.
+static_assert(Layout::kAlign % optim::kInt8Block == 0);
 
 // The elements at the start of the shard whose optimizer states stay on the device: the first
 // (1 - offload.optimizer.ratio) of it. The split is by element, not by group, because groups are
@@ -32,13 +36,18 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
   p.grads_on_host = grads_on_host;
   p.slots = static_cast<std::size_t>(std::max(0, config.offload.optimizer.buffer_count));
   const bool nvme = config.offload.optimizer.device == OffloadDevice::nvme;
-  // Master, m and v take 12 bytes per parameter.
-  const std::size_t per = std::max(Layout::kAlign, config.offload.sub_group_bytes / 12 / Layout::kAlign * Layout::kAlign);
+  const StatesFormat format = config.optimizer.states;
+  p.states = format;
+  // Master, m and v (and int8's scales) of a block of kAlign parameters: 768 bytes in fp32.
+  const std::size_t block_bytes = optim::StatesLayout::bytes(format, Layout::kAlign);
+  const std::size_t per = std::max<std::size_t>(1, config.offload.sub_group_bytes / block_bytes) * Layout::kAlign;
   p.sub_group_elements = per;
   // Each group's part splits into full sub-groups of `per` and a last, shorter one: the sizes
   // follow from the two, without visiting every sub-group (a 10^15-parameter estimate at the
   // smallest sub-group would otherwise list 10^13 of them).
-  const auto region = [](std::size_t count) { return round_up(3 * count * sizeof(float), kNvmeAlignment); };
+  const auto region = [format](std::size_t count) {
+    return round_up(optim::StatesLayout::bytes(format, count), kNvmeAlignment);
+  };
   for (int g = 0; g < layout.group_count(); ++g) {
     const ShardRange part = group_part(layout, g, range);
     const std::size_t full = part.count() / per, rest = part.count() % per;
@@ -61,10 +70,12 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
   p.staging_bytes = p.slots * p.grad_slot_bytes;
   p.grad_staging_bytes = grads_on_host ? 0 : p.staging_bytes;
   if (config.offload.optimizer.device == OffloadDevice::nvme) {
-    p.state_slot_bytes = round_up(3 * p.largest * sizeof(float), kNvmeAlignment);
+    p.state_slot_bytes = region(p.largest);
     p.state_slots_bytes = p.slots * p.state_slot_bytes;
   } else {
-    p.states_bytes = 3 * range.count() * sizeof(float);
+    // Each sub-group's states side by side: as every count is a multiple of a block (kAlign =
+    // kInt8Block), the sub-groups' bytes add up to those of the range.
+    p.states_bytes = optim::StatesLayout::bytes(format, range.count());
   }
   p.overlap = config.offload.optimizer_overlap;
   if (p.overlap) {
@@ -161,8 +172,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
   const std::size_t grads = bytes(config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
   (p.grads_on_host ? p.host_grads : p.grads) = grads;
   add(MemoryCategory::grads, p.grads);
-  p.optimizer_state = p.device_states.count() * sizeof(float);
-  add(MemoryCategory::optimizer_states, 3 * p.optimizer_state);
+  p.device_states_bytes = optim::StatesLayout::bytes(config.optimizer.states, p.device_states.count());
+  add(MemoryCategory::optimizer_states, p.device_states_bytes);
   p.scalars = sizeof(GradStatsScalars);
   add(MemoryCategory::buffers, p.scalars);
 

@@ -35,8 +35,8 @@ struct ShardRange {
   std::size_t count() const { return end - begin; }
 };
 
-// One piece of the offloaded optimizer's pipeline: at most sub_group_bytes / 12 parameters of one
-// group's shard.
+// One piece of the offloaded optimizer's pipeline: the parameters of one group's shard whose states
+// fit sub_group_bytes (12 bytes per parameter in fp32; optim::StatesLayout), a multiple of kAlign.
 struct SubGroupPlace {
   int group = 0;
   std::size_t offset = 0;    // in the shard buffer, elements
@@ -51,7 +51,8 @@ struct SubGroupPlace {
 struct OptimizerOffloadPlan {
   ShardRange range;                      // the elements whose states are offloaded
   std::size_t slots = 0;                 // offload.optimizer.buffer_count
-  std::size_t sub_group_elements = 0;    // the most one sub-group holds (offload.sub_group / 12, aligned)
+  StatesFormat states = StatesFormat::f32;  // optimizer.states
+  std::size_t sub_group_elements = 0;    // the most one sub-group holds (offload.sub_group's worth, aligned)
   std::size_t sub_group_count = 0;
   // One entry per sub-group, only with SubGroups::listed (the engine keeps a region and a pipeline
   // entry per sub-group); the sizes below never need it, so an estimate stays small however many
@@ -64,8 +65,8 @@ struct OptimizerOffloadPlan {
   std::size_t grad_slot_bytes = 0;       // one gradient (and one output) staging slot
   std::size_t staging_bytes = 0;         // the output staging: slots slots
   std::size_t grad_staging_bytes = 0;    // the gradient staging: as many, or 0 with grads_on_host
-  std::size_t states_bytes = 0;          // cpu: master, m, v of the range
-  std::size_t state_slot_bytes = 0;      // nvme: one sub-group's master, m, v, store-aligned
+  std::size_t states_bytes = 0;          // cpu: master, m, v (and scales) of the range
+  std::size_t state_slot_bytes = 0;      // nvme: one sub-group's master, m, v (and scales), store-aligned
   std::size_t state_slots_bytes = 0;     // nvme: slots of them
   // offload.optimizer.overlap: sub-groups are updated during backward into a second copy of their
   // states (cpu: spare_states_bytes of pinned memory; nvme: a second region each, in nvme_bytes),
@@ -114,7 +115,7 @@ struct MemoryPlan {
   // The optimizer states of device_states stay on the device; the rest of the shard (from
   // device_states.end) is offloaded (offload.optimizer.ratio of it, see plan_memory).
   ShardRange device_states;
-  std::size_t optimizer_state = 0;       // each of master, m, v of device_states
+  std::size_t device_states_bytes = 0;   // master, m, v (and scales) of device_states (StatesLayout)
   std::size_t scalars = 0;
   // Gradient staging: kStagingSlots reduce buckets of bucket_elements each (in dtype), so backward
   // writes into one while the other reduces.

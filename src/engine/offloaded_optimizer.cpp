@@ -16,12 +16,13 @@
 namespace zest::engine {
 namespace {
 
-// cpu: the whole range in one pinned array (a second with overlap), each sub-group's master, m and
-// v side by side at 12 bytes per element from the range's start.
+// cpu: the whole range in one pinned array (a second with overlap), each sub-group's states
+// (optim::StatesLayout) after those of the sub-groups before it.
 std::unique_ptr<Residency> pinned_states(Device& device, const OptimizerOffloadPlan& plan, const SubGroupList& subs) {
   std::vector<std::size_t> offsets;
   offsets.reserve(subs.size());
-  for (const SubGroupPlace& sub : subs.list) offsets.push_back(3 * (sub.offset - plan.range.begin) * sizeof(float));
+  for (const SubGroupPlace& sub : subs.list)
+    offsets.push_back(optim::StatesLayout::bytes(plan.states, sub.offset - plan.range.begin));
   return std::make_unique<PinnedResidency>(device, HostPurpose::optimizer_states, plan.states_bytes,
                                            plan.overlap ? 2 : 1, std::move(offsets));
 }
@@ -33,7 +34,7 @@ std::unique_ptr<Residency> swapped_states(Device& device, const OptimizerOffload
   std::vector<std::size_t> bytes;
   for (std::size_t i = 0; i < subs.size(); ++i) {
     names.push_back(std::string("optimizer.subgroup.").append(std::to_string(i)));
-    bytes.push_back(3 * subs[i].count * sizeof(float));
+    bytes.push_back(optim::StatesLayout::bytes(plan.states, subs[i].count));
   }
   return std::make_unique<NvmeResidency>(device, HostPurpose::optimizer_swap, std::move(store), "offloaded optimizer",
                                          names, bytes, plan.overlap ? 2 : 1, plan.state_slot_bytes, slots);
@@ -55,7 +56,7 @@ std::size_t checked_slots(const OptimizerOffloadPlan& plan) {
 
 struct OffloadedOptimizer::Impl {
   Impl(Device& d, const OptimizerOffloadPlan& plan, DType t, int threads,
-       std::shared_ptr<offload::Store> store, const HyperRuns& runs)
+       std::shared_ptr<offload::Store> store, const HyperRuns& runs, const StatesOptions& states_options)
       : device(d),
         dtype(t),
         slots(checked_slots(plan)),
@@ -63,7 +64,7 @@ struct OffloadedOptimizer::Impl {
         largest(plan.largest),
         grad_slot_bytes(plan.grad_slot_bytes),
         grads_on_host(plan.grads_on_host),
-        adam(first_hyper(runs), threads, d.host_cpus(), runs, t),
+        adam(first_hyper(runs), threads, d.host_cpus(), runs, t, states_options),
         down(d.create_stream()),
         up(d.create_stream()) {
     order.reserve(subs.size());
@@ -88,10 +89,8 @@ struct OffloadedOptimizer::Impl {
   char* grad_slot(std::size_t s) const { return grad_staging.as<char>() + s * grad_slot_bytes; }
   char* out_slot(std::size_t s) const { return out_staging.as<char>() + s * grad_slot_bytes; }
   std::size_t bytes(std::size_t elements) const { return elements * dtype_size(dtype); }
-  // Sub-group i's current master weights while `slot` holds them; m follows at + count, v at + 2 count.
-  float* master_of(std::size_t i, std::size_t slot) const {
-    return reinterpret_cast<float*>(states->data(i, slot, Copy::current));
-  }
+  // Sub-group i's current states while `slot` holds them (laid out by adam.layout).
+  char* states_of(std::size_t i, std::size_t slot) const { return states->data(i, slot, Copy::current); }
 
   void check_usable() const {
     if (!broken_reason.empty())
@@ -104,8 +103,7 @@ struct OffloadedOptimizer::Impl {
   // sub-group (`first`: the piece's place from `offset`), each loaded into slot 0 and, when
   // `write_back`, stored again afterwards.
   // Work done ahead (overlap) assumed the states as they were: it is dropped, the step redoes it.
-  template <class Visit>
-  void visit_states(std::size_t offset, std::size_t count, bool write_back, Visit visit) {
+  void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) {
     check_usable();
     if (ahead) ahead->pause();
     struct Restart {
@@ -121,8 +119,8 @@ struct OffloadedOptimizer::Impl {
       if (lo >= hi) continue;
       try {
         states->load(i, 0, Copy::current).wait();
-        float* const master = master_of(i, 0) + (lo - sub.offset);
-        visit(master, master + sub.count, master + 2 * sub.count, lo - offset, hi - lo);
+        visit_laid_out(adam.layout(sub), states_of(i, 0), lo - sub.offset, hi - lo, lo - offset, write_back, visit,
+                       visit_scratch);
         if (write_back) states->store(i, 0, Copy::current).wait();
       } catch (const IoError& error) {
         if (write_back) broken_reason = error.what();
@@ -208,7 +206,7 @@ struct OffloadedOptimizer::Impl {
       if (!grads_on_host) grad_ready[slot]->synchronize();
       const char* const grad_in = grads_on_host ? grad_of(i) : grad_slot(slot);
       reads[slot].wait();
-      float* const master = master_of(order[i], slot);
+      char* const piece = states_of(order[i], slot);
       const StepGroup& io = groups[static_cast<std::size_t>(sub.group)];
       const bool upload = io.device_out != nullptr;
       // fp32 parameters on the device are the master weights: uploaded from where the states
@@ -225,11 +223,11 @@ struct OffloadedOptimizer::Impl {
       }
       {
         const trace::Span adam_span("adam update", trace::Lane::host, static_cast<std::int64_t>(order[i]));
-        adam.update(sub, master, master, grad_in, out, args, hyper);
+        adam.update(sub, piece, piece, grad_in, out, args, hyper);
       }
       writes[slot] = states->store(order[i], slot, Copy::current);
       if (upload) {
-        const char* source = out ? out : reinterpret_cast<const char*>(master);
+        const char* source = out ? out : piece;  // fp32 in place: the master weights open the piece
         const StreamSpan up_span(*up, "upload parameters", trace::Lane::copy_stream, static_cast<std::int64_t>(order[i]));
         device.copy_async(static_cast<char*>(io.device_out) + bytes(sub.in_group), source, bytes(sub.count), *up);
         up->record(*out_done[slot]);
@@ -264,6 +262,7 @@ struct OffloadedOptimizer::Impl {
   SubGroupAdam adam;
   std::vector<optim::AdamHyperParams> hyper;  // per run, as the step found them
   std::vector<std::size_t> order;             // the sub-groups step()'s pipeline runs
+  std::vector<float> visit_scratch;           // compact states' m and v widened for visit_states
   HostBuffer grad_staging, out_staging;       // grad_staging: empty with grads_on_host
   std::vector<std::unique_ptr<Event>> grad_ready, out_done;
   std::string broken_reason;
@@ -276,8 +275,8 @@ struct OffloadedOptimizer::Impl {
 
 OffloadedOptimizer::OffloadedOptimizer(Device& device, const OptimizerOffloadPlan& plan,
                                        DType dtype, int threads, std::shared_ptr<offload::Store> store,
-                                       const HyperRuns& runs)
-    : impl_(std::make_unique<Impl>(device, plan, dtype, threads, std::move(store), runs)) {}
+                                       const HyperRuns& runs, const StatesOptions& states)
+    : impl_(std::make_unique<Impl>(device, plan, dtype, threads, std::move(store), runs, states)) {}
 
 OffloadedOptimizer::~OffloadedOptimizer() {
   if (!impl_) return;

@@ -1,6 +1,6 @@
-// The optimizer step with its fp32 master weights and Adam moments off the device
+// The optimizer step with its fp32 master weights and Adam moments (optimizer.states) off the device
 // (offload.optimizer.device: cpu | nvme). The rank's shard is cut into sub-groups of at most
-// offload.sub_group_bytes / 12 parameters (a group's shard split further where it is larger), and
+// offload.sub_group_bytes of states (a group's shard split further where it is larger), and
 // the step runs them through a pipeline on the host thread that calls step():
 //
 //   gradient of sub-group i+k  device -> pinned staging   (copy stream, k = buffer_count - 1 ahead;
@@ -12,9 +12,9 @@
 //
 // It holds the states of plan.range of the shard buffer: all of it, or the part a partial offload
 // (offload.optimizer.ratio) sends off the device; offsets are of the shard buffer, inside the range.
-// Where they live is a Residency with one piece per sub-group (master, m and v side by side):
-// cpu: a PinnedResidency, the whole range in pinned host memory (12 bytes per parameter), updated
-// in place; nvme: an NvmeResidency, a region per sub-group in the NvmeStore, of which the host
+// Where they live is a Residency with one piece per sub-group (master, m and v side by side,
+// optim::StatesLayout): cpu: a PinnedResidency, the whole range in pinned host memory (12 bytes per
+// parameter in fp32), updated in place; nvme: an NvmeResidency, a region per sub-group in the NvmeStore, of which the host
 // holds only buffer_count sub-group slots, so the host memory is bounded by the configuration
 // whatever the model's size. Each sub-group is updated by SubGroupAdam. Everything is allocated at
 // construction; step() allocates nothing large.
@@ -55,7 +55,7 @@ class OffloadedOptimizer final : public OptimizerStates {
   // Device::host_cpus). `runs`: the optimizer parameter groups over the shard (kept by the caller).
   // Throws OutOfDeviceMemory/SystemError from the pinned allocations, IoError from the store.
   OffloadedOptimizer(Device& device, const OptimizerOffloadPlan& plan, DType dtype, int threads,
-                     std::shared_ptr<offload::Store> store, const HyperRuns& runs);
+                     std::shared_ptr<offload::Store> store, const HyperRuns& runs, const StatesOptions& states);
   ~OffloadedOptimizer() override;
   OffloadedOptimizer(const OffloadedOptimizer&) = delete;
   OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "zest/error.hpp"
@@ -56,6 +57,21 @@ HyperRuns hyper_runs(const Layout& layout, int rank, const std::vector<int>& gro
   for (std::size_t i = 0; i + 1 < runs.size(); ++i) runs[i].end = runs[i + 1].begin;
   runs.back().end = layout.shard_numel();
   return runs;
+}
+
+StatesOptions states_options(const Config& config, const Layout& layout, int rank) {
+  StatesOptions o;
+  o.format = config.optimizer.states;
+  o.seed = static_cast<std::uint64_t>(config.optimizer.seed);
+  // 2^40 elements per group's segment (a trillion parameters) before two groups' indices could meet.
+  constexpr std::uint64_t kGroupIndexBits = 40;
+  for (int g = 0; g < layout.group_count(); ++g) {
+    if (layout.group(g).padded >= (std::uint64_t{1} << kGroupIndexBits))
+      throw Error(std::string("optimizer.states: group ").append(std::to_string(g))
+                      .append(" has 2^40 or more elements; split it into groups of fewer"));
+    o.shard_index.push_back((static_cast<std::uint64_t>(g) << kGroupIndexBits) + layout.shard_begin(g, rank));
+  }
+  return o;
 }
 
 void check_optimizer_group(const OptimizerGroupOptions& o) {

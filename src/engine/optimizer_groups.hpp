@@ -25,6 +25,9 @@ std::vector<optim::AdamHyperParams> optimizer_group_values(const Config& config)
 HyperRuns hyper_runs(const Layout& layout, int rank, const std::vector<int>& group_of,
                      const std::vector<optim::AdamHyperParams>& values);
 
+// optimizer.states and optimizer.seed for `rank`'s shard (StatesOptions).
+StatesOptions states_options(const Config& config, const Layout& layout, int rank);
+
 // Throws Error unless every value is one a step can use (lr > 0, betas in [0, 1), eps > 0, weight
 // decay >= 0, all finite).
 void check_optimizer_group(const OptimizerGroupOptions& options);

@@ -14,12 +14,14 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "optim/cpu_adam.hpp"
+#include "optim/states_layout.hpp"
 #include "zest/device.hpp"
 
 namespace zest::engine {
@@ -61,6 +63,20 @@ void for_each_run(const HyperRuns& runs, std::size_t lo, std::size_t hi, F f) {
   }
 }
 
+// How the states store m and v (optimizer.states) and what decides bf16's stochastic rounding: the
+// run's seed and each element's global index, (group << 40) + its place in the group's segment, the
+// same at every world size and placement (docs/compact-states.md).
+struct StatesOptions {
+  StatesFormat format = StatesFormat::f32;
+  std::uint64_t seed = 0;
+  std::vector<std::uint64_t> shard_index;  // per layout group: the global index of this rank's shard start
+
+  // The rounding of the elements from `in_group` of group g's shard.
+  optim::CpuAdam::CompactRounding rounding(int g, std::size_t in_group) const {
+    return {seed, shard_index[static_cast<std::size_t>(g)] + in_group};
+  }
+};
+
 class OptimizerStates {
  public:
   virtual ~OptimizerStates() = default;
@@ -84,5 +100,14 @@ class OptimizerStates {
   virtual std::size_t nvme_bytes() const = 0;    // of the swap file
   virtual std::size_t pinned_bytes() const = 0;  // pinned host memory held for the states
 };
+
+// Calls visit(master, m, v, first + k, len) for elements [at, at + n) of the states at `base` laid
+// out by `layout`, in consecutive pieces (k counted from `at`): fp32 states in place, in one piece;
+// compact ones chunk by chunk of whole int8 blocks, m and v widened to fp32 in `scratch` (grown
+// once to 2 * kVisitChunk floats) and, with `write_back`, narrowed back after the visit. A round
+// trip leaves bf16 and int8 states as they were (optim::narrow_moments).
+inline constexpr std::size_t kVisitChunk = std::size_t{1} << 16;
+void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t at, std::size_t n, std::size_t first,
+                    bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch);
 
 }  // namespace zest::engine

@@ -105,9 +105,8 @@ void SpeculativeUpdates::update(std::size_t position, std::size_t i, const Assum
   // nvme: in place in the slot, which the store then takes to the spare region; cpu: from the
   // current array into the spare one.
   const char* const grad = grads_[static_cast<std::size_t>(sub.group)] + sub.in_group * dtype_size(dtype_);
-  adam_.update(sub, reinterpret_cast<const float*>(residency_.data(i, slot, Copy::current)),
-               reinterpret_cast<float*>(residency_.data(i, slot, Copy::spare)), grad, params_of(sub),
-               assumed.args, assumed.hyper);
+  adam_.update(sub, residency_.data(i, slot, Copy::current), residency_.data(i, slot, Copy::spare), grad,
+               params_of(sub), assumed.args, assumed.hyper);
   writes_[slot] = residency_.store(i, slot, Copy::spare);
 }
 

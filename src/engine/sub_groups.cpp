@@ -15,25 +15,37 @@ SubGroupList::SubGroupList(std::vector<SubGroupPlace> places) : list(std::move(p
 }
 
 SubGroupAdam::SubGroupAdam(const optim::AdamHyperParams& initial, int threads, std::vector<int> cpus,
-                           const HyperRuns& runs, DType dtype)
-    : adam_(initial, threads, std::move(cpus)), runs_(runs), dtype_(dtype) {}
+                           const HyperRuns& runs, DType dtype, const StatesOptions& states)
+    : adam_(initial, threads, std::move(cpus)), runs_(runs), dtype_(dtype), states_(states) {}
 
-void SubGroupAdam::update(const SubGroupPlace& sub, const float* from, float* to, const char* grad, char* out,
+void SubGroupAdam::update(const SubGroupPlace& sub, const char* from, char* to, const char* grad, char* out,
                           const optim::AdamStepArgs& args, std::span<const optim::AdamHyperParams> hyper) {
+  const optim::StatesLayout place = layout(sub);
+  const bool compact = states_.format != StatesFormat::f32;
+  // The compact update works in place: the states it must keep are copied first (an update ahead
+  // costs one more pass over the sub-group's bytes, which are half or less of fp32's).
+  if (compact && from != to) std::memcpy(to, from, place.bytes());
   const std::size_t element = dtype_size(dtype_), stride = sub.count;
   for (std::size_t r = 0; r < runs_.size(); ++r) {
     const std::size_t lo = std::max(sub.offset, runs_[r].begin), hi = std::min(sub.offset + sub.count, runs_[r].end);
     if (lo >= hi) continue;
     const std::size_t at = lo - sub.offset, n = hi - lo;
     adam_.set_hyper(hyper[r]);
-    const std::span<float> master{to + at, n}, m{to + stride + at, n}, v{to + 2 * stride + at, n};
+    float* const master = place.master(to);
     const optim::ConstTensorSpan g{grad + at * element, dtype_, n};
     const optim::TensorSpan low =
         dtype_ == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{out + at * element, dtype_, n};
+    if (compact) {
+      adam_.step_compact({master + at, n}, place.moments(to, at, n), g, args,
+                         states_.rounding(sub.group, sub.in_group + at), low);
+      continue;
+    }
+    const std::span<float> p{master + at, n}, m{master + stride + at, n}, v{master + 2 * stride + at, n};
+    const auto* const source = reinterpret_cast<const float*>(from);
     if (from == to)
-      adam_.step(master, m, v, g, args, low);
+      adam_.step(p, m, v, g, args, low);
     else
-      adam_.step_from({from + at, from + stride + at, from + 2 * stride + at}, master, m, v, g, args, low);
+      adam_.step_from({source + at, source + stride + at, source + 2 * stride + at}, p, m, v, g, args, low);
   }
   if (dtype_ == DType::f32 && out) std::memcpy(out, to, sub.count * sizeof(float));
 }

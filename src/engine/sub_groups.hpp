@@ -1,6 +1,6 @@
-// The offloaded optimizer's unit of work: a sub-group, at most offload.sub_group_bytes / 12
-// parameters of one group's shard (SubGroupPlace, listed by plan_memory), whose states are one
-// Residency piece laid out as [master | m | v], `count` floats each.
+// The offloaded optimizer's unit of work: a sub-group, the parameters of one group's shard whose
+// states fit offload.sub_group_bytes (SubGroupPlace, listed by plan_memory), whose states are one
+// Residency piece laid out by optim::StatesLayout ([master | m | v | scales]).
 //   SubGroupList   the list, and which of them each layout group has;
 //   SubGroupAdam   the one update of a sub-group by the CPU Adam, used by the step's pipeline
 //                  (OffloadedOptimizer) and by the updates ahead of it (SpeculativeUpdates), so the
@@ -14,6 +14,7 @@
 #include "engine/memory_plan.hpp"
 #include "engine/optimizer_states.hpp"
 #include "optim/cpu_adam.hpp"
+#include "optim/states_layout.hpp"
 #include "zest/dtype.hpp"
 
 namespace zest::engine {
@@ -40,15 +41,19 @@ class SubGroupAdam {
  public:
   // `runs`: the optimizer parameter groups over the shard (kept by the caller). `threads`: the CPU
   // Adam's on `cpus` (0 = one per cpu; the rank's, Device::host_cpus).
+  // `states`: the format of m and v and their rounding (kept by the caller).
   SubGroupAdam(const optim::AdamHyperParams& initial, int threads, std::vector<int> cpus, const HyperRuns& runs,
-               DType dtype);
+               DType dtype, const StatesOptions& states);
 
-  // One Adam step over `sub`: its states read at `from` and written at `to` (both [master | m | v];
-  // the same place: in place), its gradient (dtype) at `grad`, its updated parameters in dtype into
-  // `out` (f32: a copy of the master weights, skipped when `out` is null). Each part of the
-  // sub-group in one optimizer parameter group is updated with hyper[r] of that run.
-  void update(const SubGroupPlace& sub, const float* from, float* to, const char* grad, char* out,
+  // One Adam step over `sub`: its states read at `from` and written at `to` (both laid out by
+  // layout(sub); the same place: in place), its gradient (dtype) at `grad`, its updated parameters
+  // in dtype into `out` (f32: a copy of the master weights, skipped when `out` is null). Each part
+  // of the sub-group in one optimizer parameter group is updated with hyper[r] of that run.
+  void update(const SubGroupPlace& sub, const char* from, char* to, const char* grad, char* out,
               const optim::AdamStepArgs& args, std::span<const optim::AdamHyperParams> hyper);
+
+  // Where `sub`'s states lie in its piece.
+  optim::StatesLayout layout(const SubGroupPlace& sub) const { return {states_.format, sub.count}; }
 
   // Every run's hyper-parameters as they are now, into `hyper` (one per run).
   void current_hyper(std::vector<optim::AdamHyperParams>& hyper) const;
@@ -58,6 +63,7 @@ class SubGroupAdam {
   optim::CpuAdam adam_;
   const HyperRuns& runs_;
   const DType dtype_;
+  const StatesOptions& states_;
 };
 
 }  // namespace zest::engine

@@ -15,21 +15,9 @@
 #include <cstdint>
 
 #include "runtime/half.hpp"
+#include "zest/dtype.hpp"
 
 namespace zest::optim {
-
-// How Adam's m and v are stored. f32: AdamRange and the fp32 kernel, as always.
-enum class StatesFormat { f32, bf16, int8 };
-
-// "fp32", "bf16", "int8"
-inline const char* states_format_name(StatesFormat format) {
-  switch (format) {
-    case StatesFormat::f32: return "fp32";
-    case StatesFormat::bf16: return "bf16";
-    case StatesFormat::int8: return "int8";
-  }
-  return "?";
-}
 
 // SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mix.
 ZEST_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t x) {
@@ -95,7 +83,7 @@ ZEST_HOST_DEVICE inline U stochastic_round_bf16_bits(U u, U r) {
 // scale, and with it the whole block, decays at beta2 instead of shrinking by the top gap each
 // step. Values grow with b, so encoding is a search over the midpoints of consecutive values. Each value is rounded to 16 significant bits so that every
 // midpoint is exactly a float: the float comparison x > midpoint then decides nearest exactly.
-constexpr std::size_t kInt8Block = 256;  // elements per scale
+constexpr std::size_t kInt8Block = 64;  // elements per scale: Layout::kAlign, so every shard, sub-group and optimizer group boundary is a block boundary
 
 struct DynamicCode {
   std::uint32_t magnitudes = 0;  // 128 (signed) or 256 (unsigned)

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "optim/states_layout.hpp"
 #include "runtime/thread_binding.hpp"
 #include "zest/error.hpp"
 
@@ -125,12 +126,10 @@ CompactAdamRange CpuAdam::checked_compact_range(std::span<float> master, Compact
   range.count = n;
   range.first_index = rounding.first_index;
   if (states.format == StatesFormat::int8) {
-    static const DynamicCode m_code = make_dynamic_code(true);
-    static const DynamicCode v_code = make_dynamic_code(false);
     range.m_scale = states.m_scale;
     range.v_scale = states.v_scale;
-    range.m_code = &m_code;
-    range.v_code = &v_code;
+    range.m_code = &dynamic_code(true);
+    range.v_code = &dynamic_code(false);
   }
   check_grad_and_out(n, grad, out, range);
   return range;

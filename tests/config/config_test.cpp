@@ -103,6 +103,9 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.optimizer.eps, b.optimizer.eps);
   EXPECT_EQ(a.optimizer.weight_decay, b.optimizer.weight_decay);
   EXPECT_EQ(a.optimizer.threads, b.optimizer.threads);
+  EXPECT_EQ(a.optimizer.states, b.optimizer.states);
+  EXPECT_EQ(a.optimizer.master, b.optimizer.master);
+  EXPECT_EQ(a.optimizer.seed, b.optimizer.seed);
   EXPECT_EQ(a.precision.dtype, b.precision.dtype);
   const LossScaleConfig& sa = a.precision.loss_scale;
   const LossScaleConfig& sb = b.precision.loss_scale;
@@ -202,6 +205,8 @@ TEST(ConfigValid, EveryKeyResolvesToTheValueWritten) {
   EXPECT_EQ(c.optimizer.eps, 1e-6);
   EXPECT_EQ(c.optimizer.weight_decay, 0.0);  // an int where a float belongs
   EXPECT_EQ(c.optimizer.threads, 4);
+  EXPECT_EQ(c.optimizer.states, StatesFormat::int8);
+  EXPECT_EQ(c.optimizer.seed, 7);
   EXPECT_EQ(c.precision.dtype, DType::f16);
   EXPECT_FALSE(c.precision.loss_scale.dynamic);
   EXPECT_EQ(c.precision.loss_scale.static_scale, 128.0);
@@ -701,6 +706,19 @@ TEST(ConfigCombinations, LossScalingOnlyForFp16) {
                  16, {"32 is above the initial scale 2^4 = 16"});
 }
 
+TEST(ConfigCombinations, CompactStatesOnlyWhereTheCpuAdamUpdatesThem) {
+  const auto problems = problems_in("compact_states_refused.yaml");
+  ASSERT_EQ(problems.size(), 2u) << dump(problems);
+  expect_problem(problems, "optimizer.states", 5, 11,
+                 {"bf16 states on a cuda device are not implemented", "offload.optimizer.device: cpu or nvme"});
+  expect_problem(problems, "optimizer.master", 6, 11, {"bf16 are not implemented", "fp32"});
+  // Offloaded whole, the CPU Adam keeps them: accepted.
+  EXPECT_NO_THROW(parse_config("stage: 2\ndevice:\n  type: cuda\noptimizer:\n  states: int8\n"
+                               "offload:\n  optimizer:\n    device: cpu\n"));
+  EXPECT_NO_THROW(parse_config("optimizer:\n  states: int8\n"));  // the cpu device's Adam
+  EXPECT_THROW(parse_config("optimizer:\n  states: fp8\n"), ConfigError);
+}
+
 TEST(ConfigCombinations, AnInvalidValueIsNotJudgedAgain) {
   // stage and device.type are wrong; the offload and backend checks that would depend on them
   // stay silent instead of reporting consequences of the defaults.
@@ -777,7 +795,7 @@ TEST(ConfigReference, SetsEveryKeyToYamlPrints) {
   collect_keys(YAML::LoadFile(path), "", documented);
   collect_keys(YAML::Load(to_yaml(Config{})), "", printed);
   EXPECT_EQ(documented, printed);
-  EXPECT_EQ(printed.size(), 54u);  // every key of the schema, sections included
+  EXPECT_EQ(printed.size(), 57u);  // every key of the schema, sections included
 }
 
 }  // namespace

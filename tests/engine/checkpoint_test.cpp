@@ -113,6 +113,7 @@ struct Case {
   int overflow_at_step;
   OffloadDevice offload;
   OffloadDevice offload_param = OffloadDevice::none;
+  StatesFormat states = StatesFormat::f32;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -127,6 +128,7 @@ TEST_P(SameWorld, ResumedTrainingIsBitIdenticalToUninterrupted) {
   o.overflow_at_step = c.overflow_at_step;
   o.offload_optimizer = c.offload;
   o.offload_param = c.offload_param;
+  o.states = c.states;
   SharedDir swap;
   if (c.offload == OffloadDevice::nvme || c.offload_param == OffloadDevice::nvme) {
     o.nvme_path = swap.path();
@@ -174,7 +176,16 @@ INSTANTIATE_TEST_SUITE_P(
                     // States saved from and loaded into the NVMe swap files through pinned host memory.
                     Case{"stage2_nvme_offload", 2, DType::f32, -1, OffloadDevice::nvme},
                     Case{"stage3_bf16_nvme_offload_params_too", 3, DType::bf16, -1, OffloadDevice::nvme,
-                         OffloadDevice::nvme}),
+                         OffloadDevice::nvme},
+                    // Compact states widen to fp32 in the checkpoint and narrow back to the same bits.
+                    Case{"stage0_bf16_states", 0, DType::f32, -1, OffloadDevice::none, OffloadDevice::none,
+                         StatesFormat::bf16},
+                    Case{"stage2_int8_states_cpu_offload", 2, DType::f32, -1, OffloadDevice::cpu,
+                         OffloadDevice::none, StatesFormat::int8},
+                    Case{"stage3_bf16_states_nvme_offload", 3, DType::bf16, -1, OffloadDevice::nvme,
+                         OffloadDevice::none, StatesFormat::bf16},
+                    Case{"stage1_int8_states", 1, DType::f32, -1, OffloadDevice::none, OffloadDevice::none,
+                         StatesFormat::int8}),
     [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // A checkpoint does not record where the optimizer states lived: one saved with half of them

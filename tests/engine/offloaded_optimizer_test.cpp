@@ -72,6 +72,7 @@ struct Rig {
         plan(plan_memory(config, layout)),
         hyper(optimizer_group_values(config)),
         runs(hyper_runs(layout, 0, optimizer_groups_of(config, kModel), hyper)),
+        states_options(engine::states_options(config, layout, 0)),
         n(layout.shard_numel()),
         grads(device->allocate(n * dtype_size(s.dtype), MemoryCategory::grads)),
         outs(device->allocate(n * dtype_size(s.dtype), MemoryCategory::params)),
@@ -82,7 +83,7 @@ struct Rig {
       options.directories = {dir.path()};
       store = std::make_shared<offload::NvmeStore>(std::move(options));
     }
-    optimizer = std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, s.dtype, 1, store, runs);
+    optimizer = std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, s.dtype, 1, store, runs, states_options);
     std::memset(outs.data(), 0, outs.bytes());  // compared before any step writes it
     init.resize(n);
     for (std::size_t i = 0; i < n; ++i) init[i] = 0.5f + 0.001f * static_cast<float>(i % 997);
@@ -128,6 +129,7 @@ struct Rig {
   MemoryPlan plan;
   std::vector<optim::AdamHyperParams> hyper;
   HyperRuns runs;
+  StatesOptions states_options;
   std::size_t n;
   DeviceBuffer grads, outs;
   std::unique_ptr<Stream> stream;

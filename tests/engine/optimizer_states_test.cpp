@@ -62,15 +62,16 @@ struct Rig {
         plan(plan_memory(config, layout)),
         hyper(optimizer_group_values(config)),
         runs(hyper_runs(layout, 0, optimizer_groups_of(config, kModel), hyper)),
+        states_options(engine::states_options(config, layout, 0)),
         math(make_device_math(*device, hyper.front(), 1, static_cast<std::size_t>(layout.group_count()) + runs.size())),
         staging(*device, plan, DType::f32),
         n(layout.shard_numel()),
         grads(device->allocate(n * sizeof(float), MemoryCategory::grads)),
         outs(device->allocate(n * sizeof(float), MemoryCategory::params)) {
-    auto on_device = std::make_unique<DeviceOptimizerStates>(*device, *stream, *math, layout, plan, DType::f32, staging, runs);
+    auto on_device = std::make_unique<DeviceOptimizerStates>(*device, *stream, *math, layout, plan, DType::f32, staging, runs, states_options);
     if (ratio < 1) {
       auto offloaded = std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, DType::f32, 1,
-                                                            nullptr, runs);
+                                                            nullptr, runs, states_options);
       states = std::make_unique<SplitOptimizerStates>(layout, *stream, std::move(on_device), std::move(offloaded),
                                                       plan.device_states.end);
     } else {
@@ -119,6 +120,7 @@ struct Rig {
   MemoryPlan plan;
   std::vector<optim::AdamHyperParams> hyper;
   HyperRuns runs;
+  StatesOptions states_options;
   std::unique_ptr<DeviceMath> math;
   HostStaging staging;
   std::size_t n;

@@ -67,6 +67,8 @@ struct Options {
   std::size_t allgather_bucket = 0;   // buckets.allgather; 0: the default
   std::vector<OptimizerParamGroup> param_groups;  // optimizer.param_groups
   std::function<double(int step)> lr_factor;      // a schedule: every group's lr times this at `step`
+  StatesFormat states = StatesFormat::f32;        // optimizer.states
+  int seed = 0;                                   // optimizer.seed
 
   std::vector<std::string> nvme_paths() const { return nvme_dirs.empty() ? std::vector<std::string>{nvme_path} : nvme_dirs; }
 };
@@ -103,6 +105,8 @@ inline Config make_config(const Options& o) {
   if (o.reduce_bucket > 0) c.buckets.reduce_bytes = o.reduce_bucket;
   if (o.allgather_bucket > 0) c.buckets.allgather_bytes = o.allgather_bucket;
   c.optimizer.param_groups = o.param_groups;
+  c.optimizer.states = o.states;
+  c.optimizer.seed = o.seed;
   return c;
 }
 

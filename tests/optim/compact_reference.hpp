@@ -194,7 +194,7 @@ inline float reference_dequantize(bool is_signed, std::uint8_t q, float scale) {
 // dequantize with the old scales, update each element, then quantize each state with its new scale.
 struct ReferenceInt8StatesAdam {
   AdamHyperParams hp;
-  std::size_t block = 256;
+  std::size_t block = 64;
 
   void step(std::vector<float>& p, std::vector<std::uint8_t>& m, std::vector<std::uint8_t>& v,
             std::vector<float>& m_scale, std::vector<float>& v_scale, const std::vector<float>& grad,
