@@ -73,6 +73,7 @@ struct Configuration {
   OffloadDevice optimizer = OffloadDevice::none;
   OffloadDevice param = OffloadDevice::none;
   double ratio = 1;  // offload.optimizer.ratio
+  StatesFormat states = StatesFormat::f32;  // optimizer.states
 };
 
 std::string offload_name(OffloadDevice d) {
@@ -133,7 +134,9 @@ void fit_stage3_to(Config& config, const charlm::CharMlp& model) {
 }
 
 // The ZeRO paper's per-rank bytes for params + grads + optimizer states: d bytes per parameter and
-// per gradient (2 for bf16/fp16), 12 for fp32 master, m and v; sharded over N from stage 1, 2, 3 on.
+// per gradient (2 for bf16/fp16), 12 for fp32 master, m and v (8 with bf16 m and v, 6.125 with int8
+// ones and a float scale each per 64 parameters: optimizer.states); sharded over N from stage 1, 2,
+// 3 on.
 // What is offloaded counts 0 on the device: optimizer states (the ratio of them), stage 3's
 // parameters, and at stages 2-3 with the whole optimizer offloaded the gradient shard (kept on the
 // host, as ZeRO-Offload does).
@@ -143,7 +146,8 @@ std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::si
   const double p = conf.param == OffloadDevice::none ? static_cast<double>(d) * psi : 0.0;
   const bool grads_on_host = stage >= 2 && conf.optimizer != OffloadDevice::none && conf.ratio == 1;
   const double g = grads_on_host ? 0.0 : static_cast<double>(d) * psi;
-  const double os = conf.optimizer == OffloadDevice::none ? 12 * psi : 12 * psi * (1 - conf.ratio);
+  const double k = conf.states == StatesFormat::f32 ? 12 : conf.states == StatesFormat::bf16 ? 8 : 6.125;
+  const double os = conf.optimizer == OffloadDevice::none ? k * psi : k * psi * (1 - conf.ratio);
   switch (stage) {
     case 0: return static_cast<std::size_t>(p + g + os);
     case 1: return static_cast<std::size_t>(p + g + os / n);
@@ -218,6 +222,7 @@ Config configured(const Configuration& conf, Config config, const std::string& n
   config.offload.optimizer.device = conf.optimizer;
   config.offload.param.device = conf.param;
   config.offload.optimizer_ratio = conf.ratio;
+  config.optimizer.states = conf.states;
   config.offload.optimizer.paths.clear();
   config.offload.param.paths.clear();
   if (conf.optimizer == OffloadDevice::nvme) config.offload.optimizer.paths = {nvme_path};
@@ -241,6 +246,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   r.offload_optimizer = offload_name(conf.optimizer);
   r.offload_param = offload_name(conf.param);
   r.offload_ratio = conf.ratio;
+  r.states = states_format_name(conf.states);
   r.ranks = comm.size();
   std::size_t nvme_bytes = 0;
   std::vector<double> seconds;
@@ -514,6 +520,8 @@ std::vector<MemoryRecord> read_peers(const std::string& path, std::size_t params
 // Every row against stage 0 (zest's DDP) and, when it ran, the "torch DDP + AdamW" peer: ratios of
 // memory and step time, and whether the final loss agrees. bf16/fp16 round differently per stage
 // and per system; fp32 agrees to 1e-5.
+constexpr double kCompactLossTolerance = 1e-2;
+
 void compare_to_ddp(std::vector<MemoryRecord>& records, DType dtype) {
   const double tolerance = dtype == DType::f32 ? 1e-5 : 2e-3;
   const MemoryRecord ddp = records.front();
@@ -525,7 +533,9 @@ void compare_to_ddp(std::vector<MemoryRecord>& records, DType dtype) {
     if (!r.error.empty()) continue;
     r.ratio_to_ddp = static_cast<double>(r.peak_device_bytes) / static_cast<double>(ddp.peak_device_bytes);
     r.step_time_ratio_to_ddp = r.step_seconds / ddp.step_seconds;
-    r.loss_matches_ddp = std::abs(r.final_loss - ddp.final_loss) <= tolerance * std::abs(ddp.final_loss);
+    // Compact states remember rounded moments: the loss follows DDP's closely, not to the last bits.
+    const double allowed = r.states == "fp32" ? tolerance : kCompactLossTolerance;
+    r.loss_matches_ddp = std::abs(r.final_loss - ddp.final_loss) <= allowed * std::abs(ddp.final_loss);
     if (reference) {
       r.loss_difference_to_torch_ddp = std::abs(r.final_loss - *reference) / std::abs(*reference);
       r.loss_matches_torch_ddp = *r.loss_difference_to_torch_ddp <= tolerance;
@@ -601,7 +611,12 @@ int bench_memory(int argc, char** argv) {
         {"stage 3 + offload optimizer+param nvme", 3, OffloadDevice::nvme, OffloadDevice::nvme},
         // Partial offload (offload.optimizer.ratio): half of the states stay on the device.
         {"stage 2 + offload optimizer cpu ratio 0.5", 2, OffloadDevice::cpu, OffloadDevice::none, 0.5},
-        {"stage 2 + offload optimizer nvme ratio 0.5", 2, OffloadDevice::nvme, OffloadDevice::none, 0.5}};
+        {"stage 2 + offload optimizer nvme ratio 0.5", 2, OffloadDevice::nvme, OffloadDevice::none, 0.5},
+        // Compact optimizer states (optimizer.states): 8 and about 6 bytes per parameter, not 12.
+        {"stage 1 states bf16", 1, OffloadDevice::none, OffloadDevice::none, 1, StatesFormat::bf16},
+        {"stage 1 states int8", 1, OffloadDevice::none, OffloadDevice::none, 1, StatesFormat::int8},
+        {"stage 2 + offload optimizer cpu states int8", 2, OffloadDevice::cpu, OffloadDevice::none, 1,
+         StatesFormat::int8}};
     const std::vector<std::size_t> searched = {0, 1, 2, 3, 8, 9, 10, 11};  // ... and stage 3's offloads
     const SwapDirectory swap(o.nvme_path);
     Progress progress(leader, static_cast<int>(configurations.size() + (o.fit ? searched.size() : 0)));

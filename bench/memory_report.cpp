@@ -122,7 +122,7 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
            ", \"error\": " + json_string(r.error) + printf_string(", \"stage\": %d", r.stage) +
            ", \"offload_optimizer\": " + json_string(r.offload_optimizer) +
            ", \"offload_param\": " + json_string(r.offload_param) +
-           printf_string(", \"offload_ratio\": %g", r.offload_ratio) +
+           printf_string(", \"offload_ratio\": %g", r.offload_ratio) + ", \"states\": " + json_string(r.states) +
            printf_string(", \"ranks\": %d, \"params\": %zu", r.ranks, r.params) +
            printf_string(", \"peak_device_bytes\": %zu, \"peak_params_bytes\": %zu, \"peak_grads_bytes\": %zu",
                          r.peak_device_bytes, r.peak_params_bytes, r.peak_grads_bytes) +
@@ -162,7 +162,7 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
       "peak_grads_bytes,peak_optimizer_states_bytes,peak_buffers_bytes,peak_host_pinned_bytes,nvme_bytes,"
       "ratio_to_ddp,formula_bytes,formula_deviation,step_seconds,step_time_ratio_to_ddp,final_loss,"
       "loss_matches_ddp,start_host_rss_bytes,peak_host_rss_bytes,host_need_bytes,estimate_pinned_bytes,system,error,"
-      "loss_difference_to_torch_ddp,loss_matches_torch_ddp";
+      "loss_difference_to_torch_ddp,loss_matches_torch_ddp,states";
   for (std::size_t p = 0; p < kHostPurposeCount; ++p) {
     const std::string name(host_purpose_name(static_cast<HostPurpose>(p)));
     out += ",peak_pinned_" + name + "_bytes,estimate_pinned_" + name + "_bytes";
@@ -184,6 +184,7 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
            (r.loss_difference_to_torch_ddp ? printf_string("%.6g,%s", *r.loss_difference_to_torch_ddp,
                                                            r.loss_matches_torch_ddp ? "true" : "false")
                                            : std::string(","));
+    out += "," + r.states;
     for (std::size_t p = 0; p < kHostPurposeCount; ++p)
       out += printf_string(",%zu,%zu", r.peak_pinned_by[p], r.estimate_pinned_by[p]);
     out += "\n";

@@ -24,6 +24,7 @@ struct MemoryRecord {
   std::string offload_optimizer = "none";
   std::string offload_param = "none";
   double offload_ratio = 1;         // offload.optimizer.ratio
+  std::string states = "fp32";      // optimizer.states
   int ranks = 1;
   std::size_t params = 0;
   std::size_t peak_params_bytes = 0;  // per rank (the largest rank), by category

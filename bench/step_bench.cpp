@@ -54,6 +54,7 @@ constexpr const char* kUsage =
     "                       [--io-size GiB] [--reps N] [--bucket SIZE] [--allgather SIZE]\n"
     "                       [--optimizer-on-device | --optimizer-on-host] [--placement rank|shared]\n"
     "                       [--overlap] [--backward SECONDS|auto] [--no-set-param] [--json] [--trace FILE]\n"
+    "                       [--states LIST]\n"
     "  A world of one (or every rank under mpirun) builds an Engine on the cpu device (stage 2) with\n"
     "  offload.optimizer.device nvme in DIR, --params parameters (default 2e8) in --groups equal\n"
     "  groups (default 64), and times --steps (default 3) optimizer steps; the NvmeStore's sequential\n"
@@ -79,7 +80,11 @@ constexpr const char* kUsage =
     "  whether their parameters stayed bit-identical (exit 1 if not). --backward defaults to auto there:\n"
     "  as long as today's warm-up step. The two engines share the device budget (--device-memory).\n"
     "  --trace FILE writes a Chrome trace (chrome://tracing, ui.perfetto.dev) of every rank's timed steps,\n"
-    "  warm-up included, to FILE, a new file (an existing one is refused before any work).\n";
+    "  warm-up included, to FILE, a new file (an existing one is refused before any work).\n"
+    "  --states LIST: optimizer.states, one or several of fp32, bf16, int8 separated by commas (default\n"
+    "  fp32). Several build one engine each in turn, after the one bandwidth measurement, and report\n"
+    "  each format's step, bytes per parameter moved per step and ratio to its disk bound side by side,\n"
+    "  with the speed-up over the first (not with --overlap or --trace).\n";
 
 struct Options {
   std::string path;
@@ -102,6 +107,7 @@ struct Options {
   bool overlap = false;            // two engines: offload.optimizer.overlap false and true
   std::optional<double> backward;  // the stand-in's seconds; unset: auto (--overlap) or 0
   std::string trace;               // --trace FILE; empty: none
+  std::vector<StatesFormat> states{StatesFormat::f32};  // --states: one engine each
 };
 
 using Clock = std::chrono::steady_clock;
@@ -225,6 +231,20 @@ StepTiming timed_step(Engine& engine, Communicator& comm, DType dtype, int step,
   return timing;
 }
 
+// "fp32,int8" -> {f32, int8}; each name once.
+std::vector<StatesFormat> parse_states(std::string_view list) {
+  std::vector<StatesFormat> formats;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const StatesFormat format = args::parse_states_format("--states", list.substr(at, comma - at));
+    if (std::find(formats.begin(), formats.end(), format) != formats.end())
+      throw args::UsageError(std::string("--states: '").append(states_format_name(format)).append("' is listed twice"));
+    formats.push_back(format);
+    at = comma + 1;
+  }
+  return formats;
+}
+
 int parse(int argc, char** argv, Options& o) {
   constexpr std::size_t kGiB = std::size_t{1} << 30;
   bool backward_auto = false;  // auto given: it needs --overlap
@@ -263,6 +283,7 @@ int parse(int argc, char** argv, Options& o) {
       else if (arg == "--device-memory") o.device_memory = args::parse_size(arg, value(), 16 << 20, 16384 * kGiB);
       else if (arg == "--bucket") o.bucket = args::parse_size(arg, value(), 4, 64 * kGiB);  // the buckets' floor
       else if (arg == "--allgather") o.allgather = args::parse_size(arg, value(), 4, 64 * kGiB);
+      else if (arg == "--states") o.states = parse_states(value());
       else if (arg == "--dtype") {
         const std::string_view d = value();
         if (d == "bf16") o.dtype = DType::bf16;
@@ -278,6 +299,8 @@ int parse(int argc, char** argv, Options& o) {
       throw args::UsageError("--overlap needs the whole optimizer offloaded: not with --optimizer-on-device");
     if (backward_auto && !o.overlap)
       throw args::UsageError("--backward auto (as long as today's warm-up step) needs --overlap; give seconds");
+    if (o.states.size() > 1 && (o.overlap || !o.trace.empty()))
+      throw args::UsageError("--states with several formats measures plain steps: not with --overlap or --trace");
     if (o.path.empty() && !o.on_device && !o.on_host) throw args::UsageError("--path DIR is required");
     if (!o.on_device && !o.on_host) args::check_output_directory("--path", o.path);
   } catch (const args::UsageError& error) {
@@ -473,6 +496,127 @@ void report_overlap(const Options& o, const Config& config, const bench::StoreBa
               gb(static_cast<double>(hwm)), gb(static_cast<double>(pinned.peak)));
   std::printf("  load average before %s, after %s\n", load_before.c_str(), load_after.c_str());
 }
+// One format's engine (optimizer.states), its timed steps and what the report needs.
+struct FormatRun {
+  StatesFormat format = StatesFormat::f32;
+  Config config;
+  std::size_t numel = 0;
+  int groups = 0;
+  EngineStats stats;
+  StepResult last;
+  std::vector<double> step_seconds;
+  double step_median = 0, backward_median = 0, total_median = 0;
+  double setup_seconds = 0, set_param_seconds = 0, grad_seconds = 0;
+  double limit = 0;  // the disk-bound step, 0 without NVMe
+  std::size_t rss = 0, hwm = 0, pinned_peak = 0;
+};
+
+FormatRun run_format(const Options& o, const Config& config, Runtime& runtime, const std::vector<ParamSpec>& specs,
+                     const bench::StoreBandwidth& bw, TraceFile* trace_file) {
+  FormatRun run;
+  run.format = config.optimizer.states;
+  run.config = config;
+  const auto engine_owner = build_engine(config, runtime, specs, o.set_param, run.setup_seconds, run.set_param_seconds);
+  Engine& engine = *engine_owner;
+  if (trace_file) trace_file->restart();
+  std::vector<double> backward_seconds, total_seconds;
+  for (int step = 0; step < o.steps; ++step) {
+    const StepTiming timing = timed_step(engine, runtime.comm(), o.dtype, step, o.backward.value_or(0));
+    backward_seconds.push_back(timing.backward);
+    run.grad_seconds += timing.backward;
+    run.step_seconds.push_back(timing.step);
+    total_seconds.push_back(timing.backward + timing.step);
+    run.last = timing.result;
+  }
+  if (trace_file) trace_file->write();
+  run.numel = engine.numel();
+  run.groups = engine.group_count();
+  run.stats = engine.stats();
+  run.step_median = median(run.step_seconds);
+  run.backward_median = median(backward_seconds);
+  run.total_median = median(total_seconds);
+  // Each step reads every sub-group's region once and writes it back once.
+  const auto moved = static_cast<double>(run.stats.nvme_bytes);
+  run.limit = o.on_device || o.on_host ? 0.0 : moved / bw.read_bytes_per_s + moved / bw.write_bytes_per_s;
+  run.rss = proc_status_bytes("VmRSS");
+  run.hwm = proc_status_bytes("VmHWM");
+  run.pinned_peak = runtime.device().pinned_stats().peak;
+  return run;
+}
+
+// One format's figures (text or a JSON line); `first`: the run the speed-up is against.
+void report_format(const Options& o, const FormatRun& r, const FormatRun& first, const bench::StoreBandwidth& bw,
+                   int ranks, const std::string& load_before, const std::string& load_after) {
+  const Config& config = r.config;
+  const EngineStats& stats = r.stats;
+  const double ratio = r.limit / r.step_median;
+  const std::string states(states_format_name(r.format));
+  // Disk bytes per parameter per step, read + written (this rank's shard of the parameters).
+  const double shard_params = static_cast<double>(r.numel) / ranks;
+  const double disk_bytes_per_param = 2.0 * static_cast<double>(stats.nvme_bytes) / shard_params;
+  const double speedup = first.step_median / r.step_median;
+  const char* placement = o.shared_placement ? "shared" : "rank";
+  if (o.json) {
+    const std::string samples = json_numbers(r.step_seconds, 4);
+    std::printf(
+        "{\"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"states\": \"%s\", \"ranks\": %d, \"steps\": %d, \"path\": \"%s\",\n"
+        " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s, \"reduce_bucket_bytes\": %zu,\n"
+        " \"allgather_bucket_bytes\": %zu, \"optimizer_on_device\": %s, \"optimizer_on_host\": %s,\n"
+        " \"placement\": \"%s\", \"adam_threads\": %d,\n"
+        " \"backward_seconds\": %.5f, \"backward_plus_step_seconds\": %.5f,\n"
+        " \"step_seconds\": %.4f, \"step_samples\": %s, \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f,\n"
+        " \"grad_write_seconds\": %.3f, \"grad_norm\": %.6g,\n"
+        " \"nvme_bytes\": %zu, \"bytes_read_per_step\": %zu, \"bytes_written_per_step\": %zu,\n"
+        " \"disk_bytes_per_param_per_step\": %.4f, \"speedup_over_%s\": %.3f,\n"
+        " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g, \"bandwidth_sample_bytes\": %zu,\n"
+        " \"disk_bound_seconds\": %.4f, \"ratio\": %.3f, \"target_ratio\": 0.85,\n"
+        " \"rss_bytes\": %zu, \"peak_rss_bytes\": %zu, \"offload_pinned_bytes\": %zu, \"pinned_peak_bytes\": %zu,\n"
+        " \"device_budget_bytes\": %zu, \"loadavg_before\": \"%s\", \"loadavg_after\": \"%s\"}\n",
+        r.numel, r.groups, std::string(dtype_name(o.dtype)).c_str(), states.c_str(), ranks, o.steps, o.path.c_str(),
+        config.offload.sub_group_bytes, config.offload.optimizer.buffer_count, bw.direct ? "true" : "false",
+        config.buckets.reduce_bytes, config.buckets.allgather_bytes, o.on_device ? "true" : "false",
+        o.on_host ? "true" : "false", placement, config.optimizer.threads, r.backward_median, r.total_median,
+        r.step_median, samples.c_str(), r.setup_seconds, r.set_param_seconds, r.grad_seconds, r.last.grad_norm,
+        stats.nvme_bytes, stats.nvme_bytes, stats.nvme_bytes, disk_bytes_per_param,
+        std::string(states_format_name(first.format)).c_str(), speedup, bw.write_bytes_per_s, bw.read_bytes_per_s,
+        bw.bytes, r.limit, ratio, r.rss, r.hwm, stats.offload_pinned_bytes, r.pinned_peak, config.device.memory,
+        load_before.c_str(), load_after.c_str());
+    return;
+  }
+  const auto gb = [](double bytes) { return bytes / 1e9; };
+  if (o.on_device || o.on_host) {
+    std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), %s states %s, placement %s\n", r.numel,
+                std::string(dtype_name(o.dtype)).c_str(), r.groups, ranks, states.c_str(),
+                o.on_host ? "in pinned host memory" : "on the device", placement);
+    std::printf("  engine built in %.1f s, weights set in %.1f s%s\n", r.setup_seconds, r.set_param_seconds,
+                o.set_param ? "" : " (left zero: --no-set-param)");
+    std::printf("  step() median of %d: %.4f s\n", o.steps, r.step_median);
+  } else {
+    std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), %s states on NVMe in %s (%s)\n", r.numel,
+                std::string(dtype_name(o.dtype)).c_str(), r.groups, ranks, states.c_str(), o.path.c_str(),
+                bw.direct ? "O_DIRECT" : "buffered");
+    std::printf("  sub-group %s, %d buffers; engine built in %.1f s, weights set in %.1f s%s\n",
+                format_size(config.offload.sub_group_bytes).c_str(), config.offload.optimizer.buffer_count,
+                r.setup_seconds, r.set_param_seconds, o.set_param ? "" : " (left zero: --no-set-param)");
+    std::printf("  store bandwidth (median of %d over %.2f GB): write %.3f GB/s, read %.3f GB/s\n", o.reps,
+                gb(static_cast<double>(bw.bytes)), gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s));
+    std::printf("  per step: %.2f GB read + %.2f GB written (%.2f bytes per parameter) -> disk-bound limit %.3f s\n",
+                gb(static_cast<double>(stats.nvme_bytes)), gb(static_cast<double>(stats.nvme_bytes)),
+                disk_bytes_per_param, r.limit);
+    std::printf("  step() median of %d: %.3f s -> ratio %.3f (target >= 0.85)\n", o.steps, r.step_median, ratio);
+  }
+  if (&r != &first)
+    std::printf("  %s states: %.2fx the step of %s states\n", states.c_str(), speedup,
+                std::string(states_format_name(first.format)).c_str());
+  std::printf("  buckets.allgather %s\n", format_size(config.buckets.allgather_bytes).c_str());
+  std::printf("  buckets.reduce %s: backward (gradient writes, reductions launched) median %.4f s, backward + step()\n"
+              "  median %.4f s\n", format_size(config.buckets.reduce_bytes).c_str(), r.backward_median, r.total_median);
+  std::printf("  resident: %.2f GB now, %.2f GB peak (states on disk: %.2f GB); pinned %.2f GB (offload %.2f GB)\n",
+              gb(static_cast<double>(r.rss)), gb(static_cast<double>(r.hwm)), gb(static_cast<double>(stats.nvme_bytes)),
+              gb(static_cast<double>(r.pinned_peak)), gb(static_cast<double>(stats.offload_pinned_bytes)));
+  std::printf("  load average before %s, after %s\n", load_before.c_str(), load_after.c_str());
+}
+
 
 }  // namespace
 
@@ -570,90 +714,16 @@ int bench_step(int argc, char** argv) {
       return 0;
     }
 
-    double setup_seconds = 0, set_param_seconds = 0;
-    const auto engine_owner = build_engine(config, runtime, specs, o.set_param, setup_seconds, set_param_seconds);
-    Engine& engine = *engine_owner;
-    if (trace_file) trace_file->restart();
-    std::vector<double> step_seconds, backward_seconds, total_seconds;
-    double grad_seconds = 0;
-    StepResult last;
-    for (int step = 0; step < o.steps; ++step) {
-      const StepTiming timing = timed_step(engine, comm, o.dtype, step, o.backward.value_or(0));
-      backward_seconds.push_back(timing.backward);
-      grad_seconds += timing.backward;
-      step_seconds.push_back(timing.step);
-      total_seconds.push_back(timing.backward + timing.step);
-      last = timing.result;
+    std::vector<FormatRun> runs;
+    for (const StatesFormat format : o.states) {
+      Config format_config = config;
+      format_config.optimizer.states = format;
+      format_config = parse_config(to_yaml(format_config));
+      runs.push_back(run_format(o, format_config, runtime, specs, bw, trace_file ? &*trace_file : nullptr));
     }
-    if (trace_file) trace_file->write();
-
-    const EngineStats stats = engine.stats();
-    const double step_median = median(step_seconds);
-    const double backward_median = median(backward_seconds), total_median = median(total_seconds);
-    // Each step reads every sub-group's region once and writes it back once.
-    const auto bytes_read = static_cast<double>(stats.nvme_bytes), bytes_written = static_cast<double>(stats.nvme_bytes);
-    const double limit = o.on_device || o.on_host ? 0.0 : bytes_read / bw.read_bytes_per_s + bytes_written / bw.write_bytes_per_s;
-    const double ratio = limit / step_median;
-    const std::size_t rss = proc_status_bytes("VmRSS"), hwm = proc_status_bytes("VmHWM");
-    const HostMemoryStats pinned = runtime.device().pinned_stats();
     const std::string load_after = load_average();
-    const char* placement = o.shared_placement ? "shared" : "rank";
     if (!lead) return 0;
-
-    if (o.json) {
-      const std::string samples = json_numbers(step_seconds, 4);
-      std::printf(
-          "{\"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"ranks\": %d, \"steps\": %d, \"path\": \"%s\",\n"
-          " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s, \"reduce_bucket_bytes\": %zu,\n"
-          " \"allgather_bucket_bytes\": %zu, \"optimizer_on_device\": %s, \"optimizer_on_host\": %s,\n"
-          " \"placement\": \"%s\", \"adam_threads\": %d,\n"
-          " \"backward_seconds\": %.5f, \"backward_plus_step_seconds\": %.5f,\n"
-          " \"step_seconds\": %.4f, \"step_samples\": %s, \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f,\n"
-          " \"grad_write_seconds\": %.3f, \"grad_norm\": %.6g,\n"
-          " \"nvme_bytes\": %zu, \"bytes_read_per_step\": %zu, \"bytes_written_per_step\": %zu,\n"
-          " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g, \"bandwidth_sample_bytes\": %zu,\n"
-          " \"disk_bound_seconds\": %.4f, \"ratio\": %.3f, \"target_ratio\": 0.85,\n"
-          " \"rss_bytes\": %zu, \"peak_rss_bytes\": %zu, \"offload_pinned_bytes\": %zu, \"pinned_peak_bytes\": %zu,\n"
-          " \"device_budget_bytes\": %zu, \"loadavg_before\": \"%s\", \"loadavg_after\": \"%s\"}\n",
-          engine.numel(), engine.group_count(), std::string(dtype_name(o.dtype)).c_str(), comm.size(), o.steps,
-          o.path.c_str(), config.offload.sub_group_bytes, config.offload.optimizer.buffer_count,
-          bw.direct ? "true" : "false", config.buckets.reduce_bytes, config.buckets.allgather_bytes,
-          o.on_device ? "true" : "false", o.on_host ? "true" : "false", placement, config.optimizer.threads,
-          backward_median, total_median, step_median,
-          samples.c_str(), setup_seconds, set_param_seconds, grad_seconds,
-          last.grad_norm, stats.nvme_bytes, stats.nvme_bytes, stats.nvme_bytes, bw.write_bytes_per_s,
-          bw.read_bytes_per_s, bw.bytes, limit, ratio, rss, hwm, stats.offload_pinned_bytes, pinned.peak,
-          config.device.memory, load_before.c_str(), load_after.c_str());
-    } else {
-      const auto gb = [](double bytes) { return bytes / 1e9; };
-      if (o.on_device || o.on_host) {
-        std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), states %s, placement %s\n",
-                    engine.numel(), std::string(dtype_name(o.dtype)).c_str(), engine.group_count(), comm.size(),
-                    o.on_host ? "in pinned host memory" : "on the device", placement);
-        std::printf("  engine built in %.1f s, weights set in %.1f s%s\n", setup_seconds, set_param_seconds,
-                    o.set_param ? "" : " (left zero: --no-set-param)");
-        std::printf("  step() median of %d: %.4f s\n", o.steps, step_median);
-      } else {
-        std::printf("zest bench step: %zu params (%s, %d groups), %d rank(s), states on NVMe in %s (%s)\n",
-                    engine.numel(), std::string(dtype_name(o.dtype)).c_str(), engine.group_count(), comm.size(),
-                    o.path.c_str(), bw.direct ? "O_DIRECT" : "buffered");
-        std::printf("  sub-group %s, %d buffers; engine built in %.1f s, weights set in %.1f s%s\n",
-                    format_size(config.offload.sub_group_bytes).c_str(), config.offload.optimizer.buffer_count,
-                    setup_seconds, set_param_seconds, o.set_param ? "" : " (left zero: --no-set-param)");
-        std::printf("  store bandwidth (median of %d over %.2f GB): write %.3f GB/s, read %.3f GB/s\n", o.reps,
-                    gb(static_cast<double>(bw.bytes)), gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s));
-        std::printf("  per step: %.2f GB read + %.2f GB written -> disk-bound limit %.3f s\n", gb(bytes_read),
-                    gb(bytes_written), limit);
-        std::printf("  step() median of %d: %.3f s -> ratio %.3f (target >= 0.85)\n", o.steps, step_median, ratio);
-      }
-      std::printf("  buckets.allgather %s\n", format_size(config.buckets.allgather_bytes).c_str());
-      std::printf("  buckets.reduce %s: backward (gradient writes, reductions launched) median %.4f s, backward + step()\n"
-                  "  median %.4f s\n", format_size(config.buckets.reduce_bytes).c_str(), backward_median, total_median);
-      std::printf("  resident: %.2f GB now, %.2f GB peak (states on disk: %.2f GB); pinned %.2f GB (offload %.2f GB)\n",
-                  gb(static_cast<double>(rss)), gb(static_cast<double>(hwm)), gb(static_cast<double>(stats.nvme_bytes)),
-                  gb(static_cast<double>(pinned.peak)), gb(static_cast<double>(stats.offload_pinned_bytes)));
-      std::printf("  load average before %s, after %s\n", load_before.c_str(), load_after.c_str());
-    }
+    for (const FormatRun& run : runs) report_format(o, run, runs.front(), bw, comm.size(), load_before, load_after);
     return 0;
   } catch (const ConfigError& error) {  // the input, not the run: exit 2 as for a bad flag
     std::fprintf(stderr, "%s\n", error.what());

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "config/config_checks.hpp"
+#include "config/config_names.hpp"
 #include "config/size_parse.hpp"
 #include "zest/config.hpp"
 
@@ -167,6 +168,13 @@ bool asks_for_help(int argc, char** argv) {
 int print_usage(const char* usage) {
   std::fputs(usage, stdout);
   return 0;
+}
+
+StatesFormat parse_states_format(std::string_view flag, std::string_view text) {
+  for (const auto& entry : detail::kStatesFormatNames)
+    if (entry.name == text) return entry.value;
+  throw UsageError(std::string(flag).append(": expected ").append(detail::expected_choice(detail::kStatesFormatNames))
+                       .append(", found '").append(text).append("'"));
 }
 
 }  // namespace zest::args

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "zest/dtype.hpp"
 #include "zest/error.hpp"
 
 namespace zest::args {
@@ -33,6 +34,9 @@ std::size_t parse_count(std::string_view flag, std::string_view text, std::size_
 
 // A size in bytes (zest::parse_size's syntax: "4096", "512KiB", "1.5GiB", "1GB") from lo to hi.
 std::size_t parse_size(std::string_view flag, std::string_view text, std::size_t lo, std::size_t hi);
+
+// An optimizer.states name: fp32, bf16 or int8.
+StatesFormat parse_states_format(std::string_view flag, std::string_view text);
 
 // A file the program will write: not a directory or a special file, writable if it exists, in an
 // existing, writable directory. Throws UsageError saying which and what to do.

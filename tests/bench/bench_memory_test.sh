@@ -16,7 +16,7 @@ trap 'rm -rf "$work"' EXIT
   --device-memory 64MiB --json "$work/m.json" --csv "$work/m.csv" --chart "$work/m.svg" > "$work/out.txt"
 grep -q "largest model that trains within 64 MiB" "$work/out.txt" || { echo "FAIL: no fit table"; cat "$work/out.txt"; exit 1; }
 grep -q "^<svg" "$work/m.svg" || { echo "FAIL: the chart is not an SVG"; exit 1; }
-[ "$(wc -l < "$work/m.csv")" -eq 15 ] || { echo "FAIL: the CSV does not hold 14 records"; exit 1; }
+[ "$(wc -l < "$work/m.csv")" -eq 18 ] || { echo "FAIL: the CSV does not hold 17 records"; exit 1; }
 python3 - "$work/m.json" <<'PY'
 import json, sys
 data = json.load(open(sys.argv[1]))
@@ -36,11 +36,16 @@ partial = {  # name: (its stage's row, the full offload's row, optimizer)
     "stage 2 + offload optimizer cpu ratio 0.5": ("stage 2", "stage 2 + offload optimizer cpu", "cpu"),
     "stage 2 + offload optimizer nvme ratio 0.5": ("stage 2", "stage 2 + offload optimizer nvme", "nvme"),
 }
-keys = ["stage", "offload_optimizer", "offload_param", "offload_ratio", "ranks", "params", "peak_device_bytes",
+compact = {  # name: (its fp32 row, states, bytes per parameter of master, m, v and scales)
+    "stage 1 states bf16": ("stage 1", "bf16", 8.0),
+    "stage 1 states int8": ("stage 1", "int8", 6.125),
+    "stage 2 + offload optimizer cpu states int8": ("stage 2 + offload optimizer cpu", "int8", 6.125),
+}
+keys = ["stage", "states", "offload_optimizer", "offload_param", "offload_ratio", "ranks", "params", "peak_device_bytes",
         "peak_host_pinned_bytes", "nvme_bytes", "ratio_to_ddp", "formula_bytes",
         "step_time_ratio_to_ddp", "loss_matches_ddp"]
 problems = []
-for name in stages + list(offloads) + list(partial):
+for name in stages + list(offloads) + list(partial) + list(compact):
     if name not in records:
         problems.append(f"no record '{name}'")
 if problems:
@@ -114,6 +119,20 @@ for name, (base, full, optimizer) in partial.items():
         problems.append(f"{name}: pinned by purpose {pinned}")
     if optimizer == "nvme" and not 0 < r["nvme_bytes"] < f["nvme_bytes"]:
         problems.append(f"{name}: nvme_bytes {r['nvme_bytes']}, {full} has {f['nvme_bytes']}")
+# Compact states: the optimizer's bytes are the format's, on the device or pinned, within 1% of the
+# formula (12 -> 8 -> 6.125 bytes per parameter of the rank's shard; padding is the rest).
+for name, (base, states, per) in compact.items():
+    r, b = records[name], records[base]
+    if r["states"] != states or b["states"] != "fp32":
+        problems.append(f"{name}: states {r['states']}, {base} has {b['states']}")
+    where = "peak_optimizer_states_bytes"
+    got, fp32 = r[where], b[where]
+    if r["offload_optimizer"] == "cpu":
+        got, fp32 = r["peak_pinned_by_purpose"]["optimizer_states"], b["peak_pinned_by_purpose"]["optimizer_states"]
+    shard = r["params"] / r["ranks"]
+    if not abs(got / (per * shard) - 1) < 0.01 or not abs(got / fp32 - per / 12) < 0.01:
+        problems.append(f"{name}: {got} bytes of states ({got / shard:.3f} per parameter), {base} has {fp32}; "
+                        f"expected {per} per parameter")
 ratios = [records[s]["ratio_to_ddp"] for s in stages]
 if not (ratios[0] == 1 and ratios[0] > ratios[1] > ratios[2] > ratios[3]):
     problems.append(f"ratios to DDP not decreasing with the stage: {ratios}")

@@ -49,6 +49,34 @@ if problems:
 print(f"bench step: {r['step_seconds']:.4f} s per step, ratio {r['ratio']:.2f} to the disk-bound limit")
 PY
 if ls -d "$work"/zest-* > /dev/null 2>&1; then echo "FAIL: a swap directory was left behind"; ls -lR "$work"; exit 1; fi
+# --states: one engine per format after one bandwidth test, each its own JSON object; the swap file
+# holds the format's bytes (24, 16 and about 12.3 per parameter moved per step), and each reports
+# its speed-up over the first. A format named twice or unknown is refused.
+"$zest" bench step --path "$work" --params 2e6 --steps 2 --io-size 0.125 --reps 1 --states fp32,bf16,int8 --json \
+  > "$work/states.json"
+python3 - "$work/states.json" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+decoder, runs, at = json.JSONDecoder(), [], 0
+while at < len(text.rstrip()):
+    r, at = decoder.raw_decode(text, at)
+    runs.append(r)
+    while at < len(text) and text[at].isspace(): at += 1
+problems = []
+if [r["states"] for r in runs] != ["fp32", "bf16", "int8"]: problems.append(f"states {[r['states'] for r in runs]}")
+for r, per in zip(runs, [24.0, 16.0, 12.25]):
+    got = r["disk_bytes_per_param_per_step"]
+    if not per <= got < per * 1.02: problems.append(f"{r['states']}: {got} disk bytes per parameter per step, expected {per}")
+    if r["write_bytes_per_s"] != runs[0]["write_bytes_per_s"]: problems.append("the bandwidth was measured again")
+    if abs(r["speedup_over_fp32"] - runs[0]["step_seconds"] / r["step_seconds"]) > 0.01 * r["speedup_over_fp32"] + 1e-3:
+        problems.append(f"{r['states']}: speedup {r['speedup_over_fp32']}")
+if problems:
+    print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)
+PY
+for bad in fp32,fp32 fp8; do
+  if "$zest" bench step --path "$work" --states "$bad" > "$work/bad.txt" 2>&1; then echo "FAIL: --states $bad accepted"; exit 1; fi
+  grep -q -- "--states" "$work/bad.txt" || { echo "FAIL: --states $bad refused without naming it"; cat "$work/bad.txt"; exit 1; }
+done
 # The states on the device: no path, no disk, the --allgather given.
 "$zest" bench step --optimizer-on-device --params 2e5 --steps 2 --allgather 4 --json > "$work/device.json"
 python3 - "$work/device.json" <<'PY'

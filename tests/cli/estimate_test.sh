@@ -32,7 +32,7 @@ expect_row() {
 run estimate --params 1000000 --layers 1 --ranks-per-node 2 --dtype fp32
 expect_rc 0 "small model"
 [ ! -s "$work/err" ] || fail "small model: unexpected stderr: $(cat "$work/err")"
-expect_text "$work/out" "zest estimate: 1.0M parameters (1000000) in 1 layers, fp32; 2 ranks per node x 1 node = 2 ranks" "small model"
+expect_text "$work/out" "zest estimate: 1.0M parameters (1000000) in 1 layers, fp32, fp32 optimizer states; 2 ranks per node x 1 node = 2 ranks" "small model"
 expect_row "stage 0" "26.7 MiB 3.8 MiB 3.8 MiB 11.4 MiB 7.6 MiB 7.6 MiB 0 B" "small model"
 # Stage 2 on 2 ranks: grads and optimizer states halve (2,000,000 B = 1.9 MiB; 6,000,000 B =
 # 5.7 MiB): 20,000,024 B = 19.1 MiB.
@@ -104,7 +104,7 @@ expect_rc 0 "1.5e9"
 expect_text "$work/out" "1.50B parameters (1500000000) in 30 layers, bf16" "1.5e9"
 run estimate --params 7B
 expect_rc 0 "7B"
-expect_text "$work/out" "7.00B parameters (7000000000) in 32 layers, bf16; 1 rank per node x 1 node = 1 rank" "7B"
+expect_text "$work/out" "7.00B parameters (7000000000) in 32 layers, bf16, fp32 optimizer states; 1 rank per node x 1 node = 1 rank" "7B"
 
 # --- a config file: its settings and dtype, its own row marked
 run estimate --params 350M --config "$data/config/cases/full.yaml"
@@ -114,7 +114,18 @@ expect_text "$work/out" "in 32 layers, fp16" "config"
 $(cat "$work/out")"
 [ "$(grep -c ' \* ' "$work/out")" -eq 1 ] || fail "config: not exactly one row marked"
 run estimate --params 350M --config "$data/config/cases/full.yaml" --dtype bf16
-expect_text "$work/out" "in 32 layers, bf16" "--dtype over the config"
+expect_text "$work/out" "in 32 layers, bf16, int8 optimizer states" "--dtype over the config, its states kept"
+# --- optimizer.states: master, m and v of 7e9 parameters take 12, 8 or 6.125 bytes each
+# (78.23, 52.15 and 39.93 GiB), --states over the config's
+for states in "fp32 78.23" "bf16 52.15" "int8 39.93"; do
+  set -- $states
+  run estimate --params 7B --states "$1"
+  expect_rc 0 "--states $1"
+  [ -n "$(grep -E "^stage 1 +[0-9.]+ GiB +13.04 GiB +13.04 GiB +$2 GiB" "$work/out")" ] || fail "--states $1: stage 1's states are not $2 GiB:
+$(cat "$work/out")"
+done
+run estimate --params 350M --config "$data/config/cases/full.yaml" --states bf16
+expect_text "$work/out" "fp16, bf16 optimizer states" "--states over the config"
 
 # --- bad input: exit 2 with a message saying what is wrong
 bad() {
@@ -130,6 +141,7 @@ bad "--params N is required" --layers 4
 bad "--params: expected a whole count from 1 to 1000000000000000 (e.g. 4000000, 350M, 7B, 1.5e9), found 'abc'" --params abc
 bad "--params: expected a whole count from 1 to 1000000000000000 (e.g. 4000000, 350M, 7B, 1.5e9), found '1.5': not a whole number" --params 1.5
 bad "--params: expected a whole count" --params 7X
+bad "--states: expected one of fp32, bf16, int8, found 'fp8'" --params 7B --states fp8
 bad "--params: expected a whole count" --params -5
 bad "--params: expected a whole count" --params nan
 bad "--params: expected a whole count" --params 1e19
