@@ -29,6 +29,31 @@ void launch_multi_tensor_adam(std::span<const CudaAdamTensor> tensors, DType gra
                               DType out_dtype, const optim::AdamCoefficients& c, const int* overflow,
                               void* stream);
 
+// A tensor with compact m and v (optimizer.states bf16 or int8, docs/compact-states.md): m and v as
+// bf16 bit patterns or dynamic-code bytes; for int8 one scale per optim::kInt8Block elements from
+// element 0 in m_scale and v_scale (rewritten by the step); `first_index`: the global index of
+// element 0, which with the step's rounding key decides bf16's stochastic rounding.
+struct CudaCompactAdamTensor {
+  float* master = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
+  float* m_scale = nullptr;
+  float* v_scale = nullptr;
+  const void* grad = nullptr;
+  void* out = nullptr;
+  std::int64_t count = 0;
+  std::uint64_t first_index = 0;
+};
+
+// As launch_multi_tensor_adam, with compact states: each element's fp32 update is adam_update, its
+// moments rounded back as the CPU Adam's step_compact rounds them, in code compiled without FMA
+// contraction, so the result equals CpuAdam::step_compact's bit for bit. `rounding_key`:
+// optim::rounding_key(seed, step). `states`: bf16 or int8 (Error for fp32: it takes the call above).
+void launch_multi_tensor_adam_compact(std::span<const CudaCompactAdamTensor> tensors, StatesFormat states,
+                                      DType grad_dtype, bool has_out, DType out_dtype,
+                                      const optim::AdamCoefficients& c, std::uint64_t rounding_key,
+                                      const int* overflow, void* stream);
+
 struct CudaGradTensor {
   const void* grad = nullptr;
   std::int64_t count = 0;
