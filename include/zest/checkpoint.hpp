@@ -30,6 +30,7 @@ struct CheckpointInfo {
   std::int64_t steps = 0, skipped_steps = 0;
   double loss_scale = 1.0;
   std::string config;  // the saving run's settings, key=value words
+  StatesFormat states = StatesFormat::f32;  // how the m and v files hold them (optimizer.states)
   std::uint64_t chunk_bytes = 0;
   std::vector<CheckpointTensorInfo> tensors;
   std::vector<CheckpointFileInfo> files;  // rank<r>.master.bin, rank<r>.m.bin, rank<r>.v.bin per rank

@@ -17,7 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "config/config_names.hpp"
 #include "offload/checksum.hpp"
+#include "optim/compact_math.hpp"
 #include "zest/error.hpp"
 
 namespace zest::checkpoint {
@@ -62,6 +64,19 @@ std::size_t RankEntry::elements() const {
   return n;
 }
 
+std::uint64_t int8_blocks(std::uint64_t elements) { return (elements + optim::kInt8Block - 1) / optim::kInt8Block; }
+
+std::uint64_t state_file_bytes(StatesFormat states, StateKind state, const std::vector<Range>& ranges) {
+  std::uint64_t elements = 0, blocks = 0;
+  for (const Range& r : ranges) {
+    elements += r.hi - r.lo;
+    blocks += int8_blocks(r.hi - r.lo);
+  }
+  if (state == StateKind::master || states == StatesFormat::f32) return elements * sizeof(float);
+  if (states == StatesFormat::bf16) return elements * sizeof(std::uint16_t);
+  return elements + blocks * sizeof(float);
+}
+
 std::string state_file_name(int rank, StateKind state) {
   return std::string("rank").append(std::to_string(rank)).append(".").append(state_name(state)).append(".bin");
 }
@@ -77,6 +92,7 @@ std::string serialize(const Manifest& m) {
   out << "skipped " << m.skipped << '\n';
   out << "loss_scaler " << hex_double(m.loss_scale) << ' ' << m.clean_steps << ' ' << m.hysteresis_left << '\n';
   out << "config " << m.config << '\n';
+  if (m.version >= 4) out << "states " << states_format_name(m.states) << '\n';
   // Version 3 on: a manifest parsed from version 2 serializes as it was read.
   if (m.version >= 3) out << "optimizer_groups " << m.optimizer_groups.size() << '\n';
   for (const auto& g : m.optimizer_groups)
@@ -229,6 +245,17 @@ Manifest parse(const std::string& text, const std::string& path) {
     if (m.hysteresis_left < 0) out_of_range("loss scaler hysteresis", std::to_string(m.hysteresis_left), "0 or more");
   }
   { auto f = next("config"); m.config = rest_of_line(f); }
+  if (m.version >= 4) {
+    auto f = next("states");
+    std::string name;
+    f >> name;
+    check(f, "states format");
+    const auto* known = std::find_if(detail::kStatesFormatNames.begin(), detail::kStatesFormatNames.end(),
+                                     [&](const auto& entry) { return entry.name == name; });
+    if (known == detail::kStatesFormatNames.end())
+      bad_manifest(path, line_no, std::string("states '").append(name).append("', not fp32, bf16 or int8"));
+    m.states = known->value;
+  }
   if (m.version >= 3) {
     std::size_t groups = 0;
     { auto f = next("optimizer_groups"); f >> groups; check(f, "optimizer group count"); }
@@ -321,10 +348,12 @@ Manifest parse(const std::string& text, const std::string& path) {
       if (file.name != expected)
         bad_manifest(path, line_no, std::string("rank ").append(std::to_string(i)).append("'s file '").append(file.name)
                                         .append("' where its own '").append(expected).append("' belongs"));
-      if (file.bytes != elements * sizeof(float))
+      const StateKind kind = static_cast<StateKind>(&file - rank.files.data());
+      if (file.bytes != state_file_bytes(m.states, kind, rank.ranges))
         bad_manifest(path, line_no, std::string("file ").append(file.name).append(" of ").append(std::to_string(file.bytes))
                                         .append(" bytes for ranges of ").append(std::to_string(elements))
-                                        .append(" fp32 values"));
+                                        .append(kind == StateKind::master ? " fp32" : std::string(" ").append(states_format_name(m.states)))
+                                        .append(" values"));
       if (chunks != file.bytes / m.chunk_bytes + (file.bytes % m.chunk_bytes != 0))
         bad_manifest(path, line_no, std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
       file.chunk_crcs.resize(chunks);

@@ -18,9 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "zest/dtype.hpp"
+
 namespace zest::checkpoint {
 
-constexpr int kFormatVersion = 3;
+constexpr int kFormatVersion = 4;  // 4: m and v in the run's optimizer.states (Manifest::states)
 constexpr int kOldestReadableVersion = 2;  // 2 has no optimizer groups (the config's apply)
 constexpr const char* kManifestName = "manifest";
 constexpr std::uint64_t kChunkBytes = std::uint64_t{4} << 20;
@@ -76,6 +78,10 @@ struct Manifest {
     double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
   };
   std::vector<OptimizerGroup> optimizer_groups;
+  // How the m and v files hold their values (version 4; fp32 before): fp32; bf16 bit patterns; or
+  // int8 dynamic-code bytes of every range, then one fp32 scale per kInt8Block elements of each
+  // range from its start (docs/compact-states.md). The master file is fp32 in every version.
+  StatesFormat states = StatesFormat::f32;
   std::uint64_t chunk_bytes = kChunkBytes;
   std::vector<TensorEntry> tensors;
   std::vector<RankEntry> ranks;  // one per saving rank, index = rank
@@ -88,6 +94,11 @@ constexpr std::size_t kMaxTensorNameBytes = 4096;
 std::string tensor_name_problem(const std::string& name);
 
 std::string state_file_name(int rank, StateKind state);  // rank<r>.<state>.bin
+
+// Scales of an int8 state for a range of `elements`: one per kInt8Block from its start.
+std::uint64_t int8_blocks(std::uint64_t elements);
+// The bytes of `state`'s file holding `ranges` in `states`' form (see Manifest::states).
+std::uint64_t state_file_bytes(StatesFormat states, StateKind state, const std::vector<Range>& ranges);
 std::string join(const std::string& dir, const std::string& name);  // dir/name
 
 // Text; ends with a line holding the CRC32C of everything before it.

@@ -16,6 +16,7 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   info.skipped_steps = m.skipped;
   info.loss_scale = m.loss_scale;
   info.config = m.config;
+  info.states = m.states;
   info.chunk_bytes = m.chunk_bytes;
   for (const checkpoint::TensorEntry& t : m.tensors) info.tensors.push_back({t.name, t.shape, t.group});
   for (const checkpoint::RankEntry& rank : m.ranks)

@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "offload/checksum.hpp"
+#include "optim/states_layout.hpp"
+#include "runtime/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::checkpoint {
@@ -23,10 +26,12 @@ Reader::Reader(std::string dir) : dir_(std::move(dir)) {
   manifest_ = read_manifest(dir_);
   pieces_.resize(manifest_.tensors.size());
   for (std::size_t r = 0; r < manifest_.ranks.size(); ++r) {
-    std::uint64_t at = 0;
+    std::uint64_t at = 0, block_at = 0;
+    const std::uint64_t codes = manifest_.ranks[r].elements();
     for (const Range& range : manifest_.ranks[r].ranges) {
-      pieces_[range.tensor].push_back({static_cast<int>(r), range.lo, range.hi, at});
+      pieces_[range.tensor].push_back({static_cast<int>(r), range.lo, range.hi, at, block_at, codes});
       at += range.hi - range.lo;
+      block_at += int8_blocks(range.hi - range.lo);
     }
   }
   // parse() checked that each tensor's pieces cover it exactly once.
@@ -119,11 +124,51 @@ void Reader::read_bytes(int rank, StateKind state, std::uint64_t offset, std::si
 }
 
 void Reader::read(StateKind state, std::size_t tensor, std::size_t a, std::size_t b, float* out) {
+  const bool compact = state != StateKind::master && manifest_.states != StatesFormat::f32;
   for (const Piece& p : pieces_.at(tensor)) {
     const std::size_t lo = std::max(a, p.lo), hi = std::min(b, p.hi);
     if (lo >= hi) continue;
-    read_bytes(p.rank, state, (p.at + (lo - p.lo)) * sizeof(float), (hi - lo) * sizeof(float),
-               out ? reinterpret_cast<char*>(out + (lo - a)) : nullptr);
+    if (compact)
+      read_compact(state, p, lo, hi, out ? out + (lo - a) : nullptr);
+    else
+      read_bytes(p.rank, state, (p.at + (lo - p.lo)) * sizeof(float), (hi - lo) * sizeof(float),
+                 out ? reinterpret_cast<char*>(out + (lo - a)) : nullptr);
+  }
+}
+
+void Reader::read_compact(StateKind state, const Piece& p, std::size_t lo, std::size_t hi, float* out) {
+  constexpr std::size_t kSlice = std::size_t{1} << 16;  // elements widened at a time: bounded buffers
+  static_assert(kSlice % optim::kInt8Block == 0);
+  const bool int8 = manifest_.states == StatesFormat::int8;
+  const std::size_t element = int8 ? 1 : sizeof(std::uint16_t);
+  raw_.resize(kSlice * element);
+  scales_.resize(kSlice / optim::kInt8Block + 1);
+  for (std::size_t x = lo; x < hi; x += kSlice) {
+    const std::size_t n = std::min(kSlice, hi - x);
+    char* const raw = out ? raw_.data() : nullptr;
+    read_bytes(p.rank, state, (p.at + (x - p.lo)) * element, n * element, raw);
+    // int8: the scales of the blocks [first, last] the slice touches, counted from the piece's start.
+    const std::uint64_t first = (x - p.lo) / optim::kInt8Block, last = (x + n - 1 - p.lo) / optim::kInt8Block;
+    if (int8)
+      read_bytes(p.rank, state, p.codes + (p.block_at + first) * sizeof(float),
+                 static_cast<std::size_t>(last - first + 1) * sizeof(float),
+                 out ? reinterpret_cast<char*>(scales_.data()) : nullptr);
+    if (!out) continue;
+    float* const into = out + (x - lo);
+    if (!int8) {
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t bits;
+        std::memcpy(&bits, raw_.data() + 2 * i, sizeof bits);
+        into[i] = bf16_to_float(bits);
+      }
+      continue;
+    }
+    const bool is_signed = state == StateKind::m;
+    const optim::DynamicCode& code = optim::dynamic_code(is_signed);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t block = (x + i - p.lo) / optim::kInt8Block - first;
+      into[i] = optim::dequantize(code, is_signed, static_cast<std::uint8_t>(raw_[i]), scales_[block]);
+    }
   }
 }
 

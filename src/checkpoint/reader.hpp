@@ -33,9 +33,11 @@ class Reader {
   // says (the data is checked as it is read).
   void check_files(std::optional<StateKind> only = std::nullopt) const;
 
-  // Elements [a, b) of tensor `tensor`'s `state` into out[0, b - a); with out null, only verified.
-  // Reads the chunks holding them and checks each one's CRC32C before using it: throws Error naming
-  // the file, the chunk and its offset on a mismatch, IoError when a read fails or the file is short.
+  // Elements [a, b) of tensor `tensor`'s `state` into out[0, b - a) as fp32 (compact m and v
+  // widened: bf16 exactly, int8 as code value times its block's scale); with out null, only
+  // verified. Reads the chunks holding them and checks each one's CRC32C before using it: throws
+  // Error naming the file, the chunk and its offset on a mismatch, IoError when a read fails or the
+  // file is short.
   void read(StateKind state, std::size_t tensor, std::size_t a, std::size_t b, float* out);
 
   // Checks every file's size and every chunk's CRC32C, all of them: one line per problem found
@@ -43,12 +45,17 @@ class Reader {
   std::vector<std::string> verify_all();
 
  private:
-  // Tensor elements [lo, hi) sit in `rank`'s state files from element `at` on.
+  // Tensor elements [lo, hi) sit in `rank`'s state files from element `at` on; in an int8 file
+  // their scales from scale `block_at` on, after the rank's `codes` code bytes.
   struct Piece {
     int rank = 0;
     std::size_t lo = 0, hi = 0;
     std::uint64_t at = 0;
+    std::uint64_t block_at = 0;
+    std::uint64_t codes = 0;
   };
+  // Elements [lo, hi) of piece p, compact (bf16 or int8 m or v), widened into out (null: verified).
+  void read_compact(StateKind state, const Piece& p, std::size_t lo, std::size_t hi, float* out);
   int fd(int rank, StateKind state);
   // Bytes [offset, offset + bytes) of a state file into out (null: only verified).
   void read_bytes(int rank, StateKind state, std::uint64_t offset, std::size_t bytes, char* out);
@@ -60,6 +67,8 @@ class Reader {
   std::vector<std::vector<Piece>> pieces_;  // per tensor, in element order
   std::map<std::pair<int, int>, int> fds_;  // (rank, state) -> open file, at most kMaxOpenFiles
   std::vector<char> chunk_;                 // the last chunk read through it, verified
+  std::vector<char> raw_;                   // compact values on their way to fp32, a slice at a time
+  std::vector<float> scales_;               // the int8 scales of that slice
   int chunk_rank_ = -1, chunk_state_ = -1;
   std::size_t chunk_index_ = 0, chunk_length_ = 0;
 };

@@ -70,6 +70,7 @@ void print_summary(const std::string& dir, const CheckpointInfo& info) {
   std::printf("  steps %lld (%lld skipped), loss scale %g\n", static_cast<long long>(info.steps),
               static_cast<long long>(info.skipped_steps), info.loss_scale);
   std::printf("  config: %s\n", info.config.c_str());
+  std::printf("  optimizer states: master fp32, m and v %s\n", std::string(states_format_name(info.states)).c_str());
   std::printf("  checksum chunk: %s\n", format_size(static_cast<std::size_t>(info.chunk_bytes)).c_str());
 
   std::vector<std::vector<std::string>> rows = {{"name", "shape", "group", "numel"}};

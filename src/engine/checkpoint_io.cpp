@@ -20,6 +20,8 @@
 #include "checkpoint/format.hpp"
 #include "checkpoint/publish.hpp"
 #include "checkpoint/reader.hpp"
+#include "optim/states_layout.hpp"
+#include "runtime/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -179,6 +181,65 @@ void require_model(const Manifest& m, const std::vector<ParamSpec>& specs, const
   }
 }
 
+// m and v into their checkpoint files in the run's optimizer.states form (checkpoint::Manifest::states):
+// fp32 as they are; bf16 rounded to nearest (the widened bf16 values come back exactly); int8
+// quantized per block from each range's start, which are the engine's own blocks (ranges start at
+// multiples of kInt8Block in the shard), so the codes and scales are the engine's too. The scales
+// wait in memory (a 49th of the states' bytes) until finish() puts them after the codes.
+class MomentWriter {
+ public:
+  explicit MomentWriter(StatesFormat states) : states_(states) {}
+
+  // Elements [offset, offset + n) of a range (offset counted from its start) of m and v.
+  void append(FileWriter& m_file, FileWriter& v_file, const float* m, const float* v, std::size_t offset,
+              std::size_t n) {
+    if (states_ == StatesFormat::f32) {
+      m_file.append(m, n * sizeof(float));
+      v_file.append(v, n * sizeof(float));
+      return;
+    }
+    if (states_ == StatesFormat::int8 && offset % optim::kInt8Block != 0)
+      throw Error("Engine::save: int8 states visited from inside a block; every piece of a range must start a block");
+    const std::size_t element = states_ == StatesFormat::bf16 ? sizeof(std::uint16_t) : 1;
+    for (std::size_t at = 0; at < n; at += kSlice) {
+      const std::size_t len = std::min(kSlice, n - at);
+      encode(m + at, len, true, m_scales_);
+      m_file.append(slice_.data(), len * element);
+      encode(v + at, len, false, v_scales_);
+      v_file.append(slice_.data(), len * element);
+    }
+  }
+
+  void finish(FileWriter& m_file, FileWriter& v_file) {
+    m_file.append(m_scales_.data(), m_scales_.size() * sizeof(float));
+    v_file.append(v_scales_.data(), v_scales_.size() * sizeof(float));
+  }
+
+ private:
+  static constexpr std::size_t kSlice = std::size_t{1} << 16;
+  static_assert(kSlice % optim::kInt8Block == 0);
+
+  void encode(const float* x, std::size_t n, bool is_signed, std::vector<float>& scales) {
+    slice_.resize(kSlice * sizeof(std::uint16_t));
+    if (states_ == StatesFormat::bf16) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint16_t bits = float_to_bf16(x[i]);
+        std::memcpy(slice_.data() + 2 * i, &bits, sizeof bits);
+      }
+      return;
+    }
+    auto* const codes = reinterpret_cast<std::uint8_t*>(slice_.data());
+    for (std::size_t at = 0; at < n; at += optim::kInt8Block) {
+      const std::size_t len = std::min(optim::kInt8Block, n - at);
+      scales.push_back(optim::quantize_block(optim::dynamic_code(is_signed), is_signed, x + at, len, codes + at));
+    }
+  }
+
+  const StatesFormat states_;
+  std::vector<char> slice_;
+  std::vector<float> m_scales_, v_scales_;
+};
+
 }  // namespace
 
 void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
@@ -215,6 +276,7 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
   try {
     if (rank != 0) held.emplace(open_temp_dir(temp, made[1] | std::uint64_t{made[2]} << 32));
     std::vector<std::unique_ptr<FileWriter>> writers;
+    MomentWriter moments(e.config.optimizer.states);
     for (int k = 0; k < kStates; ++k)
       writers.push_back(std::make_unique<FileWriter>(*held, state_file_name(rank, StateKind(k))));
     if (!mine.ranges.empty()) {
@@ -223,13 +285,14 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
       const std::size_t from = shard_position(e.layout, rank, mine.ranges.front().tensor, mine.ranges.front().lo);
       const std::size_t to = shard_position(e.layout, rank, last.tensor, last.lo) + (last.hi - last.lo);
       e.states.visit_states(from, to - from, false, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
-        const float* states[] = {master, m, v};
         for_each_overlap(e.layout, rank, mine.ranges, from + first, n,
-                         [&](const Range&, std::size_t a, std::size_t b, std::size_t at) {
-                           for (int k = 0; k < kStates; ++k) writers[k]->append(states[k] + at, (b - a) * sizeof(float));
+                         [&](const Range& range, std::size_t a, std::size_t b, std::size_t at) {
+                           writers[0]->append(master + at, (b - a) * sizeof(float));
+                           moments.append(*writers[1], *writers[2], m + at, v + at, a - range.lo, b - a);
                          });
       });
     }
+    moments.finish(*writers[1], *writers[2]);
     for (int k = 0; k < kStates; ++k) {
       auto& w = *writers[static_cast<std::size_t>(k)];
       w.finish();
@@ -259,17 +322,20 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
       m.clean_steps = e.scaler.clean_steps();
       m.hysteresis_left = e.scaler.hysteresis_left();
       m.config = fingerprint(e.config);
+      m.states = e.config.optimizer.states;
       for (const auto& h : e.optimizer_groups) m.optimizer_groups.push_back({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay});
       for (const ParamSpec& p : e.specs) m.tensors.push_back({p.name, p.shape, p.group, p.numel()});
       for (int q = 0; q < e.comm.size(); ++q) {
         RankEntry entry;
         entry.ranges = ranges_of(e.layout, q, true);
-        const std::uint64_t bytes = entry.elements() * sizeof(float);
-        const std::size_t chunks = static_cast<std::size_t>((bytes + m.chunk_bytes - 1) / m.chunk_bytes);
         auto next = all_crcs.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q) * most);
-        for (int k = 0; k < kStates; ++k, next += static_cast<std::ptrdiff_t>(chunks))
+        for (int k = 0; k < kStates; ++k) {
+          const std::uint64_t bytes = state_file_bytes(m.states, StateKind(k), entry.ranges);
+          const auto chunks = static_cast<std::ptrdiff_t>((bytes + m.chunk_bytes - 1) / m.chunk_bytes);
           entry.files[static_cast<std::size_t>(k)] = {state_file_name(q, StateKind(k)), bytes,
-                                                      std::vector<std::uint32_t>(next, next + static_cast<std::ptrdiff_t>(chunks))};
+                                                      std::vector<std::uint32_t>(next, next + chunks)};
+          next += chunks;
+        }
         m.ranks.push_back(std::move(entry));
       }
       const std::string text = serialize(m);

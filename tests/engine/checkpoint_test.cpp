@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/reader.hpp"
 #include "engine/reference_training.hpp"
 #include "engine/shared_dir.hpp"
 #include "runtime/mpi_communicator.hpp"
@@ -257,6 +258,65 @@ TEST_F(Fixture, LoadsIntoAnotherStage3To2To0) {
   EXPECT_EQ(engine.stats().steps, kSteps);
 }
 
+// Compact states are saved compact (bf16: 2 bytes per value; int8: a byte per value and a scale per
+// 64 of each range) and reshard exactly: a checkpoint of int8 states saved at stage 3, loaded at
+// stage 0 (other ranges per rank, another layout of the shard) and saved again holds the same m
+// and v, value for value, and both load into a run with bf16 states.
+TEST_F(Fixture, CompactStatesAreSavedCompactAndReshardExactly) {
+  for (const StatesFormat states : {StatesFormat::bf16, StatesFormat::int8}) {
+    SCOPED_TRACE(states_format_name(states));
+    Options o;
+    o.stage = 3;
+    o.states = states;
+    SharedDir dir;
+    const std::string a = dir.path() + "/a", b = dir.path() + "/b";
+    {
+      Engine engine(make_config(o), *device, *comm, model());
+      set_initial(engine);
+      train_steps(engine, o, 1, 3, *comm);
+      engine.save(a);
+    }
+    Options zero = o;
+    zero.stage = 0;
+    {
+      Engine engine(make_config(zero), *device, *comm, model());
+      EXPECT_EQ(engine.load(a).config_changes.size(), 1u);  // the stage
+      engine.save(b);
+    }
+    checkpoint::Reader first(a), second(b);
+    EXPECT_EQ(first.manifest().states, states);
+    for (const checkpoint::RankEntry& rank : first.manifest().ranks) {
+      std::uint64_t elements = 0, blocks = 0;
+      for (const checkpoint::Range& r : rank.ranges) {
+        elements += r.hi - r.lo;
+        blocks += (r.hi - r.lo + 63) / 64;
+      }
+      const std::uint64_t want = states == StatesFormat::bf16 ? 2 * elements : elements + 4 * blocks;
+      EXPECT_EQ(rank.files[1].bytes, want);
+      EXPECT_EQ(rank.files[2].bytes, want);
+      EXPECT_EQ(rank.files[0].bytes, 4 * elements);
+    }
+    const auto specs = model();
+    bool nonzero = false;
+    for (std::size_t t = 0; t < specs.size(); ++t) {
+      for (const auto kind : {checkpoint::StateKind::m, checkpoint::StateKind::v}) {
+        std::vector<float> x(specs[t].numel()), y(specs[t].numel());
+        first.read(kind, t, 0, x.size(), x.data());
+        second.read(kind, t, 0, y.size(), y.data());
+        EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << specs[t].name;
+        nonzero = nonzero || std::any_of(x.begin(), x.end(), [](float e) { return e != 0; });
+      }
+    }
+    EXPECT_TRUE(nonzero);
+    Options other = o;
+    other.states = states == StatesFormat::bf16 ? StatesFormat::int8 : StatesFormat::bf16;
+    Engine engine(make_config(other), *device, *comm, model());
+    const auto changes = engine.load(b).config_changes;
+    EXPECT_TRUE(std::any_of(changes.begin(), changes.end(), [](const std::string& c) { return c.rfind("states: ", 0) == 0; }));
+    train_steps(engine, other, 4, 5, *comm);
+  }
+}
+
 TEST_F(Fixture, LoadReportsTheSettingsThatDiffer) {
   Options o;
   o.stage = 2;
@@ -364,8 +424,8 @@ TEST_F(Damaged, EditedManifest) {
 }
 
 TEST_F(Damaged, FutureFormatVersion) {
-  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 4"); }); },
-                 "format version 4");
+  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 5"); }); },
+                 "format version 5");
 }
 
 TEST_F(Damaged, AnotherModel) {

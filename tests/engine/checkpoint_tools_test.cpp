@@ -259,7 +259,8 @@ TEST_F(FromEngine, F16IsTheWeightsRoundedToNearestEven) {
 TEST_F(FromEngine, InfoDescribesTheSavingRun) {
   if (rank() != 0) return;
   const CheckpointInfo info = read_checkpoint_info(checkpoint());
-  EXPECT_EQ(info.format_version, 3);
+  EXPECT_EQ(info.format_version, 4);
+  EXPECT_EQ(info.states, StatesFormat::f32);
   EXPECT_EQ(info.world_size, world());
   EXPECT_EQ(info.stage, 3);
   EXPECT_EQ(info.steps, 2);
