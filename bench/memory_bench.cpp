@@ -74,6 +74,7 @@ struct Configuration {
   OffloadDevice param = OffloadDevice::none;
   double ratio = 1;  // offload.optimizer.ratio
   StatesFormat states = StatesFormat::f32;  // optimizer.states
+  DType master = DType::f32;                // optimizer.master
 };
 
 std::string offload_name(OffloadDevice d) {
@@ -146,7 +147,8 @@ std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::si
   const double p = conf.param == OffloadDevice::none ? static_cast<double>(d) * psi : 0.0;
   const bool grads_on_host = stage >= 2 && conf.optimizer != OffloadDevice::none && conf.ratio == 1;
   const double g = grads_on_host ? 0.0 : static_cast<double>(d) * psi;
-  const double k = conf.states == StatesFormat::f32 ? 12 : conf.states == StatesFormat::bf16 ? 8 : 6.125;
+  const double k = (conf.master == DType::bf16 ? 2 : 4) +
+                   (conf.states == StatesFormat::f32 ? 8 : conf.states == StatesFormat::bf16 ? 4 : 2.125);
   const double os = conf.optimizer == OffloadDevice::none ? k * psi : k * psi * (1 - conf.ratio);
   switch (stage) {
     case 0: return static_cast<std::size_t>(p + g + os);
@@ -223,6 +225,7 @@ Config configured(const Configuration& conf, Config config, const std::string& n
   config.offload.param.device = conf.param;
   config.offload.optimizer_ratio = conf.ratio;
   config.optimizer.states = conf.states;
+  config.optimizer.master = conf.master;
   config.offload.optimizer.paths.clear();
   config.offload.param.paths.clear();
   if (conf.optimizer == OffloadDevice::nvme) config.offload.optimizer.paths = {nvme_path};
@@ -246,7 +249,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   r.offload_optimizer = offload_name(conf.optimizer);
   r.offload_param = offload_name(conf.param);
   r.offload_ratio = conf.ratio;
-  r.states = states_format_name(conf.states);
+  r.states = std::string(states_format_name(conf.states)) + (conf.master == DType::bf16 ? "+bf16 master" : "");
   r.ranks = comm.size();
   std::size_t nvme_bytes = 0;
   std::vector<double> seconds;
@@ -596,7 +599,7 @@ int bench_memory(int argc, char** argv) {
 
     // The stages first, then the offloads. The largest-model search runs over the stages and stage
     // 3's offloads.
-    const std::vector<Configuration> configurations = {
+    std::vector<Configuration> configurations = {
         {"stage 0 (DDP)", 0},
         {"stage 1", 1},
         {"stage 2", 2},
@@ -616,7 +619,13 @@ int bench_memory(int argc, char** argv) {
         {"stage 1 states bf16", 1, OffloadDevice::none, OffloadDevice::none, 1, StatesFormat::bf16},
         {"stage 1 states int8", 1, OffloadDevice::none, OffloadDevice::none, 1, StatesFormat::int8},
         {"stage 2 + offload optimizer cpu states int8", 2, OffloadDevice::cpu, OffloadDevice::none, 1,
-         StatesFormat::int8}};
+         StatesFormat::int8},
+        // ... and a bf16 master (optimizer.master): 4.125 bytes per parameter.
+        {"stage 1 states int8 + bf16 master", 1, OffloadDevice::none, OffloadDevice::none, 1, StatesFormat::int8,
+         DType::bf16}};
+    // A bf16 master needs 16-bit parameters (the config says why): not with an fp32 --config.
+    if (config.precision.dtype == DType::f32)
+      std::erase_if(configurations, [](const Configuration& c) { return c.master == DType::bf16; });
     const std::vector<std::size_t> searched = {0, 1, 2, 3, 8, 9, 10, 11};  // ... and stage 3's offloads
     const SwapDirectory swap(o.nvme_path);
     Progress progress(leader, static_cast<int>(configurations.size() + (o.fit ? searched.size() : 0)));

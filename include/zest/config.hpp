@@ -68,7 +68,8 @@ struct OptimizerConfig {
   // per parameter with the fp32 master instead of 12) and int8 (about 6.1) change what the next
   // step remembers, never the arithmetic of a step.
   StatesFormat states = StatesFormat::f32;
-  // optimizer.master: the master weights' type. Only fp32 is implemented; bf16 is refused.
+  // optimizer.master: the master weights' type: fp32, or bf16 (with bf16 or int8 states and 16-bit
+  // parameters), rounded stochastically after each update so small updates are not lost.
   DType master = DType::f32;
   // optimizer.seed: the stochastic rounding's seed (bf16 states); with the step and each element's
   // place in the model, it decides every rounding, so runs repeat bit for bit.

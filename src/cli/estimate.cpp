@@ -192,10 +192,11 @@ std::size_t per_node(std::size_t per_rank, const Options& o, const char* what) {
 void print_table(const Options& o, const Config& base) {
   const int ranks = o.ranks;
   const std::vector<ParamSpec> model = uniform_model(o.params, o.layers);
-  std::printf("zest estimate: %s parameters (%zu) in %d layers, %s, %s optimizer states; %lld rank%s per node x "
+  std::printf("zest estimate: %s parameters (%zu) in %d layers, %s, %s optimizer states%s; %lld rank%s per node x "
               "%lld node%s = %d rank%s\n",
               readable_count(o.params).c_str(), o.params, o.layers, std::string(dtype_name(base.precision.dtype)).c_str(),
               std::string(states_format_name(base.optimizer.states)).c_str(),
+              base.optimizer.master == DType::bf16 ? " with a bf16 master" : "",
               static_cast<long long>(o.ranks_per_node), o.ranks_per_node == 1 ? "" : "s", static_cast<long long>(o.nodes),
               o.nodes == 1 ? "" : "s", ranks,
               ranks == 1 ? "" : "s");

@@ -227,13 +227,25 @@ void check_shared_swap(const Config& c, ProblemSink& sink) {
 
 // Compact optimizer states (docs/compact-states.md): what is not built yet is refused by name.
 void check_compact_states(const Config& c, ProblemSink& sink) {
-  if (sink.valid("optimizer.master") && c.optimizer.master != DType::f32) {
-    std::string message = "master weights in ";
-    message.append(enum_name(kDTypeNames, c.optimizer.master))
-        .append(" are not implemented yet (the stochastically rounded master of docs/compact-states.md is "
-                "designed, not built): zest keeps fp32 master weights. Remove optimizer.master or set it to "
-                "fp32; optimizer.states: bf16 or int8 already saves 4 or 6 of the 12 bytes per parameter");
-    sink.report("optimizer.master", std::move(message));
+  if (sink.valid("optimizer.master") && c.optimizer.master == DType::f16) {
+    sink.report("optimizer.master",
+                "fp16 master weights would overflow and underflow where Adam's updates live; use fp32 or bf16 "
+                "(bf16 keeps fp32's range and is rounded stochastically so small updates are not lost)");
+  }
+  // A bf16 master comes with compact moments (the CPU Adam's compact path rounds it), and working
+  // parameters of 16 bits (fp32 ones would be the bf16 master widened: no precision gained).
+  if (sink.valid("optimizer.master") && sink.valid("optimizer.states") && sink.valid("precision.dtype") &&
+      c.optimizer.master == DType::bf16) {
+    if (c.optimizer.states == StatesFormat::f32)
+      sink.report("optimizer.master",
+                  "a bf16 master needs compact moments: set optimizer.states to bf16 or int8 (6 or 4.125 bytes per "
+                  "parameter with the master), or use optimizer.master: fp32",
+                  {"optimizer.master", "optimizer.states"});
+    else if (c.precision.dtype == DType::f32)
+      sink.report("optimizer.master",
+                  "a bf16 master with fp32 parameters gains nothing: the parameters would be the bf16 master widened. "
+                  "Use precision.dtype: bf16, or optimizer.master: fp32",
+                  {"optimizer.master", "precision.dtype"});
   }
   // Where m and v stay on a CUDA device the CUDA Adam updates them, and it has no compact kernels
   // yet; the CPU Adam of an offloaded optimizer has them.

@@ -65,7 +65,10 @@ class CpuDeviceMath final : public DeviceMath {
         if (s.compact.format != StatesFormat::f32) {
           const optim::TensorSpan low =
               out_dtype == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{s.out, out_dtype, s.count};
-          adam_.step_compact(master, s.compact, grad, args, s.rounding, low);
+          if (s.bf16_master != nullptr)
+            adam_.step_compact(std::span<std::uint16_t>(s.bf16_master, s.count), s.compact, grad, args, s.rounding, low);
+          else
+            adam_.step_compact(master, s.compact, grad, args, s.rounding, low);
           if (out_dtype == DType::f32) std::memcpy(s.out, s.master, s.count * sizeof(float));
         } else if (out_dtype == DType::f32) {
           // The CPU Adam writes only low-precision copies; fp32 parameters are the master weights.

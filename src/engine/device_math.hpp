@@ -44,6 +44,7 @@ struct AdamShard {
   // bf16's are rounded. The cpu backend only; the cuda one refuses them.
   optim::CpuAdam::CompactStates compact{StatesFormat::f32};
   optim::CpuAdam::CompactRounding rounding{};
+  std::uint16_t* bf16_master = nullptr;  // optimizer.master bf16 (compact only; `master` unused)
 };
 
 // The gradient statistics of one step, in device memory. `reduced` comes first so the ranks can

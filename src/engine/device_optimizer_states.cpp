@@ -20,8 +20,8 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       runs_(runs),
       range_(plan.device_states),
       options_(states),
-      layout_of_states_(states.format, plan.device_states.count()) {
-  if (states.format != StatesFormat::f32 && !device.host_accessible())
+      layout_of_states_(states.form(), plan.device_states.count()) {
+  if (!layout_of_states_.form().plain() && !device.host_accessible())
     throw Error(std::string(states_format_name(states.format))
                     .append(" optimizer states on this device are not implemented: its Adam updates fp32 states "
                             "only. Offload them (offload.optimizer.device: cpu or nvme) or use optimizer.states: fp32"));
@@ -33,6 +33,12 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
 }
 
 void DeviceOptimizerStates::write_master(std::size_t offset, const float* values, std::size_t count) {
+  if (!layout_of_states_.form().plain()) {
+    visit_states(offset, count, true, [values](float* master, float*, float*, std::size_t first, std::size_t n) {
+      std::memcpy(master, values + first, n * sizeof(float));
+    });
+    return;
+  }
   for (std::size_t first = 0; first < count; first += staging_.elements()) {
     const std::size_t n = std::min(staging_.elements(), count - first);
     std::memcpy(staging_.f32(), values + first, n * sizeof(float));
@@ -42,6 +48,12 @@ void DeviceOptimizerStates::write_master(std::size_t offset, const float* values
 }
 
 void DeviceOptimizerStates::read_master(std::size_t offset, float* values, std::size_t count) {
+  if (!layout_of_states_.form().plain()) {
+    visit_states(offset, count, false, [values](float* master, float*, float*, std::size_t first, std::size_t n) {
+      std::memcpy(values + first, master, n * sizeof(float));
+    });
+    return;
+  }
   for (std::size_t first = 0; first < count; first += staging_.elements()) {
     const std::size_t n = std::min(staging_.elements(), count - first);
     device_.copy_async(staging_.f32(), at(0, offset + first), n * sizeof(float), stream_);
@@ -52,7 +64,7 @@ void DeviceOptimizerStates::read_master(std::size_t offset, float* values, std::
 
 void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, bool write_back,
                                          const StatesVisit& visit) {
-  if (options_.format != StatesFormat::f32) {
+  if (!layout_of_states_.form().plain()) {
     // Host-accessible memory (the constructor's check): visited in place once the stream is idle.
     stream_.synchronize();
     visit_laid_out(layout_of_states_, states_.as<char>(), offset - range_.begin, count, 0, write_back, visit,
@@ -76,13 +88,19 @@ void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, 
 void DeviceOptimizerStates::add_shard(int g, ShardRange part, const char* grad, char* out) {
   for_each_run(runs_, part.begin, part.end, [&](std::size_t lo, std::size_t hi, const optim::AdamHyperParams& hyper) {
     const std::size_t in = (lo - part.begin) * dtype_size(dtype_);
-    AdamShard shard{at(0, lo), nullptr, nullptr, grad + in, out + in, hi - lo, &hyper};
-    if (options_.format == StatesFormat::f32) {
+    AdamShard shard{nullptr, nullptr, nullptr, grad + in, out + in, hi - lo, &hyper};
+    if (layout_of_states_.form().plain()) {
+      shard.master = at(0, lo);
       shard.m = at(1, lo);
       shard.v = at(2, lo);
     } else {
-      shard.compact = layout_of_states_.moments(states_.as<char>(), lo - range_.begin, hi - lo);
+      char* const base = states_.as<char>();
+      shard.compact = layout_of_states_.moments(base, lo - range_.begin, hi - lo);
       shard.rounding = options_.rounding(g, lo - layout_.group(g).shard_offset);
+      if (options_.master == DType::bf16)
+        shard.bf16_master = layout_of_states_.bf16_master(base) + (lo - range_.begin);
+      else
+        shard.master = layout_of_states_.master(base) + (lo - range_.begin);
     }
     shards_.push_back(shard);
   });

@@ -36,7 +36,7 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
   p.grads_on_host = grads_on_host;
   p.slots = static_cast<std::size_t>(std::max(0, config.offload.optimizer.buffer_count));
   const bool nvme = config.offload.optimizer.device == OffloadDevice::nvme;
-  const StatesFormat format = config.optimizer.states;
+  const optim::StatesForm format{config.optimizer.states, config.optimizer.master};
   p.states = format;
   // Master, m and v (and int8's scales) of a block of kAlign parameters: 768 bytes in fp32.
   const std::size_t block_bytes = optim::StatesLayout::bytes(format, Layout::kAlign);
@@ -172,7 +172,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
   const std::size_t grads = bytes(config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
   (p.grads_on_host ? p.host_grads : p.grads) = grads;
   add(MemoryCategory::grads, p.grads);
-  p.device_states_bytes = optim::StatesLayout::bytes(config.optimizer.states, p.device_states.count());
+  p.device_states_bytes =
+      optim::StatesLayout::bytes({config.optimizer.states, config.optimizer.master}, p.device_states.count());
   add(MemoryCategory::optimizer_states, p.device_states_bytes);
   p.scalars = sizeof(GradStatsScalars);
   add(MemoryCategory::buffers, p.scalars);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/layout.hpp"
+#include "optim/states_layout.hpp"
 #include "zest/config.hpp"
 #include "zest/device.hpp"
 #include "zest/host_purpose.hpp"
@@ -51,7 +52,7 @@ struct SubGroupPlace {
 struct OptimizerOffloadPlan {
   ShardRange range;                      // the elements whose states are offloaded
   std::size_t slots = 0;                 // offload.optimizer.buffer_count
-  StatesFormat states = StatesFormat::f32;  // optimizer.states
+  optim::StatesForm states;              // optimizer.states and optimizer.master
   std::size_t sub_group_elements = 0;    // the most one sub-group holds (offload.sub_group's worth, aligned)
   std::size_t sub_group_count = 0;
   // One entry per sub-group, only with SubGroups::listed (the engine keeps a region and a pipeline

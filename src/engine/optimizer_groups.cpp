@@ -62,6 +62,7 @@ HyperRuns hyper_runs(const Layout& layout, int rank, const std::vector<int>& gro
 StatesOptions states_options(const Config& config, const Layout& layout, int rank) {
   StatesOptions o;
   o.format = config.optimizer.states;
+  o.master = config.optimizer.master;
   o.seed = static_cast<std::uint64_t>(config.optimizer.seed);
   // 2^40 elements per group's segment (a trillion parameters) before two groups' indices could meet.
   constexpr std::uint64_t kGroupIndexBits = 40;

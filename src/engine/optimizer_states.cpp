@@ -1,17 +1,21 @@
 #include "engine/optimizer_states.hpp"
 
+#include "runtime/half.hpp"
+
 namespace zest::engine {
 
 void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t at, std::size_t n, std::size_t first,
                     bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch) {
   float* const master = layout.master(base);
-  if (layout.format() == StatesFormat::f32) {
+  if (layout.form().plain()) {
     visit(master + at, master + layout.count() + at, master + 2 * layout.count() + at, first, n);
     return;
   }
-  scratch.resize(2 * kVisitChunk);
+  const bool bf16_master = layout.form().master == DType::bf16;
+  scratch.resize(3 * kVisitChunk);
   float* const m = scratch.data();
   float* const v = m + kVisitChunk;
+  float* const wide_master = v + kVisitChunk;  // a bf16 master widened
   static_assert(kVisitChunk % optim::kInt8Block == 0);
   // Whole blocks: an int8 block's scale is its largest element, so it is narrowed with all of them.
   const std::size_t end = at + n;
@@ -19,9 +23,17 @@ void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t a
     const std::size_t hi = std::min({lo + kVisitChunk, layout.count()});
     const optim::CpuAdam::CompactStates states = layout.moments(base, lo, hi - lo);
     optim::widen_moments(states, m, v);
+    std::uint16_t* const bf16 = layout.bf16_master(base) + lo;
+    if (bf16_master)
+      for (std::size_t i = 0; i < hi - lo; ++i) wide_master[i] = bf16_to_float(bf16[i]);
     const std::size_t from = std::max(lo, at), to = std::min(hi, end);
-    visit(master + from, m + (from - lo), v + (from - lo), first + (from - at), to - from);
-    if (write_back) optim::narrow_moments(m, v, states);
+    float* const p = bf16_master ? wide_master + (from - lo) : master + from;
+    visit(p, m + (from - lo), v + (from - lo), first + (from - at), to - from);
+    if (!write_back) continue;
+    optim::narrow_moments(m, v, states);
+    // A value the caller set is rounded to the nearest bf16 (a widened one comes back unchanged).
+    if (bf16_master)
+      for (std::size_t i = 0; i < hi - lo; ++i) bf16[i] = float_to_bf16(wide_master[i]);
   }
 }
 

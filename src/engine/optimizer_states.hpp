@@ -67,7 +67,8 @@ void for_each_run(const HyperRuns& runs, std::size_t lo, std::size_t hi, F f) {
 // run's seed and each element's global index, (group << 40) + its place in the group's segment, the
 // same at every world size and placement (docs/compact-states.md).
 struct StatesOptions {
-  StatesFormat format = StatesFormat::f32;
+  StatesFormat format = StatesFormat::f32;  // of m and v
+  DType master = DType::f32;                // of the master weights (bf16: rounded as the moments)
   std::uint64_t seed = 0;
   std::vector<std::uint64_t> shard_index;  // per layout group: the global index of this rank's shard start
 
@@ -75,6 +76,7 @@ struct StatesOptions {
   optim::CpuAdam::CompactRounding rounding(int g, std::size_t in_group) const {
     return {seed, shard_index[static_cast<std::size_t>(g)] + in_group};
   }
+  optim::StatesForm form() const { return {format, master}; }
 };
 
 class OptimizerStates {
@@ -103,9 +105,10 @@ class OptimizerStates {
 
 // Calls visit(master, m, v, first + k, len) for elements [at, at + n) of the states at `base` laid
 // out by `layout`, in consecutive pieces (k counted from `at`): fp32 states in place, in one piece;
-// compact ones chunk by chunk of whole int8 blocks, m and v widened to fp32 in `scratch` (grown
-// once to 2 * kVisitChunk floats) and, with `write_back`, narrowed back after the visit. A round
-// trip leaves bf16 and int8 states as they were (optim::narrow_moments).
+// compact ones chunk by chunk of whole int8 blocks, m and v (and a bf16 master) widened to fp32 in
+// `scratch` (grown once to 3 * kVisitChunk floats) and, with `write_back`, narrowed back after the
+// visit. A round trip leaves compact states as they were (optim::narrow_moments; a bf16 master
+// rounds to nearest).
 inline constexpr std::size_t kVisitChunk = std::size_t{1} << 16;
 void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t at, std::size_t n, std::size_t first,
                     bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch);

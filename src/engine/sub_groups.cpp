@@ -35,6 +35,11 @@ void SubGroupAdam::update(const SubGroupPlace& sub, const char* from, char* to, 
     const optim::ConstTensorSpan g{grad + at * element, dtype_, n};
     const optim::TensorSpan low =
         dtype_ == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{out + at * element, dtype_, n};
+    if (states_.master == DType::bf16) {
+      adam_.step_compact(std::span<std::uint16_t>(place.bf16_master(to) + at, n), place.moments(to, at, n), g, args,
+                         states_.rounding(sub.group, sub.in_group + at), low);
+      continue;
+    }
     if (compact) {
       adam_.step_compact({master + at, n}, place.moments(to, at, n), g, args,
                          states_.rounding(sub.group, sub.in_group + at), low);

@@ -53,7 +53,7 @@ class SubGroupAdam {
               const optim::AdamStepArgs& args, std::span<const optim::AdamHyperParams> hyper);
 
   // Where `sub`'s states lie in its piece.
-  optim::StatesLayout layout(const SubGroupPlace& sub) const { return {states_.format, sub.count}; }
+  optim::StatesLayout layout(const SubGroupPlace& sub) const { return {states_.form(), sub.count}; }
 
   // Every run's hyper-parameters as they are now, into `hyper` (one per run).
   void current_hyper(std::vector<optim::AdamHyperParams>& hyper) const;

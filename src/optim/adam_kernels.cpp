@@ -554,6 +554,44 @@ void roofline_compact(const CompactAdamRange& range) {
   });
 }
 
+void widen_bf16(const std::uint16_t* from, float* to, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store_f32(to + i, load_bf16(from + i));
+  if constexpr (kLanes > 1) {
+    if (i < n) {
+      alignas(64) std::uint16_t h[kLanes] = {};
+      alignas(64) float f[kLanes];
+      std::memcpy(h, from + i, (n - i) * sizeof(std::uint16_t));
+      store_f32(f, load_bf16(h));
+      std::memcpy(to + i, f, (n - i) * sizeof(float));
+    }
+  }
+}
+
+void round_master(const float* p, std::uint16_t* master, std::size_t n, std::uint64_t first_index,
+                  const StateRounding& rounding) {
+  const VecU key_lo = VecU{} + static_cast<std::uint32_t>(rounding.key);
+  const VecU key_hi = VecU{} + static_cast<std::uint32_t>(rounding.key >> 32);
+  const auto at = [&](const float* from, std::uint16_t* to, std::uint64_t index) {
+    VecU lo;
+    VecU hi;
+    add_index(VecU{} + static_cast<std::uint32_t>(index), VecU{} + static_cast<std::uint32_t>(index >> 32),
+              kLaneOffsets, lo, hi);
+    store_low16(to, stochastic_round_bf16_bits(as_words(load_f32(from)), master_random_bits(lo, hi, key_lo, key_hi)));
+  };
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) at(p + i, master + i, first_index + i);
+  if constexpr (kLanes > 1) {
+    if (i < n) {
+      alignas(64) float f[kLanes] = {};
+      alignas(64) std::uint16_t h[kLanes];
+      std::memcpy(f, p + i, (n - i) * sizeof(float));
+      at(f, h, first_index + i);
+      std::memcpy(master + i, h, (n - i) * sizeof(std::uint16_t));
+    }
+  }
+}
+
 GradStats grad_stats(const void* grad, DType grad_dtype, std::size_t count) {
   switch (grad_dtype) {
     case DType::f32: return grad_stats_of<DType::f32>(grad, count);

@@ -77,6 +77,12 @@ struct AdamKernels {
                        const StateRounding& rounding);
   // The same memory traffic as `adam_compact` with trivial arithmetic.
   void (*roofline_compact)(const CompactAdamRange& range);
+  // A bf16 master (optimizer.master: bf16) around `adam_compact`: widened to fp32 before, and the
+  // updated fp32 values rounded back stochastically after, with master_random_bits of each
+  // element's global index (first_index + i) and the step's key.
+  void (*widen_bf16)(const std::uint16_t* from, float* to, std::size_t n);
+  void (*round_master)(const float* p, std::uint16_t* master, std::size_t n, std::uint64_t first_index,
+                       const StateRounding& rounding);
 };
 
 // The kernels of one instruction set; Isa::avx2/avx512 must be supported by this CPU.
@@ -90,6 +96,9 @@ const AdamKernels& adam_kernels(Isa isa);
   void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c,           \
                     const StateRounding& rounding);                                     \
   void roofline_compact(const CompactAdamRange& range);                                 \
+  void widen_bf16(const std::uint16_t* from, float* to, std::size_t n);                 \
+  void round_master(const float* p, std::uint16_t* master, std::size_t n,               \
+                    std::uint64_t first_index, const StateRounding& rounding);          \
   }
 ZEST_DECLARE_ADAM_KERNELS(scalar_isa)
 ZEST_DECLARE_ADAM_KERNELS(avx2_isa)

@@ -49,6 +49,13 @@ ZEST_HOST_DEVICE inline U state_random_bits(U lo, U hi, U key_lo, U key_hi) {
   return fmix32(fmix32(lo ^ key_lo) + (hi ^ key_hi));
 }
 
+// The 16 random bits (in the low half of the word) that round a bf16 master weight of global index
+// (hi:lo): the same hash over the complemented key, a stream apart from m's and v's.
+template <class U>
+ZEST_HOST_DEVICE inline U master_random_bits(U lo, U hi, U key_lo, U key_hi) {
+  return state_random_bits(lo, hi, ~key_lo, ~key_hi) & 0xffffu;
+}
+
 // (base_hi:base_lo) + offset as two words, offset < 2^32 (the lanes of one vector): the carry out of
 // the low word computed without a comparison.
 template <class U>

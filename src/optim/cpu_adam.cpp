@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "optim/states_layout.hpp"
+#include "runtime/half.hpp"
 #include "runtime/thread_binding.hpp"
 #include "zest/error.hpp"
 
@@ -103,10 +104,9 @@ void CpuAdam::step_from(SourceStates from, std::span<float> master, std::span<fl
   });
 }
 
-CompactAdamRange CpuAdam::checked_compact_range(std::span<float> master, CompactStates states,
+CompactAdamRange CpuAdam::checked_compact_range(float* master, std::size_t n, CompactStates states,
                                                 ConstTensorSpan grad, CompactRounding rounding,
                                                 TensorSpan out) const {
-  const std::size_t n = master.size();
   if (states.count != n) throw Error(size_mismatch("m and v", states.count, n));
   if (n > 0 && (states.m == nullptr || states.v == nullptr))
     throw Error("CpuAdam::step_compact: m or v is null; pass both states");
@@ -119,7 +119,7 @@ CompactAdamRange CpuAdam::checked_compact_range(std::span<float> master, Compact
     throw Error("CpuAdam::step_compact: first_index + count overflows 64 bits; pass the global "
                 "index of master[0]");
   CompactAdamRange range;
-  range.master = master.data();
+  range.master = master;
   range.m = states.m;
   range.v = states.v;
   range.states = states.format;
@@ -145,7 +145,7 @@ void CpuAdam::for_each_compact_tile(const CompactAdamRange& range, const Kernel&
       tile.m_scale += begin / kInt8Block;
       tile.v_scale += begin / kInt8Block;
     }
-    tile.master += begin;
+    if (tile.master != nullptr) tile.master += begin;
     tile.m = static_cast<unsigned char*>(range.m) + begin * state_size;
     tile.v = static_cast<unsigned char*>(range.v) + begin * state_size;
     tile.grad = static_cast<const unsigned char*>(range.grad) + begin * dtype_size(range.grad_dtype);
@@ -165,16 +165,48 @@ void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstT
     step(master, {static_cast<float*>(states.m), n}, {static_cast<float*>(states.v), n}, grad, args, out);
     return;
   }
-  const CompactAdamRange range = checked_compact_range(master, states, grad, rounding, out);
+  const CompactAdamRange range = checked_compact_range(master.data(), master.size(), states, grad, rounding, out);
   const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
   const StateRounding keys{rounding_key(rounding.seed, args.step)};
   const auto adam = kernels_->adam_compact;
   for_each_compact_tile(range, [&](const CompactAdamRange& tile) { adam(tile, c, keys); });
 }
 
+void CpuAdam::step_compact(std::span<std::uint16_t> master, CompactStates states, ConstTensorSpan grad,
+                           const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
+  if (states.format == StatesFormat::f32)
+    throw Error("CpuAdam::step_compact: a bf16 master needs bf16 or int8 states (optimizer.states), not fp32");
+  if (out.data != nullptr && out.dtype == DType::f32)
+    throw Error("CpuAdam::step_compact: with a bf16 master the parameter copy is bf16 or fp16, not fp32");
+  if (!master.empty() && master.data() == nullptr) throw Error("CpuAdam::step_compact: the master is null");
+  // The kernel writes no copy; each tile's copy is taken from its rounded master below.
+  CompactAdamRange range = checked_compact_range(nullptr, master.size(), states, grad, rounding, out);
+  range.out = nullptr;
+  const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
+  const StateRounding keys{rounding_key(rounding.seed, args.step)};
+  const AdamKernels& k = *kernels_;
+  for_each_compact_tile(range, [&](const CompactAdamRange& tile) {
+    const std::size_t begin = tile.first_index - range.first_index;
+    std::uint16_t* const bf16 = master.data() + begin;
+    alignas(64) float p[kTileElements];  // the tile's master in fp32, in this thread's cache
+    k.widen_bf16(bf16, p, tile.count);
+    CompactAdamRange in_cache = tile;
+    in_cache.master = p;
+    k.adam_compact(in_cache, c, keys);
+    k.round_master(p, bf16, tile.count, tile.first_index, keys);
+    if (out.data == nullptr) return;
+    auto* const copy = static_cast<std::uint16_t*>(out.data) + begin;
+    if (out.dtype == DType::bf16) {
+      std::memcpy(copy, bf16, tile.count * sizeof(std::uint16_t));
+    } else {
+      for (std::size_t i = 0; i < tile.count; ++i) copy[i] = float_to_fp16(bf16_to_float(bf16[i]));
+    }
+  });
+}
+
 void CpuAdam::roofline_compact_pass(std::span<float> master, CompactStates states, ConstTensorSpan grad,
                                     TensorSpan out) {
-  const CompactAdamRange range = checked_compact_range(master, states, grad, {}, out);
+  const CompactAdamRange range = checked_compact_range(master.data(), master.size(), states, grad, {}, out);
   const auto roofline = kernels_->roofline_compact;
   for_each_compact_tile(range, [&](const CompactAdamRange& tile) { roofline(tile); });
 }

@@ -93,6 +93,15 @@ class CpuAdam {
   void step_compact(std::span<float> master, CompactStates states, ConstTensorSpan grad,
                     const AdamStepArgs& args, CompactRounding rounding, TensorSpan out = {});
 
+  // As step_compact, with the master weights in bf16 (optimizer.master: bf16): each tile of the
+  // master is widened to fp32 in cache, updated by the same kernel, and rounded back stochastically
+  // with its own stream of the rounding bits (master_random_bits: unbiased, so updates far below a
+  // bf16 step still add up). `out`, when set, receives that bf16 master (bf16: its bits; f16:
+  // converted); an fp32 `out` is refused, as are fp32 states. Throws zest::Error on mismatched
+  // arguments.
+  void step_compact(std::span<std::uint16_t> master, CompactStates states, ConstTensorSpan grad,
+                    const AdamStepArgs& args, CompactRounding rounding, TensorSpan out = {});
+
   // Sum of squares of `grad` (as stored, before any scale) and whether any element is Inf/NaN;
   // the sum means nothing when one is.
   GradStats grad_stats(ConstTensorSpan grad);
@@ -113,7 +122,8 @@ class CpuAdam {
  private:
   AdamRange checked_range(std::span<float> master, std::span<float> m, std::span<float> v,
                           ConstTensorSpan grad, TensorSpan out) const;
-  CompactAdamRange checked_compact_range(std::span<float> master, CompactStates states, ConstTensorSpan grad,
+  // `master` may be null (a bf16 master, set per tile); n: the elements.
+  CompactAdamRange checked_compact_range(float* master, std::size_t n, CompactStates states, ConstTensorSpan grad,
                                          CompactRounding rounding, TensorSpan out) const;
   template <class Kernel>
   void for_each_compact_tile(const CompactAdamRange& range, const Kernel& kernel);

@@ -52,13 +52,13 @@ Isa select_isa() {
 const AdamKernels& adam_kernels(Isa isa) {
   static const AdamKernels scalar{Isa::scalar, &scalar_isa::adam, &scalar_isa::roofline,
                                   &scalar_isa::grad_stats, &scalar_isa::adam_compact,
-                                  &scalar_isa::roofline_compact};
+                                  &scalar_isa::roofline_compact, &scalar_isa::widen_bf16, &scalar_isa::round_master};
   static const AdamKernels avx2{Isa::avx2, &avx2_isa::adam, &avx2_isa::roofline,
                                 &avx2_isa::grad_stats, &avx2_isa::adam_compact,
-                                &avx2_isa::roofline_compact};
+                                &avx2_isa::roofline_compact, &avx2_isa::widen_bf16, &avx2_isa::round_master};
   static const AdamKernels avx512{Isa::avx512, &avx512_isa::adam, &avx512_isa::roofline,
                                   &avx512_isa::grad_stats, &avx512_isa::adam_compact,
-                                  &avx512_isa::roofline_compact};
+                                  &avx512_isa::roofline_compact, &avx512_isa::widen_bf16, &avx512_isa::round_master};
   if (!cpu_supports(isa))
     throw Error(std::string("the CPU Adam variant ").append(isa_name(isa)).append(
         " needs instructions this CPU lacks; use select_isa() to pick a supported one"));

@@ -1,7 +1,7 @@
 // Where the optimizer states of `count` consecutive elements lie in one buffer, in every format of
 // optimizer.states (docs/compact-states.md):
 //
-//   [ master: count floats | m: count states | v: count states | m scales | v scales ]
+//   [ master: count fp32 or bf16 | m: count states | v: count states | m scales | v scales ]
 //
 // a state being a float (fp32), a bf16 bit pattern (bf16) or a code byte (int8), and the scales (int8
 // only) one float per block of kInt8Block elements from element 0. The engine keeps one such buffer
@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "optim/compact_math.hpp"
@@ -22,35 +23,49 @@ constexpr std::size_t state_bytes(StatesFormat format) {
   return format == StatesFormat::f32 ? 4 : format == StatesFormat::bf16 ? 2 : 1;
 }
 
+// How a run keeps its states: m and v (optimizer.states) and the master weights (optimizer.master:
+// fp32, or bf16 with compact moments).
+struct StatesForm {
+  StatesFormat moments = StatesFormat::f32;
+  DType master = DType::f32;
+  bool plain() const { return moments == StatesFormat::f32 && master == DType::f32; }
+};
+
 class StatesLayout {
  public:
-  StatesLayout(StatesFormat format, std::size_t count) : format_(format), count_(count) {}
+  StatesLayout(StatesForm form, std::size_t count) : form_(form), count_(count) {}
 
   // Bytes of the whole buffer for `count` elements.
-  static constexpr std::size_t bytes(StatesFormat format, std::size_t count) {
-    return count * (sizeof(float) + 2 * state_bytes(format)) + 2 * blocks(format, count) * sizeof(float);
+  static constexpr std::size_t bytes(StatesForm form, std::size_t count) {
+    return count * (dtype_size(form.master) + 2 * state_bytes(form.moments)) +
+           2 * blocks(form.moments, count) * sizeof(float);
   }
   // Scales per state: one per block for int8, none otherwise.
   static constexpr std::size_t blocks(StatesFormat format, std::size_t count) {
     return format == StatesFormat::int8 ? (count + kInt8Block - 1) / kInt8Block : 0;
   }
 
-  StatesFormat format() const { return format_; }
+  StatesForm form() const { return form_; }
+  StatesFormat format() const { return form_.moments; }
   std::size_t count() const { return count_; }
-  std::size_t bytes() const { return bytes(format_, count_); }
+  std::size_t bytes() const { return bytes(form_, count_); }
 
+  // The master weights: fp32 (master()) or bf16 bit patterns (bf16_master()), as the form says.
   float* master(char* base) const { return reinterpret_cast<float*>(base); }
-  char* m(char* base) const { return base + count_ * sizeof(float); }
-  char* v(char* base) const { return m(base) + count_ * state_bytes(format_); }
-  float* m_scales(char* base) const { return reinterpret_cast<float*>(v(base) + count_ * state_bytes(format_)); }
-  float* v_scales(char* base) const { return m_scales(base) + blocks(format_, count_); }
+  std::uint16_t* bf16_master(char* base) const { return reinterpret_cast<std::uint16_t*>(base); }
+  char* m(char* base) const { return base + count_ * dtype_size(form_.master); }
+  char* v(char* base) const { return m(base) + count_ * state_bytes(form_.moments); }
+  float* m_scales(char* base) const {
+    return reinterpret_cast<float*>(v(base) + count_ * state_bytes(form_.moments));
+  }
+  float* v_scales(char* base) const { return m_scales(base) + blocks(form_.moments, count_); }
 
   // The moments of elements [at, at + n) of the buffer at `base`, for CpuAdam::step_compact. For
   // int8, `at` must start a block (the caller's ranges are kInt8Block-aligned).
   CpuAdam::CompactStates moments(char* base, std::size_t at, std::size_t n) const {
-    const std::size_t element = state_bytes(format_);
-    CpuAdam::CompactStates s{format_, m(base) + at * element, v(base) + at * element, n};
-    if (format_ == StatesFormat::int8) {
+    const std::size_t element = state_bytes(form_.moments);
+    CpuAdam::CompactStates s{form_.moments, m(base) + at * element, v(base) + at * element, n};
+    if (form_.moments == StatesFormat::int8) {
       s.m_scale = m_scales(base) + at / kInt8Block;
       s.v_scale = v_scales(base) + at / kInt8Block;
     }
@@ -58,7 +73,7 @@ class StatesLayout {
   }
 
  private:
-  StatesFormat format_;
+  StatesForm form_;
   std::size_t count_;
 };
 

@@ -16,7 +16,7 @@ trap 'rm -rf "$work"' EXIT
   --device-memory 64MiB --json "$work/m.json" --csv "$work/m.csv" --chart "$work/m.svg" > "$work/out.txt"
 grep -q "largest model that trains within 64 MiB" "$work/out.txt" || { echo "FAIL: no fit table"; cat "$work/out.txt"; exit 1; }
 grep -q "^<svg" "$work/m.svg" || { echo "FAIL: the chart is not an SVG"; exit 1; }
-[ "$(wc -l < "$work/m.csv")" -eq 18 ] || { echo "FAIL: the CSV does not hold 17 records"; exit 1; }
+[ "$(wc -l < "$work/m.csv")" -eq 19 ] || { echo "FAIL: the CSV does not hold 18 records"; exit 1; }
 python3 - "$work/m.json" <<'PY'
 import json, sys
 data = json.load(open(sys.argv[1]))
@@ -40,6 +40,7 @@ compact = {  # name: (its fp32 row, states, bytes per parameter of master, m, v 
     "stage 1 states bf16": ("stage 1", "bf16", 8.0),
     "stage 1 states int8": ("stage 1", "int8", 6.125),
     "stage 2 + offload optimizer cpu states int8": ("stage 2 + offload optimizer cpu", "int8", 6.125),
+    "stage 1 states int8 + bf16 master": ("stage 1", "int8+bf16 master", 4.125),
 }
 keys = ["stage", "states", "offload_optimizer", "offload_param", "offload_ratio", "ranks", "params", "peak_device_bytes",
         "peak_host_pinned_bytes", "nvme_bytes", "ratio_to_ddp", "formula_bytes",

@@ -711,7 +711,10 @@ TEST(ConfigCombinations, CompactStatesOnlyWhereTheCpuAdamUpdatesThem) {
   ASSERT_EQ(problems.size(), 2u) << dump(problems);
   expect_problem(problems, "optimizer.states", 5, 11,
                  {"bf16 states on a cuda device are not implemented", "offload.optimizer.device: cpu or nvme"});
-  expect_problem(problems, "optimizer.master", 6, 11, {"bf16 are not implemented", "fp32"});
+  expect_problem(problems, "optimizer.master", 6, 11, {"a bf16 master with fp32 parameters gains nothing"});
+  EXPECT_THROW(parse_config("optimizer:\n  master: bf16\nprecision:\n  dtype: bf16\n"), ConfigError);  // fp32 states
+  EXPECT_THROW(parse_config("optimizer:\n  master: fp16\n  states: bf16\nprecision:\n  dtype: bf16\n"), ConfigError);
+  EXPECT_NO_THROW(parse_config("optimizer:\n  master: bf16\n  states: int8\nprecision:\n  dtype: bf16\n"));
   // Offloaded whole, the CPU Adam keeps them: accepted.
   EXPECT_NO_THROW(parse_config("stage: 2\ndevice:\n  type: cuda\noptimizer:\n  states: int8\n"
                                "offload:\n  optimizer:\n    device: cpu\n"));

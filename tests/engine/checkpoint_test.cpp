@@ -115,6 +115,7 @@ struct Case {
   OffloadDevice offload;
   OffloadDevice offload_param = OffloadDevice::none;
   StatesFormat states = StatesFormat::f32;
+  DType master = DType::f32;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -130,6 +131,7 @@ TEST_P(SameWorld, ResumedTrainingIsBitIdenticalToUninterrupted) {
   o.offload_optimizer = c.offload;
   o.offload_param = c.offload_param;
   o.states = c.states;
+  o.master = c.master;
   SharedDir swap;
   if (c.offload == OffloadDevice::nvme || c.offload_param == OffloadDevice::nvme) {
     o.nvme_path = swap.path();
@@ -186,7 +188,12 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"stage3_bf16_states_nvme_offload", 3, DType::bf16, -1, OffloadDevice::nvme,
                          OffloadDevice::none, StatesFormat::bf16},
                     Case{"stage1_int8_states", 1, DType::f32, -1, OffloadDevice::none, OffloadDevice::none,
-                         StatesFormat::int8}),
+                         StatesFormat::int8},
+                    // A bf16 master is saved widened to fp32 and rounded back to itself.
+                    Case{"stage2_int8_states_bf16_master_nvme_offload", 2, DType::bf16, -1, OffloadDevice::nvme,
+                         OffloadDevice::none, StatesFormat::int8, DType::bf16},
+                    Case{"stage3_bf16_states_bf16_master", 3, DType::bf16, -1, OffloadDevice::none,
+                         OffloadDevice::none, StatesFormat::bf16, DType::bf16}),
     [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // A checkpoint does not record where the optimizer states lived: one saved with half of them

@@ -68,6 +68,7 @@ struct Options {
   std::vector<OptimizerParamGroup> param_groups;  // optimizer.param_groups
   std::function<double(int step)> lr_factor;      // a schedule: every group's lr times this at `step`
   StatesFormat states = StatesFormat::f32;        // optimizer.states
+  DType master = DType::f32;                      // optimizer.master
   int seed = 0;                                   // optimizer.seed
 
   std::vector<std::string> nvme_paths() const { return nvme_dirs.empty() ? std::vector<std::string>{nvme_path} : nvme_dirs; }
@@ -106,6 +107,7 @@ inline Config make_config(const Options& o) {
   if (o.allgather_bucket > 0) c.buckets.allgather_bytes = o.allgather_bucket;
   c.optimizer.param_groups = o.param_groups;
   c.optimizer.states = o.states;
+  c.optimizer.master = o.master;
   c.optimizer.seed = o.seed;
   return c;
 }

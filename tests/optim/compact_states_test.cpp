@@ -24,6 +24,8 @@ using test::ReferenceBf16StatesAdam;
 using test::StateRoundingMode;
 using test::bits_of;
 using test::widen_bf16;
+using test::reference_master_bits;
+using test::reference_stochastic_bf16;
 
 std::vector<Isa> supported_isas() {
   const std::vector<Isa> all{Isa::scalar, Isa::avx2, Isa::avx512};
@@ -135,6 +137,87 @@ TEST(CompactAdam, EveryVariantEqualsTheReferenceBitForBit) {
       }
     }
   }
+}
+
+// A bf16 master (optimizer.master: bf16) with bf16 or int8 states: the master widened, the same
+// step, the result rounded stochastically with the master's bits; every variant and thread count
+// equals that reference bit for bit, over tiles (the third, short one too), the bf16 copy is the
+// master itself, and updates far below a bf16 step still move the master (unbiased rounding).
+TEST(CompactAdam, Bf16MasterEqualsTheReferenceBitForBit) {
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  const std::size_t n = 2 * CpuAdam::kTileElements + 77;
+  const std::uint64_t first_index = (1ull << 32) - 1000, seed = 99;
+  for (const StatesFormat format : {StatesFormat::bf16, StatesFormat::int8}) {
+    std::mt19937 rng(5);
+    std::vector<std::uint16_t> init(n);
+    for (auto& x : init) x = float_to_bf16(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng));
+    const std::size_t states = format == StatesFormat::bf16 ? 2 : 1;
+    const std::size_t blocks = (n + kInt8Block - 1) / kInt8Block;
+    // The reference: fp32 master widened from the bf16 one, stepped by the fp32-master CpuAdam
+    // (itself held to the references above), then rounded with reference_master_bits.
+    std::vector<std::uint16_t> want = init;
+    std::vector<unsigned char> want_m(n * states, 0), want_v(n * states, 0);
+    std::vector<float> want_ms(blocks, 0), want_vs(blocks, 0);
+    CpuAdam scalar(hp, 1, {}, Isa::scalar);
+    std::vector<Grads> grads;
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      grads.push_back(random_grads(DType::bf16, n, rng));
+      std::vector<float> p(n);
+      for (std::size_t i = 0; i < n; ++i) p[i] = widen_bf16(want[i]);
+      scalar.step_compact(p, {format, want_m.data(), want_v.data(), n, want_ms.data(), want_vs.data()},
+                          {grads.back().data(), DType::bf16, n}, {step}, {seed, first_index});
+      for (std::size_t i = 0; i < n; ++i)
+        want[i] = reference_stochastic_bf16(p[i], reference_master_bits(seed, step, first_index + i));
+    }
+    for (Isa isa : supported_isas()) {
+      for (int threads : {1, 3}) {
+        const std::string what = std::string(states_format_name(format)) + " states, " + isa_name(isa) + ", " +
+                                 std::to_string(threads) + " thread(s)";
+        CpuAdam adam(hp, threads, {}, isa);
+        std::vector<std::uint16_t> got = init, out(n);
+        std::vector<unsigned char> m(n * states, 0), v(n * states, 0);
+        std::vector<float> ms(blocks, 0), vs(blocks, 0);
+        for (std::int64_t step = 1; step <= 3; ++step)
+          adam.step_compact(std::span<std::uint16_t>(got), {format, m.data(), v.data(), n, ms.data(), vs.data()},
+                            {grads[static_cast<std::size_t>(step - 1)].data(), DType::bf16, n}, {step},
+                            {seed, first_index}, {out.data(), DType::bf16, n});
+        expect_same(got, want, what + " master");
+        expect_same(out, got, what + " copy");
+        EXPECT_EQ(m, want_m) << what;
+        EXPECT_EQ(v, want_v) << what;
+      }
+    }
+  }
+  // lr 1e-6 against weights near 1 (a bf16 step there is 2^-7): round to nearest would never move
+  // them; stochastic rounding moves each by the expected amount on average.
+  const AdamHyperParams tiny{OptimizerType::adam, 1e-6, 0.9, 0.999, 1e-8, 0.0};
+  const std::size_t k = 4096;
+  std::vector<std::uint16_t> master(k, float_to_bf16(1.0f));
+  std::vector<std::uint16_t> m(k, 0), v(k, 0);
+  std::vector<float> g(k, 1.0f);
+  CpuAdam adam(tiny, 1);
+  const int steps = 200;
+  for (std::int64_t step = 1; step <= steps; ++step)
+    adam.step_compact(std::span<std::uint16_t>(master), {StatesFormat::bf16, m.data(), v.data(), k},
+                      {g.data(), DType::f32, k}, {step}, {1, 0});
+  double mean = 0;
+  for (std::uint16_t x : master) mean += widen_bf16(x);
+  mean /= static_cast<double>(k);
+  EXPECT_NEAR(mean, 1.0 - steps * 1e-6, 3e-5);  // Adam's step with constant gradients is lr
+  EXPECT_LT(mean, 1.0 - steps * 1e-6 / 2);
+}
+
+TEST(CompactAdam, Bf16MasterRefusesWhatItCannotDo) {
+  CpuAdam adam(AdamHyperParams{}, 1);
+  std::vector<std::uint16_t> master(4);
+  std::vector<float> m(4), v(4), g(4), out(4);
+  EXPECT_THROW(adam.step_compact(std::span<std::uint16_t>(master), {StatesFormat::f32, m.data(), v.data(), 4},
+                                 {g.data(), DType::f32, 4}, {1}, {}),
+               Error);
+  std::vector<std::uint16_t> m16(4), v16(4);
+  EXPECT_THROW(adam.step_compact(std::span<std::uint16_t>(master), {StatesFormat::bf16, m16.data(), v16.data(), 4},
+                                 {g.data(), DType::f32, 4}, {1}, {}, {out.data(), DType::f32, 4}),
+               Error);
 }
 
 // Tiles and threads change nothing: the bits depend on the global index only.
