@@ -20,7 +20,7 @@ void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t a
   // Whole blocks: an int8 block's scale is its largest element, so it is narrowed with all of them.
   const std::size_t end = at + n;
   for (std::size_t lo = at / optim::kInt8Block * optim::kInt8Block; lo < end; lo += kVisitChunk) {
-    const std::size_t hi = std::min({lo + kVisitChunk, layout.count()});
+    const std::size_t hi = std::min(lo + kVisitChunk, layout.count());
     const optim::CpuAdam::CompactStates states = layout.moments(base, lo, hi - lo);
     optim::widen_moments(states, m, v);
     std::uint16_t* const bf16 = layout.bf16_master(base) + lo;
