@@ -92,17 +92,115 @@ inline VecU load_u8(const std::uint8_t* p) {
 inline void store_low8(std::uint8_t* p, VecU x) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(__builtin_bit_cast(__m512i, x)));
 }
-struct VecCodeOps {
-  VecF gather(const float* table, VecU index) const {
-    return _mm512_i32gather_ps(__builtin_bit_cast(__m512i, index), table, 4);
-  }
-  VecU greater(VecF a, VecF b) const {
-    return __builtin_bit_cast(VecU, _mm512_movm_epi32(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ)));
-  }
-};
 // max(a, acc) that keeps acc where a is NaN (as the scalar a > acc ? a : acc).
 inline VecF max_keeping(VecF a, VecF acc) { return _mm512_max_ps(a, acc); }
 inline float horizontal_max(VecF x) { return _mm512_reduce_max_ps(x); }
+
+// table[index] for a table of N floats held in N / 16 registers (N a multiple of 32, index < N),
+// without a gather: each vpermt2ps reads 32 entries by the index's low 5 bits, then blends by the
+// higher bits pick the right 32. (A 16-lane gather per table read made the int8 kernel
+// gather-bound: 0.03 of its roofline.)
+template <std::uint32_t N>
+inline VecF table_lookup(const __m512 (&table)[N / 16], VecU index) {
+  const __m512i i = __builtin_bit_cast(__m512i, index);
+  __m512 part[N / 32];
+  for (std::uint32_t k = 0; k < N / 32; ++k) part[k] = _mm512_permutex2var_ps(table[2 * k], i, table[2 * k + 1]);
+  for (std::uint32_t bit = 32, count = N / 32; bit < N; bit *= 2, count /= 2) {
+    const __mmask16 upper = _mm512_test_epi32_mask(i, _mm512_set1_epi32(static_cast<int>(bit)));
+    for (std::uint32_t k = 0; k < count / 2; ++k) part[k] = _mm512_mask_blend_ps(upper, part[2 * k], part[2 * k + 1]);
+  }
+  return part[0];
+}
+
+// The float x >= 0 rounded to 16 significant bits, to nearest, ties away from 0: for the products
+// of DynamicCode::value_step, none of which lies halfway, that is make_dynamic_code's rounding.
+inline __m512i round_to_16_bits(__m512 x) {
+  return _mm512_and_si512(_mm512_add_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(0x80)),
+                          _mm512_set1_epi32(~0xff));
+}
+
+template <std::uint32_t N>
+inline void load_table(const float* from, __m512 (&table)[N / 16]) {
+  for (std::uint32_t k = 0; k < N / 16; ++k) table[k] = _mm512_loadu_ps(from + 16 * k);
+}
+
+// The int8 code of N magnitudes (128: m, 256: v), its tables loaded into registers once per block
+// (read from the DynamicCode inside the loop they were reloaded for every vpermt2ps).
+template <std::uint32_t N>
+struct Int8Decoder {
+  __m512 values[N / 16];
+  explicit Int8Decoder(const DynamicCode& code) { load_table<N>(code.values, values); }
+  VecF value(VecU byte) const { return table_lookup<N>(values, byte); }
+  // A signed (m) byte times the scale, as dequantize: the lookup reads bits 0..6 of the byte only,
+  // and its top bit flips the sign.
+  VecF signed_value(VecU byte, VecF scale) const {
+    const __m512 magnitude = _mm512_mul_ps(value(byte), scale);
+    return _mm512_mask_xor_ps(magnitude, _mm512_test_epi32_mask(__builtin_bit_cast(__m512i, byte), _mm512_set1_epi32(0x80)),
+                              magnitude, _mm512_set1_ps(-0.0f));
+  }
+};
+
+// signed_code_byte with masks.
+inline VecU signed_byte(VecU word, VecU magnitude) {
+  const __m512i m = __builtin_bit_cast(__m512i, magnitude);
+  const __mmask16 negative = _mm512_movepi32_mask(__builtin_bit_cast(__m512i, word)) & _mm512_test_epi32_mask(m, m);
+  return __builtin_bit_cast(VecU, _mm512_mask_or_epi32(m, negative, m, _mm512_set1_epi32(0x80)));
+}
+
+// The 256 values of v in closed form (DynamicCode::value_step): a 16-register table besides m's 8
+// spills in the update loop, and 8 vpermt2ps and 7 blends cost more than this arithmetic.
+template <>
+struct Int8Decoder<256> {
+  __m512 step, base;
+  explicit Int8Decoder(const DynamicCode& code)
+      : step(_mm512_loadu_ps(code.value_step)), base(_mm512_loadu_ps(code.value_base)) {}
+  VecF value(VecU byte) const {
+    const __m512i b = __builtin_bit_cast(__m512i, byte);
+    const __m512 odd = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(b, b), _mm512_set1_epi32(1)));
+    const __m512i slot = _mm512_srli_epi32(_mm512_castps_si512(odd), 23);  // 128 + k; 127 for b = 0
+    const __m512 n = _mm512_fmadd_ps(odd, _mm512_set1_ps(4.5f), _mm512_permutexvar_ps(slot, base));
+    return __builtin_bit_cast(VecF, round_to_16_bits(_mm512_mul_ps(n, _mm512_permutexvar_ps(slot, step))));
+  }
+};
+
+// The byte nearest to a in closed form (DynamicCode::decade_slope) without gathers, equal to the
+// binary search dynamic_encode_magnitude on every float: dynamic_encode_from_guess's one exact
+// comparison decides.
+template <std::uint32_t N>
+struct Int8Encoder {
+  __m512 midpoints[N / 16];
+  __m512 key_low, key_high, slope, offset, band;
+  explicit Int8Encoder(const DynamicCode& code)
+      : key_low(_mm512_loadu_ps(code.binade_key)),
+        key_high(_mm512_loadu_ps(code.binade_key + 16)),
+        slope(_mm512_loadu_ps(code.decade_slope)),
+        offset(_mm512_loadu_ps(code.decade_offset)),
+        band(_mm512_set1_ps(code.guess_band)) {
+    load_table<N>(code.midpoints, midpoints);
+  }
+  VecU encode(VecF a) const {
+    // The decade from the binade (DynamicCode::binade_key): one table read, one comparison.
+    const __m512i field = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23), _mm512_set1_epi32(96));
+    const __m512 key = _mm512_permutex2var_ps(key_low, field, key_high);
+    const __m512i decade = _mm512_mask_sub_epi32(_mm512_castps_si512(key), _mm512_cmp_ps_mask(a, key, _CMP_GT_OQ),
+                                                 _mm512_castps_si512(key), _mm512_set1_epi32(1));
+    // The byte coordinate, clamped to [0, N - 0.5] (max_ps returns its second operand, 0, for NaN,
+    // which encodes as 0; beyond the top value a byte is the top), and its floor, the guess.
+    __m512 x = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(decade, slope), _mm512_permutexvar_ps(decade, offset));
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_setzero_ps()), _mm512_set1_ps(static_cast<float>(N) - 0.5f));
+    const __m512 floor = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512i guess = _mm512_cvttps_epi32(floor);
+    // The guess is the byte unless x lies above the band, just below the next integer, where the
+    // boundary can be (at most 0.15 % of lanes): only vectors with such a lane read the midpoints.
+    const __mmask16 near = _mm512_cmp_ps_mask(_mm512_sub_ps(x, floor), band, _CMP_GE_OQ);
+    if (__builtin_expect(near == 0, 1)) return __builtin_bit_cast(VecU, guess);
+    // g <= N - 2 for the table; a lane at N - 1 is not near, so its a > midpoints[N - 2] adds the 1 back.
+    const __m512i g = _mm512_min_epi32(guess, _mm512_set1_epi32(static_cast<int>(N - 2)));
+    const __mmask16 above = _mm512_cmp_ps_mask(a, table_lookup<N>(midpoints, __builtin_bit_cast(VecU, g)),
+                                               _CMP_GT_OQ);
+    return __builtin_bit_cast(VecU, _mm512_mask_add_epi32(g, above, g, _mm512_set1_epi32(1)));
+  }
+};
 
 struct SquareSum {
   __m512d lo = _mm512_setzero_pd();
@@ -174,6 +272,55 @@ struct VecCodeOps {
   VecU greater(VecF a, VecF b) const { return __builtin_bit_cast(VecU, _mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
 };
 inline VecF max_keeping(VecF a, VecF acc) { return _mm256_max_ps(a, acc); }
+
+// The int8 code of N magnitudes (128: m, 256: v), as the AVX-512 Int8Decoder/Int8Encoder with 8
+// lanes. AVX2 has no two-register permute to hold a table, so values are computed in closed form
+// (DynamicCode::value_step; the slot of byte 0, exponent 127 & 7, is k = 7's, so byte 0 is masked
+// to 0), and the few vectors with a lane near a boundary gather their midpoints.
+template <std::uint32_t N>
+struct Int8Decoder {
+  __m256 step, base;
+  explicit Int8Decoder(const DynamicCode& code)
+      : step(_mm256_loadu_ps(code.value_step)), base(_mm256_loadu_ps(code.value_base)) {}
+  VecF value(VecU byte) const {
+    const __m256i b = __builtin_bit_cast(__m256i, byte);
+    const __m256 odd = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(b, b), _mm256_set1_epi32(1)));
+    const __m256i slot = _mm256_srli_epi32(_mm256_castps_si256(odd), 23);  // 128 + k; 127 for b = 0
+    const __m256 n = _mm256_fmadd_ps(odd, _mm256_set1_ps(4.5f), _mm256_permutevar8x32_ps(base, slot));
+    const __m256i u = _mm256_castps_si256(_mm256_mul_ps(n, _mm256_permutevar8x32_ps(step, slot)));
+    // To 16 significant bits, to nearest (no product lies halfway: see the AVX-512 round_to_16_bits).
+    const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, _mm256_set1_epi32(0x80)), _mm256_set1_epi32(~0xff));
+    return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()), rounded));
+  }
+  VecF signed_value(VecU byte, VecF scale) const {
+    return __builtin_bit_cast(VecF, __builtin_bit_cast(VecU, value(byte & 0x7fu) * scale) ^ signed_code_sign(byte));
+  }
+};
+inline VecU signed_byte(VecU word, VecU magnitude) { return signed_code_byte(word, magnitude); }
+template <std::uint32_t N>
+struct Int8Encoder {
+  const DynamicCode& code;
+  VecU encode(VecF a) const {
+    // The decade: w - 1, less one for each power of ten below a (compares give -1; unused
+    // thresholds are +Inf; NaN compares false everywhere).
+    __m256i decade = _mm256_set1_epi32(N == 256 ? 7 : 6);
+    for (int i = 0; i < 7; ++i)
+      decade = _mm256_add_epi32(
+          decade, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(code.decade_threshold[i]), _CMP_GT_OQ)));
+    __m256 x = _mm256_fmadd_ps(a, _mm256_permutevar8x32_ps(_mm256_loadu_ps(code.decade_slope), decade),
+                               _mm256_permutevar8x32_ps(_mm256_loadu_ps(code.decade_offset), decade));
+    // Clamped to [0, N - 0.5] (max_ps returns its second operand, 0, for NaN, which encodes as 0),
+    // floored; only vectors with a lane above the band, just below the next integer, gather a
+    // midpoint (see the AVX-512 Int8Encoder).
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_setzero_ps()), _mm256_set1_ps(static_cast<float>(N) - 0.5f));
+    const __m256 floor = _mm256_floor_ps(x);
+    const __m256i guess = _mm256_cvttps_epi32(floor);
+    const int near = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_sub_ps(x, floor), _mm256_set1_ps(code.guess_band), _CMP_GE_OQ));
+    if (__builtin_expect(near == 0, 1)) return __builtin_bit_cast(VecU, guess);
+    const __m256i g = _mm256_min_epi32(guess, _mm256_set1_epi32(static_cast<int>(N - 2)));
+    return dynamic_encode_from_guess<VecF, VecU>(code, a, __builtin_bit_cast(VecU, g), VecCodeOps{});
+  }
+};
 inline float horizontal_max(VecF x) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -218,6 +365,24 @@ inline VecU load_u8(const std::uint8_t* p) { return *p; }
 inline void store_low8(std::uint8_t* p, VecU x) { *p = static_cast<std::uint8_t>(x); }
 using VecCodeOps = ScalarCodeOps;
 inline VecF max_keeping(VecF a, VecF acc) { return a > acc ? a : acc; }
+
+// The int8 code, scalar: the table and the binary search as defined (the reference the SIMD
+// variants' closed form is checked against).
+template <std::uint32_t N>
+struct Int8Decoder {
+  const DynamicCode& code;
+  explicit Int8Decoder(const DynamicCode& c) : code(c) {}
+  VecF value(VecU byte) const { return code.values[byte]; }
+  VecF signed_value(VecU byte, VecF scale) const {
+    return bits_float(float_bits(value(byte & 0x7fu) * scale) ^ signed_code_sign(byte));
+  }
+};
+inline VecU signed_byte(VecU word, VecU magnitude) { return signed_code_byte(word, magnitude); }
+template <std::uint32_t N>
+struct Int8Encoder {
+  const DynamicCode& code;
+  VecU encode(VecF a) const { return dynamic_encode_magnitude<VecF, VecU>(code, a, ScalarCodeOps{}); }
+};
 inline float horizontal_max(VecF x) { return x; }
 
 struct SquareSum {
@@ -423,43 +588,46 @@ inline VecF as_floats(VecU x) { return __builtin_bit_cast(VecF, x); }
 
 // One block of the int8-states update: `len` elements at the pointers, a multiple of kLanes (the
 // caller pads the last block with zeros, which leave the block's largest magnitude as it is).
-// Dequantize, update in fp32 keeping the new moments here, then quantize with the new scales.
+// Dequantize, update in fp32 keeping the new moments here, then quantize with the new scales. The
+// codes' tables are loaded per block (AVX-512: into registers, as far as they fit).
 template <DType G, Out O>
 void int8_block(float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out, std::size_t len,
                 float& m_scale, float& v_scale, const DynamicCode& m_code, const DynamicCode& v_code,
                 const AdamCoefficients& c) {
   alignas(64) float new_m[kInt8Block];
   alignas(64) float new_v[kInt8Block];
-  const VecF old_m_scale = VecF{} + m_scale;
-  const VecF old_v_scale = VecF{} + v_scale;
-  const VecCodeOps ops;
   VecF m_max = VecF{};
   VecF v_max = VecF{};
-  for (std::size_t i = 0; i < len; i += kLanes) {
-    const VecU mb = load_u8(qm + i);
-    const VecU vb = load_u8(qv + i);
-    VecF pv = load_f32(p + i);
-    VecF mv = as_floats(as_words(ops.gather(m_code.values, mb & 0x7fu) * old_m_scale) ^ signed_code_sign(mb));
-    VecF vv = ops.gather(v_code.values, vb) * old_v_scale;
-    adam_update(pv, mv, vv, load_grad<G>(grad, i), c);
-    store_f32(p + i, pv);
-    store_out<O>(out, i, pv);
-    store_f32(new_m + i, mv);
-    store_f32(new_v + i, vv);
-    m_max = max_keeping(as_floats(as_words(mv) & 0x7fffffffu), m_max);
-    v_max = max_keeping(as_floats(as_words(vv) & 0x7fffffffu), v_max);
+  {
+    const Int8Decoder<128> m_decoder(m_code);  // signed: 7 magnitude bits
+    const Int8Decoder<256> v_decoder(v_code);
+    const VecF old_m_scale = VecF{} + m_scale;
+    const VecF old_v_scale = VecF{} + v_scale;
+    for (std::size_t i = 0; i < len; i += kLanes) {
+      const VecU mb = load_u8(qm + i);
+      VecF pv = load_f32(p + i);
+      VecF mv = m_decoder.signed_value(mb, old_m_scale);
+      VecF vv = v_decoder.value(load_u8(qv + i)) * old_v_scale;
+      adam_update(pv, mv, vv, load_grad<G>(grad, i), c);
+      store_f32(p + i, pv);
+      store_out<O>(out, i, pv);
+      store_f32(new_m + i, mv);
+      store_f32(new_v + i, vv);
+      m_max = max_keeping(as_floats(as_words(mv) & 0x7fffffffu), m_max);
+      v_max = max_keeping(as_floats(as_words(vv) & 0x7fffffffu), v_max);
+    }
   }
   m_scale = horizontal_max(m_max);
   v_scale = horizontal_max(v_max);
+  const Int8Encoder<128> m_encoder{m_code};
+  const Int8Encoder<256> v_encoder{v_code};
   const VecF m_divisor = VecF{} + m_scale;
   const VecF v_divisor = VecF{} + v_scale;
   for (std::size_t i = 0; i < len; i += kLanes) {
     const VecU mw = as_words(load_f32(new_m + i));
     const VecU vw = as_words(load_f32(new_v + i));
-    const VecU m_magnitude =
-        dynamic_encode_magnitude<VecF, VecU>(m_code, as_floats(mw & 0x7fffffffu) / m_divisor, ops);
-    store_low8(qm + i, signed_code_byte(mw, m_magnitude));
-    store_low8(qv + i, dynamic_encode_magnitude<VecF, VecU>(v_code, as_floats(vw & 0x7fffffffu) / v_divisor, ops));
+    store_low8(qm + i, signed_byte(mw, m_encoder.encode(as_floats(mw & 0x7fffffffu) / m_divisor)));
+    store_low8(qv + i, v_encoder.encode(as_floats(vw & 0x7fffffffu) / v_divisor));
   }
 }
 

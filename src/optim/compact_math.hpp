@@ -95,7 +95,42 @@ constexpr std::size_t kInt8Block = 64;  // elements per scale: Layout::kAlign, s
 struct DynamicCode {
   std::uint32_t magnitudes = 0;  // 128 (signed) or 256 (unsigned)
   float values[256] = {};        // by magnitude byte, increasing, values[0] = 0
-  float midpoints[255] = {};     // (values[b] + values[b + 1]) / 2, exact
+  // (values[b] + values[b + 1]) / 2, exact, for b + 1 < magnitudes; 256 entries (the rest 0) so
+  // that SIMD code can hold the table in whole registers.
+  float midpoints[256] = {};
+
+  // For the SIMD encoders: a closed-form guess of the byte. Decade e of a is #{i in 1..w-1 : a <=
+  // decade_threshold[i - 1]}; within it the bytes are linear in a: byte b's value lies at x = b +
+  // 0.5 - guess_slack of x = a * decade_slope[e] + decade_offset[e]. The boundary between bytes b
+  // and b + 1, their midpoint, then lies within slack of x = b + 1 - slack, where slack (built
+  // below) is the largest distance of a midpoint from its place on the line (the values are rounded
+  // to 16 significant bits) plus 1e-4 for the float rounding of x. So with g = floor(x) the byte is
+  // g or g + 1, and it is g for sure where x - g < guess_band = 1 - 2 * slack: only lanes above the
+  // band (at most 0.15 % of them) need the exact comparison with midpoints[g] (dynamic_encode_from_guess).
+  // Checked on every float, each ISA. Unused thresholds are +Inf, unused decades 0.
+  float decade_threshold[8] = {};  // fl(10^-i), i = 1..7
+  float decade_slope[16] = {};     // 10^e * 2^k / 0.9 (lowest decade: 10^(w-1))
+  float decade_offset[16] = {};    // 2^k * 8/9 - 1 + 0.5 - slack (lowest decade: 0.5 - slack)
+  float guess_band = 0.0f;
+  // The decade from one table read by the float's exponent field E (bits 23..30; at least 96, and
+  // indexed by E & 31): each binade holds at most one threshold, so e = e0 - (a > t), e0 the decade
+  // of the binade's bottom and t its threshold (FLT_MAX where it holds none). binade_key[E & 31] is
+  // t with e0 in the low 4 bits of its significand (a change of at most 15 units in the last place
+  // of t: either decade's line holds near a threshold), so (bits of key) - (a > key) has e in its
+  // low 4 bits, all that _mm512_permutexvar_ps reads. Decade -1 (slot 15, the decade of a >= 1 in
+  // the binades that alias [1, 2): only Inf and a >= 2, which encode as the top byte) repeats
+  // decade 0. (Exponent fields above 127, finite a >= 2, land in any slot: every decade's line puts
+  // them beyond the top byte.)
+  float binade_key[32] = {};
+
+  // For the SIMD decoders: values[b] in closed form. With k = floor(log2 b), the exponent of the
+  // float 2b + 1 less 1 (for b = 0 its exponent is 0, slot 15 here, which holds 0), values[b] is
+  // n * value_step[k] rounded to 16 significant bits (to nearest, ties to even), where n = 9b + 9 -
+  // 8 * 2^k = 4.5 * (2b + 1) + value_base[k] is an integer: 10^-e * (0.1 + 0.9 (j + 1) / 2^k) =
+  // (2^k + 9 (j + 1)) * 10^-(e+1) / 2^k. In float the product (one rounding) then the rounding to 16
+  // bits give every value exactly (checked on every byte of both codes, each ISA).
+  float value_step[16] = {};  // 10^-(e+1) / 2^k, e = w - 1 - k
+  float value_base[16] = {};  // 4.5 - 8 * 2^k
 };
 
 // Built on the host (once); the CUDA kernels will take a copy in constant memory.
@@ -115,6 +150,45 @@ inline DynamicCode make_dynamic_code(bool is_signed) {
   }
   for (std::uint32_t b = 0; b + 1 < code.magnitudes; ++b)
     code.midpoints[b] = static_cast<float>((static_cast<double>(code.values[b]) + code.values[b + 1]) / 2.0);
+  // The guess (decade_slope). Decade e holds the bytes 2^k + j, k = w - 1 - e, whose values
+  // are linear in j: b = 2^k - 1 + (y * 10^e - 0.1) * 2^k / 0.9 at value y. The line also passes
+  // through the decade's lower neighbour (y = 10^-(e+1) gives b = 2^k - 1), so it locates every
+  // midpoint from the one below the decade to the top. The lowest decade (k = 0: byte 1, 10^-(w-1))
+  // has 0 below it instead: its line is b = y * 10^(w-1).
+  const auto line = [&](std::uint32_t b, double y) {  // the byte coordinate of y in b's decade
+    const int k = 31 - __builtin_clz(b);
+    const double span = std::ldexp(1.0, k);
+    return k == 0 ? y * std::pow(10.0, width - 1) : y * std::pow(10.0, width - 1 - k) * span / 0.9 + span * 8.0 / 9.0 - 1.0;
+  };
+  double slack = 0.0;
+  for (std::uint32_t b = 0; b + 1 < code.magnitudes; ++b)
+    slack = std::fmax(slack, std::fabs(line(b + 1, code.midpoints[b]) - (b + 0.5)));
+  slack += 1e-4;
+  code.guess_band = static_cast<float>(1.0 - 2.0 * slack);
+  for (int i = 1; i <= 7; ++i)
+    code.decade_threshold[i - 1] = i < width ? static_cast<float>(std::pow(10.0, -i)) : INFINITY;
+  for (int e = 0; e < width; ++e) {
+    const std::uint32_t first = 1u << (width - 1 - e);  // the decade's first byte, 2^k
+    code.decade_slope[e] = static_cast<float>(line(first, 1.0) - line(first, 0.0));
+    code.decade_offset[e] = static_cast<float>(line(first, 0.0) + 0.5 - slack);
+  }
+  for (int k = 0; k < width; ++k) {
+    code.value_step[k] = static_cast<float>(std::pow(10.0, k - width) / std::ldexp(1.0, k));
+    code.value_base[k] = static_cast<float>(4.5 - 8.0 * std::ldexp(1.0, k));
+  }
+  code.decade_slope[15] = code.decade_slope[0];
+  code.decade_offset[15] = code.decade_offset[0];
+  for (int field = 96; field < 128; ++field) {
+    const double bottom = std::ldexp(1.0, field - 127);
+    std::uint32_t decade = 0;
+    float threshold = 0x1.fffffep127f;
+    for (int i = 1; i < width; ++i) {
+      const double t = code.decade_threshold[i - 1];
+      if (t >= bottom) ++decade;
+      if (t >= bottom && t < 2.0 * bottom) threshold = code.decade_threshold[i - 1];
+    }
+    code.binade_key[field & 31] = bits_float((float_bits(threshold) & ~0xfu) | decade);
+  }
   return code;
 }
 
@@ -128,6 +202,14 @@ ZEST_HOST_DEVICE inline U dynamic_encode_magnitude(const DynamicCode& code, F a,
   for (std::uint32_t step = code.magnitudes >> 1; step > 0; step >>= 1)
     b = b + (ops.greater(a, ops.gather(code.midpoints, b + (step - 1u))) & step);
   return b;
+}
+
+// The same byte from a guess g for which it is g or g + 1 (the SIMD encoders' closed form, see
+// DynamicCode::decade_slope): one exact comparison with the midpoint above g, so the result is the binary
+// search's on every input. g <= magnitudes - 2.
+template <class F, class U, class Ops>
+ZEST_HOST_DEVICE inline U dynamic_encode_from_guess(const DynamicCode& code, F a, U guess, const Ops& ops) {
+  return guess + (ops.greater(a, ops.gather(code.midpoints, guess)) & 1u);
 }
 
 // The byte of a signed (m) value from its float bits and magnitude byte: the sign on top, except
