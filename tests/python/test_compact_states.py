@@ -116,9 +116,9 @@ def test_trains_close_to_ddp_adamw(states, stage, offload, ddp):
 @pytest.mark.parametrize("states", ["bf16", "int8"])
 def test_checkpoint_resumes_bit_for_bit(states, shared_dir):
     """Saved after 3 of STEPS steps and resumed at the same rank count: the same bits as the run
-    that was not interrupted (the checkpoint widens m and v to fp32, which narrow back to the same
-    bf16 or int8 values). The checkpoint records states and seed; a config that differs is told
-    (the config's values are used)."""
+    that was not interrupted (the checkpoint holds m and v in their compact form, format 4). The
+    checkpoint records states and seed; a config that differs is told (the config's values are
+    used)."""
     path = os.path.join(shared_dir, f"np{WORLD}-compact-{states}")
     cut = STEPS // 2
     straight, _ = zest_run(config(states, 2, seed=3), STEPS)
