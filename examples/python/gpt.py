@@ -6,6 +6,7 @@ characters, with zest in place of torch.optim.AdamW:
     mpirun -np 2 python examples/python/gpt.py --stage 1 --save ckpt
     mpirun -np 4 python examples/python/gpt.py --load ckpt  # resumes on another rank count
     mpirun -np 2 python examples/python/gpt.py --optimizer adamw-ddp   # the same with torch alone
+    mpirun -np 2 python examples/python/gpt.py --states int8           # Adam's m and v in int8 (issue 24)
 
 The one line that differs from training with torch.optim.AdamW is marked below. Each rank trains
 on its slice of every global batch and computes its mean loss, as under DistributedDataParallel;
@@ -114,10 +115,12 @@ def main():
     parser.add_argument("--offload", choices=["none", "cpu", "nvme"], default="none",
                         help="zest: where the optimizer states live (nvme: in --offload-path)")
     parser.add_argument("--offload-path", default="", help="a directory for --offload nvme's swap files")
+    parser.add_argument("--states", choices=["fp32", "bf16", "int8"], default="fp32",
+                        help="zest: how Adam's m and v are stored (optimizer.states, docs/compact-states.md)")
     parser.add_argument("--log", help="rank 0 writes its loss per step and a summary here (JSON lines)")
     args = parser.parse_args()
-    if args.optimizer != "zest" and (args.save or args.load or args.offload != "none"):
-        parser.error("--save, --load and --offload are zest's: leave them out with --optimizer adamw-ddp")
+    if args.optimizer != "zest" and (args.save or args.load or args.offload != "none" or args.states != "fp32"):
+        parser.error("--save, --load, --offload and --states are zest's: leave them out with --optimizer adamw-ddp")
 
     # mpirun's ranks (one process without it); the same with AdamW, which then trains alone.
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
@@ -142,6 +145,8 @@ def main():
         "optimizer": {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.1},
         "stage3": {"persistence_threshold": "1KiB"},  # LayerNorms stay resident, the rest is sharded
     }
+    if args.states != "fp32" and not args.config:
+        config["optimizer"]["states"] = args.states
     if args.offload != "none" and not args.config:
         config["offload"] = {"optimizer": {"device": args.offload, "path": args.offload_path}}
     trained = model
