@@ -37,8 +37,13 @@ class StatesLayout {
 
   // Bytes of the whole buffer for `count` elements.
   static constexpr std::size_t bytes(StatesForm form, std::size_t count) {
-    return count * (dtype_size(form.master) + 2 * state_bytes(form.moments)) +
-           2 * blocks(form.moments, count) * sizeof(float);
+    return scales_offset(form, count) + 2 * blocks(form.moments, count) * sizeof(float);
+  }
+  // Where the scales start: after master, m and v, rounded up to a float (a count the engine
+  // uses, a multiple of 64, needs no rounding).
+  static constexpr std::size_t scales_offset(StatesForm form, std::size_t count) {
+    const std::size_t end = count * (dtype_size(form.master) + 2 * state_bytes(form.moments));
+    return (end + alignof(float) - 1) / alignof(float) * alignof(float);
   }
   // Scales per state: one per block for int8, none otherwise.
   static constexpr std::size_t blocks(StatesFormat format, std::size_t count) {
@@ -55,9 +60,7 @@ class StatesLayout {
   std::uint16_t* bf16_master(char* base) const { return reinterpret_cast<std::uint16_t*>(base); }
   char* m(char* base) const { return base + count_ * dtype_size(form_.master); }
   char* v(char* base) const { return m(base) + count_ * state_bytes(form_.moments); }
-  float* m_scales(char* base) const {
-    return reinterpret_cast<float*>(v(base) + count_ * state_bytes(form_.moments));
-  }
+  float* m_scales(char* base) const { return reinterpret_cast<float*>(base + scales_offset(form_, count_)); }
   float* v_scales(char* base) const { return m_scales(base) + blocks(form_.moments, count_); }
 
   // The moments of elements [at, at + n) of the buffer at `base`, for CpuAdam::step_compact. For
