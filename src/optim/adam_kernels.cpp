@@ -47,6 +47,10 @@ struct AdamSqrt<VecF> {
 };
 #endif
 
+// Forces inlining where GCC's heuristics stop short in these large template instantiations (the
+// AVX2 bf16-states op was an out-of-line call per vector, its vectors passed through memory).
+#define ZEST_KERNEL_INLINE __attribute__((always_inline)) inline
+
 namespace ZEST_ADAM_ISA_NS {
 namespace {
 
@@ -91,6 +95,22 @@ inline VecU load_u8(const std::uint8_t* p) {
 }
 inline void store_low8(std::uint8_t* p, VecU x) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(__builtin_bit_cast(__m512i, x)));
+}
+// The high 16 bits of each word of mw to m and of vw to v: one two-register word permute.
+inline void store_high16_pair(std::uint16_t* m, std::uint16_t* v, VecU mw, VecU vw) {
+  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                                       25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i both = _mm512_permutex2var_epi16(__builtin_bit_cast(__m512i, mw), odd, __builtin_bit_cast(__m512i, vw));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(m), _mm512_castsi512_si256(both));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(v), _mm512_extracti64x4_epi64(both, 1));
+}
+// stochastic_round_bf16_bits(bits of x, r) << 16, with a mask for NaN: the high half of u + r, or
+// for NaN of u | 0x400000, (u >> 16) | 0x40.
+inline VecU stochastic_round_bf16_high(VecF x, VecU r) {
+  const __m512i u = _mm512_castps_si512(x);
+  return __builtin_bit_cast(VecU, _mm512_mask_or_epi32(_mm512_add_epi32(u, __builtin_bit_cast(__m512i, r)),
+                                                       _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), u,
+                                                       _mm512_set1_epi32(0x400000)));
 }
 // max(a, acc) that keeps acc where a is NaN (as the scalar a > acc ? a : acc).
 inline VecF max_keeping(VecF a, VecF acc) { return _mm512_max_ps(a, acc); }
@@ -272,6 +292,23 @@ struct VecCodeOps {
   VecU greater(VecF a, VecF b) const { return __builtin_bit_cast(VecU, _mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
 };
 inline VecF max_keeping(VecF a, VecF acc) { return _mm256_max_ps(a, acc); }
+// The high 16 bits of each word of mw to m and of vw to v: one pack of both (whose 128-bit lanes
+// hold m0-3 v0-3 | m4-7 v4-7) and one permute.
+inline void store_high16_pair(std::uint16_t* m, std::uint16_t* v, VecU mw, VecU vw) {
+  const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(__builtin_bit_cast(__m256i, mw), 16),
+                                             _mm256_srli_epi32(__builtin_bit_cast(__m256i, vw), 16));
+  const __m256i both = _mm256_permute4x64_epi64(packed, 0xd8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(m), _mm256_castsi256_si128(both));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(v), _mm256_extracti128_si256(both, 1));
+}
+// As the AVX-512 stochastic_round_bf16_high, with a blend.
+inline VecU stochastic_round_bf16_high(VecF x, VecU r) {
+  const __m256i u = _mm256_castps_si256(x);
+  return __builtin_bit_cast(VecU, _mm256_blendv_epi8(_mm256_add_epi32(u, __builtin_bit_cast(__m256i, r)),
+                                                     _mm256_or_si256(u, _mm256_set1_epi32(0x400000)),
+                                                     _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))));
+}
+
 
 // The int8 code of N magnitudes (128: m, 256: v), as the AVX-512 Int8Decoder/Int8Encoder with 8
 // lanes. AVX2 has no two-register permute to hold a table, so values are computed in closed form
@@ -365,6 +402,11 @@ inline VecU load_u8(const std::uint8_t* p) { return *p; }
 inline void store_low8(std::uint8_t* p, VecU x) { *p = static_cast<std::uint8_t>(x); }
 using VecCodeOps = ScalarCodeOps;
 inline VecF max_keeping(VecF a, VecF acc) { return a > acc ? a : acc; }
+inline void store_high16_pair(std::uint16_t* m, std::uint16_t* v, VecU mw, VecU vw) {
+  *m = static_cast<std::uint16_t>(mw >> 16);
+  *v = static_cast<std::uint16_t>(vw >> 16);
+}
+inline VecU stochastic_round_bf16_high(VecF x, VecU r) { return stochastic_round_bf16_bits(float_bits(x), r) << 16; }
 
 // The int8 code, scalar: the table and the binary search as defined (the reference the SIMD
 // variants' closed form is checked against).
@@ -493,25 +535,40 @@ void dispatch(const AdamRange& r, const Op& op) {
 
 inline VecU as_words(VecF x) { return __builtin_bit_cast(VecU, x); }
 
-// One vector of a bf16-states pass at offset i of the pointers; `index` is the global index of its
-// first element. op(p, m, v, g, index, m_out, v_out) updates p and sets the bf16 words to store.
+// One vector of a bf16-states pass at offset i of the pointers; (hi:lo) is the global index of
+// each lane. op(p, m, v, g, lo, hi, m_out, v_out) updates p and sets the words whose high 16 bits
+// are the bf16 m and v to store.
 template <DType G, Out O, class Op>
-inline void bf16_states_at(float* p, std::uint16_t* m, std::uint16_t* v, const void* grad, void* out,
-                           std::size_t i, std::uint64_t index, const Op& op) {
+ZEST_KERNEL_INLINE void bf16_states_at(float* p, std::uint16_t* m, std::uint16_t* v, const void* grad, void* out,
+                                       std::size_t i, VecU lo, VecU hi, const Op& op) {
   VecF pv = load_f32(p + i);
   VecF mv = load_bf16(m + i);
   VecF vv = load_bf16(v + i);
   VecU m_out;
   VecU v_out;
-  op(pv, mv, vv, load_grad<G>(grad, i), index, m_out, v_out);
+  op(pv, mv, vv, load_grad<G>(grad, i), lo, hi, m_out, v_out);
   store_f32(p + i, pv);
-  store_low16(m + i, m_out);
-  store_low16(v + i, v_out);
+  store_high16_pair(m + i, v + i, m_out, v_out);
   store_out<O>(out, i, pv);
 }
 
-// As for_each_vector, for bf16 m and v.
-template <DType G, Out O, class Op>
+// The lanes' global indices (hi:lo) of the vector whose first element has global index `index`.
+inline void lane_indices(std::uint64_t index, VecU& lo, VecU& hi) {
+  add_index(VecU{} + static_cast<std::uint32_t>(index), VecU{} + static_cast<std::uint32_t>(index >> 32),
+            kLaneOffsets, lo, hi);
+}
+
+// How far ahead (elements) the bf16-states pass prefetches its four streams. With its arithmetic
+// (two hashes, a square root and a division per element) the hardware prefetcher did not hide the
+// memory time (the run in DRAM took the run in L2's time plus the roofline's): one thread reached
+// 0.80-0.86 of the roofline on AVX-512 without this, 1.05-1.2 with it (thread CPU time; 2048 beat
+// 1024 and 512).
+constexpr std::size_t kBf16Prefetch = 2048;
+
+// As for_each_vector, for bf16 m and v. The lanes' indices step by kLanes in the low word, and the
+// high word is the same in every lane until the low word wraps (at most once in 2^32 elements):
+// runs of such vectors keep both in registers, a vector across the wrap computes them with carries.
+template <DType G, Out O, bool Prefetch, class Op>
 void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
   const Op op = op_in;  // local copies: see for_each_vector
   float* const p = r.master;
@@ -521,8 +578,34 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
   void* const out = r.out;
   const std::size_t n = r.count;
   const std::uint64_t first = r.first_index;
+  const std::size_t whole = n - n % kLanes;
+  constexpr std::size_t grad_bytes = dtype_size(G);  // constexpr: no out-of-line call (see top)
   std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) bf16_states_at<G, O>(p, m, v, grad, out, i, first + i, op);
+  while (i < whole) {
+    const std::uint64_t index = first + i;
+    // Vectors from here whose lanes all lie before the low word wraps.
+    const std::uint64_t room = ((std::uint64_t{1} << 32) - static_cast<std::uint32_t>(index)) / kLanes;
+    const std::size_t end = i + (room < (whole - i) / kLanes ? room : (whole - i) / kLanes) * kLanes;
+    if (end == i) {
+      VecU lo;
+      VecU hi;
+      lane_indices(index, lo, hi);
+      bf16_states_at<G, O>(p, m, v, grad, out, i, lo, hi, op);
+      i += kLanes;
+      continue;
+    }
+    const VecU hi = VecU{} + static_cast<std::uint32_t>(index >> 32);
+    VecU lo = (VecU{} + static_cast<std::uint32_t>(index)) + kLaneOffsets;
+    for (; i < end; i += kLanes, lo += static_cast<std::uint32_t>(kLanes)) {
+      if (Prefetch && kLanes > 1 && i + kBf16Prefetch < n) {  // the scalar reference does without
+        __builtin_prefetch(p + i + kBf16Prefetch, 1);
+        __builtin_prefetch(static_cast<const unsigned char*>(grad) + (i + kBf16Prefetch) * grad_bytes);
+        __builtin_prefetch(m + i + kBf16Prefetch, 1);
+        __builtin_prefetch(v + i + kBf16Prefetch, 1);
+      }
+      bf16_states_at<G, O>(p, m, v, grad, out, i, lo, hi, op);
+    }
+  }
   if constexpr (kLanes > 1) {
     const std::size_t rest = n - i;
     if (rest == 0) return;
@@ -536,7 +619,10 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
     std::memcpy(tm, m + i, rest * 2);
     std::memcpy(tv, v + i, rest * 2);
     std::memcpy(tg, static_cast<const unsigned char*>(grad) + i * grad_size, rest * grad_size);
-    bf16_states_at<G, O>(tp, tm, tv, tg, to, 0, first + i, op);
+    VecU lo;
+    VecU hi;
+    lane_indices(first + i, lo, hi);
+    bf16_states_at<G, O>(tp, tm, tv, tg, to, 0, lo, hi, op);
     std::memcpy(p + i, tp, rest * 4);
     std::memcpy(m + i, tm, rest * 2);
     std::memcpy(v + i, tv, rest * 2);
@@ -544,10 +630,12 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
   }
 }
 
-template <class Op>
+// Prefetch: the update prefetches; the roofline, whose light arithmetic the hardware prefetcher
+// keeps up with, runs as it always has (prefetching made it ~10 % slower).
+template <bool Prefetch, class Op>
 void dispatch_bf16_states(const CompactAdamRange& r, const Op& op) {
   with_types(r.grad_dtype, r.out, r.out_dtype,
-             [&]<DType G, Out O>() { for_each_bf16_states_vector<G, O>(r, op); });
+             [&]<DType G, Out O>() { for_each_bf16_states_vector<G, O, Prefetch>(r, op); });
 }
 
 template <DType G>
@@ -680,16 +768,12 @@ void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c, cons
   if (range.states != StatesFormat::bf16) return;
   const VecU key_lo = VecU{} + static_cast<std::uint32_t>(rounding.key);
   const VecU key_hi = VecU{} + static_cast<std::uint32_t>(rounding.key >> 32);
-  dispatch_bf16_states(range, [c, key_lo, key_hi](VecF& p, VecF& m, VecF& v, VecF g, std::uint64_t index,
-                                                  VecU& m_out, VecU& v_out) {
+  dispatch_bf16_states<true>(range, [c, key_lo, key_hi](VecF& p, VecF& m, VecF& v, VecF g, VecU lo, VecU hi,
+                                                  VecU& m_out, VecU& v_out) __attribute__((always_inline)) {
     adam_update(p, m, v, g, c);
-    VecU lo;
-    VecU hi;
-    add_index(VecU{} + static_cast<std::uint32_t>(index), VecU{} + static_cast<std::uint32_t>(index >> 32),
-              kLaneOffsets, lo, hi);
     const VecU bits = state_random_bits(lo, hi, key_lo, key_hi);
-    m_out = stochastic_round_bf16_bits(as_words(m), bits & 0xffffu);
-    v_out = stochastic_round_bf16_bits(as_words(v), bits >> 16);
+    m_out = stochastic_round_bf16_high(m, bits & 0xffffu);
+    v_out = stochastic_round_bf16_high(v, bits >> 16);
   });
 }
 
@@ -715,10 +799,11 @@ void roofline_compact(const CompactAdamRange& range) {
     return;
   }
   if (range.states != StatesFormat::bf16) return;
-  dispatch_bf16_states(range, [k](VecF& p, VecF& m, VecF& v, VecF g, std::uint64_t, VecU& m_out, VecU& v_out) {
+  dispatch_bf16_states<false>(range, [k](VecF& p, VecF& m, VecF& v, VecF g, VecU, VecU, VecU& m_out, VecU& v_out)
+                                     __attribute__((always_inline)) {
     p = p + g * k;
-    m_out = as_words(m + g * k) >> 16;
-    v_out = as_words(v + g * k) >> 16;
+    m_out = as_words(m + g * k);
+    v_out = as_words(v + g * k);
   });
 }
 
