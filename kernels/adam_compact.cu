@@ -35,6 +35,7 @@ static_assert(kChunk % optim::kInt8Block == 0, "a chunk is whole blocks");
 struct Codes {
   optim::DynamicCode m, v;
 };
+static_assert(sizeof(Codes) % sizeof(float) == 0, "copied into shared memory a float at a time");
 __constant__ Codes g_codes;
 
 enum class Out { none, bf16, f16 };

@@ -259,6 +259,16 @@ int estimate(int argc, char** argv) {
   }
   if (o.dtype_given) config.precision.dtype = o.dtype;
   if (o.states) config.optimizer.states = *o.states;
+  // The overrides may make a combination the engine refuses.
+  if (config.optimizer.master == DType::bf16 &&
+      (config.optimizer.states == StatesFormat::f32 || config.precision.dtype == DType::f32)) {
+    std::fprintf(stderr,
+                 "zest estimate: a bf16 master (optimizer.master in %s) needs compact moments and 16-bit parameters; "
+                 "with %s states and %s parameters the engine refuses it. Drop --states fp32 / --dtype fp32\n",
+                 o.config_path.c_str(), std::string(states_format_name(config.optimizer.states)).c_str(),
+                 std::string(dtype_name(config.precision.dtype)).c_str());
+    return 2;
+  }
   try {
     print_table(o, config);
   } catch (const Error& error) {

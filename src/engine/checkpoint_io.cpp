@@ -60,10 +60,11 @@ std::string fingerprint(const Config& c) {
   char text[320];
   std::snprintf(text, sizeof text,
                 "stage=%d dtype=%s optimizer=%s lr=%.9g beta1=%.9g beta2=%.9g eps=%.9g weight_decay=%.9g "
-                "gradient_clipping=%.9g states=%s seed=%d",
+                "gradient_clipping=%.9g states=%s master=%s seed=%d",
                 c.stage, std::string(dtype_name(c.precision.dtype)).c_str(),
                 o.type == OptimizerType::adam ? "adam" : "adamw", o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
-                c.gradient_clipping, std::string(states_format_name(o.states)).c_str(), o.seed);
+                c.gradient_clipping, std::string(states_format_name(o.states)).c_str(),
+                std::string(dtype_name(o.master)).c_str(), o.seed);
   return text;
 }
 
@@ -82,8 +83,8 @@ std::vector<std::string> config_changes(const std::string& saved, const std::str
   const auto before = words(saved);
   for (const auto& [key, value] : words(now)) {
     const auto it = std::find_if(before.begin(), before.end(), [&](const auto& w) { return w.first == key; });
-    // Checkpoints written before a key existed ran with its default (states fp32, seed 0).
-    const std::string missing = key == "states" ? "fp32" : key == "seed" ? "0" : "unset";
+    // Checkpoints written before a key existed ran with its default (states and master fp32, seed 0).
+    const std::string missing = key == "states" || key == "master" ? "fp32" : key == "seed" ? "0" : "unset";
     const std::string old = it == before.end() ? missing : it->second;
     if (old != value) changes.push_back(std::string(key).append(": ").append(old).append(" in the checkpoint, ").append(value).append(" now"));
   }
@@ -185,7 +186,7 @@ void require_model(const Manifest& m, const std::vector<ParamSpec>& specs, const
 // fp32 as they are; bf16 rounded to nearest (the widened bf16 values come back exactly); int8
 // quantized per block from each range's start, which are the engine's own blocks (ranges start at
 // multiples of kInt8Block in the shard), so the codes and scales are the engine's too. The scales
-// wait in memory (a 49th of the states' bytes) until finish() puts them after the codes.
+// wait in memory (an eighth of a byte per value) until finish() puts them after the codes.
 class MomentWriter {
  public:
   explicit MomentWriter(StatesFormat states) : states_(states) {}

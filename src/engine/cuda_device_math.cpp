@@ -14,7 +14,6 @@
 #include "kernels/adam.hpp"
 #include "kernels/grad_stats_pack.hpp"
 #include "runtime/cuda_check.hpp"
-#include "zest/error.hpp"
 #include "runtime/cuda_device.hpp"
 #include "zest/error.hpp"
 

@@ -21,6 +21,8 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       range_(plan.device_states),
       options_(states),
       layout_of_states_(states.form(), plan.device_states.count()) {
+  if (states.master == DType::bf16 && dtype == DType::f32)
+    throw Error("a bf16 master needs 16-bit parameters (precision.dtype bf16 or fp16), not fp32");
   if (!layout_of_states_.form().plain() && !device.host_accessible())
     throw Error(std::string(states_format_name(states.format))
                     .append(" optimizer states on this device are not implemented: its Adam updates fp32 states "
@@ -32,7 +34,15 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
   if (states_) device.memset_async(states_.data(), 0, states_.bytes(), stream_);
 }
 
+void DeviceOptimizerStates::check_range(std::size_t offset, std::size_t count) const {
+  if (offset < range_.begin || offset > range_.end || count > range_.end - offset)
+    throw Error(std::string("device optimizer states: elements [").append(std::to_string(offset)).append(", ")
+                    .append(std::to_string(offset + count)).append(") outside the states' [")
+                    .append(std::to_string(range_.begin)).append(", ").append(std::to_string(range_.end)).append(")"));
+}
+
 void DeviceOptimizerStates::write_master(std::size_t offset, const float* values, std::size_t count) {
+  check_range(offset, count);
   if (!layout_of_states_.form().plain()) {
     visit_states(offset, count, true, [values](float* master, float*, float*, std::size_t first, std::size_t n) {
       std::memcpy(master, values + first, n * sizeof(float));
@@ -48,6 +58,7 @@ void DeviceOptimizerStates::write_master(std::size_t offset, const float* values
 }
 
 void DeviceOptimizerStates::read_master(std::size_t offset, float* values, std::size_t count) {
+  check_range(offset, count);
   if (!layout_of_states_.form().plain()) {
     visit_states(offset, count, false, [values](float* master, float*, float*, std::size_t first, std::size_t n) {
       std::memcpy(values + first, master, n * sizeof(float));
@@ -64,6 +75,7 @@ void DeviceOptimizerStates::read_master(std::size_t offset, float* values, std::
 
 void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, bool write_back,
                                          const StatesVisit& visit) {
+  check_range(offset, count);
   if (!layout_of_states_.form().plain()) {
     // Host-accessible memory (the constructor's check): visited in place once the stream is idle.
     stream_.synchronize();

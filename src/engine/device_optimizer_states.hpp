@@ -37,6 +37,8 @@ class DeviceOptimizerStates final : public OptimizerStates {
   // Appends `part` (of group g's shard, in range_) to shards_, one piece per optimizer parameter
   // group in it; `grad` and `out` hold the part's first element.
   void add_shard(int g, ShardRange part, const char* grad, char* out);
+  // Throws Error unless [offset, offset + count) lies in range_.
+  void check_range(std::size_t offset, std::size_t count) const;
   // State k (0 master, 1 m, 2 v) of shard element `offset`, fp32 states only.
   float* at(int k, std::size_t offset) const {
     return layout_of_states_.master(states_.as<char>()) + static_cast<std::size_t>(k) * range_.count() + (offset - range_.begin);

@@ -1,11 +1,17 @@
 #include "engine/optimizer_states.hpp"
 
+#include <string>
+
 #include "runtime/half.hpp"
+#include "zest/error.hpp"
 
 namespace zest::engine {
 
 void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t at, std::size_t n, std::size_t first,
                     bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch) {
+  if (at > layout.count() || n > layout.count() - at)
+    throw Error(std::string("optimizer states: elements [").append(std::to_string(at)).append(", ")
+                    .append(std::to_string(at + n)).append(") outside the piece's ").append(std::to_string(layout.count())));
   float* const master = layout.master(base);
   if (layout.form().plain()) {
     visit(master + at, master + layout.count() + at, master + 2 * layout.count() + at, first, n);
@@ -23,7 +29,7 @@ void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t a
     const std::size_t hi = std::min(lo + kVisitChunk, layout.count());
     const optim::CpuAdam::CompactStates states = layout.moments(base, lo, hi - lo);
     optim::widen_moments(states, m, v);
-    std::uint16_t* const bf16 = layout.bf16_master(base) + lo;
+    std::uint16_t* const bf16 = bf16_master ? layout.bf16_master(base) + lo : nullptr;
     if (bf16_master)
       for (std::size_t i = 0; i < hi - lo; ++i) wide_master[i] = bf16_to_float(bf16[i]);
     const std::size_t from = std::max(lo, at), to = std::min(hi, end);

@@ -16,6 +16,7 @@
 #include "optim/compact_math.hpp"
 #include "optim/cpu_adam.hpp"
 #include "zest/dtype.hpp"
+#include "zest/error.hpp"
 
 namespace zest::optim {
 
@@ -64,8 +65,11 @@ class StatesLayout {
   float* v_scales(char* base) const { return m_scales(base) + blocks(form_.moments, count_); }
 
   // The moments of elements [at, at + n) of the buffer at `base`, for CpuAdam::step_compact. For
-  // int8, `at` must start a block (the caller's ranges are kInt8Block-aligned).
+  // int8, `at` must start a block (the caller's ranges are kInt8Block-aligned): Error otherwise,
+  // since a part of a block would be quantized with a scale the rest of it shares.
   CpuAdam::CompactStates moments(char* base, std::size_t at, std::size_t n) const {
+    if (form_.moments == StatesFormat::int8 && at % kInt8Block != 0)
+      throw Error("StatesLayout: int8 states are updated in whole blocks of 64 elements; a part must start one");
     const std::size_t element = state_bytes(form_.moments);
     CpuAdam::CompactStates s{form_.moments, m(base) + at * element, v(base) + at * element, n};
     if (form_.moments == StatesFormat::int8) {

@@ -126,6 +126,16 @@ $(cat "$work/out")"
 done
 run estimate --params 350M --config "$data/config/cases/full.yaml" --states bf16
 expect_text "$work/out" "fp16, bf16 optimizer states" "--states over the config"
+# A bf16 master: 2 + 2.125 bytes per parameter (7e9: 26.89 GiB); an override the engine would
+# refuse (fp32 moments under a bf16 master) is refused, saying why.
+run estimate --params 7B --config "$data/config/cases/bf16_master.yaml"
+expect_rc 0 "bf16 master"
+expect_text "$work/out" "int8 optimizer states with a bf16 master" "bf16 master"
+[ -n "$(grep -E "^stage 1 +[0-9.]+ GiB +13.04 GiB +13.04 GiB +26.89 GiB" "$work/out")" ] || fail "bf16 master: stage 1's states are not 26.89 GiB:
+$(cat "$work/out")"
+run estimate --params 7B --config "$data/config/cases/bf16_master.yaml" --states fp32
+expect_rc 2 "bf16 master with --states fp32"
+expect_text "$work/err" "a bf16 master (optimizer.master in $data/config/cases/bf16_master.yaml) needs compact moments" "bf16 master with --states fp32"
 
 # --- bad input: exit 2 with a message saying what is wrong
 bad() {

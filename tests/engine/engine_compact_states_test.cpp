@@ -163,7 +163,7 @@ TEST_P(EveryPlacement, TrainsToTheBitsOfTheStatesOnTheDevice) {
   o.overlap = where.overlap;
   o.offload_param = where.param;
   o.nvme_path = dir.path();
-  o.sub_group_bytes = 12 * 128;  // several sub-groups per group: 192 parameters of compact states each
+  o.sub_group_bytes = 12 * 128;  // several sub-groups per group: 192 to 320 parameters of compact states each
   o.reduce_bucket = where.overlap ? 4 : 0;  // a bucket per group, handed over during backward
   o.param_groups = {{{"w2"}, 0.02, std::nullopt, 0.99, std::nullopt, 0.0}};
   const TrainedRun got = train_on_cpu(o, kSteps);

@@ -28,6 +28,8 @@
 #include "engine/split_optimizer_states.hpp"
 #include "engine/step_args.hpp"
 #include "optim/adam_reference.hpp"
+#include "optim/states_layout.hpp"
+#include "zest/error.hpp"
 
 namespace zest::engine {
 namespace {
@@ -180,6 +182,33 @@ TEST(DeviceOptimizerStates, ParametersGoToTheSinkOnceAGroup) {
   for (int g = 0; g < rig.layout.group_count(); ++g)
     for (std::size_t i = 0; i < rig.layout.group(g).shard; ++i)
       ASSERT_EQ(sink.shards[static_cast<std::size_t>(g)][i], master[rig.layout.group(g).shard_offset + i]) << g;
+}
+
+// Misuse raises an Error naming it instead of reading or writing outside the states.
+TEST(DeviceOptimizerStates, RangesOutsideTheStatesAreRefused) {
+  Rig rig(1.0, false);
+  std::vector<float> values(8);
+  EXPECT_THROW(rig.states->read_master(rig.n - 4, values.data(), 8), Error);
+  EXPECT_THROW(rig.states->write_master(rig.n + 1, values.data(), 0), Error);
+}
+
+TEST(CompactStatesLayout, PiecesAreVisitedInsideThemAndInt8InWholeBlocks) {
+  for (const optim::StatesForm form : {optim::StatesForm{StatesFormat::bf16, DType::f32},
+                                       optim::StatesForm{StatesFormat::int8, DType::bf16}}) {
+    const optim::StatesLayout layout(form, 128);
+    std::vector<char> piece(layout.bytes());
+    std::vector<float> scratch;
+    std::size_t visited = 0;
+    const auto count = [&](float*, float*, float*, std::size_t, std::size_t n) { visited += n; };
+    visit_laid_out(layout, piece.data(), 64, 64, 0, false, count, scratch);
+    EXPECT_EQ(visited, 64u);
+    EXPECT_THROW(visit_laid_out(layout, piece.data(), 64, 65, 0, false, count, scratch), Error);
+    EXPECT_THROW(visit_laid_out(layout, piece.data(), 129, 0, 0, false, count, scratch), Error);
+    if (form.moments == StatesFormat::int8) {
+      EXPECT_NO_THROW(layout.moments(piece.data(), 64, 64));
+      EXPECT_THROW(layout.moments(piece.data(), 32, 64), Error);  // half a block
+    }
+  }
 }
 
 TEST(SplitOptimizerStates, StepEqualsTheReferenceAdamOnBothSides) {
