@@ -12,6 +12,7 @@ usage: host_fit.py ZEST BUDGET_GIB [--layers L]   (prints a Markdown table)"""
 import argparse
 import re
 import subprocess
+import tempfile
 
 FORMS = [("fp32", "fp32", None), ("bf16", "bf16", None), ("int8", "int8", None),
          ("int8 + bf16 master", "int8", "bf16")]
@@ -54,7 +55,6 @@ def main():
     parser.add_argument("--layers", type=int, default=32)
     a = parser.parse_args()
     budget = a.budget_gib * (1 << 30)
-    import tempfile
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as cfg:
         cfg.write("optimizer:\n  master: bf16\n  states: int8\nprecision:\n  dtype: bf16\n")
         cfg.flush()

@@ -21,8 +21,6 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       range_(plan.device_states),
       options_(states),
       layout_of_states_(states.form(), plan.device_states.count()) {
-  if (states.master == DType::bf16 && dtype == DType::f32)
-    throw Error("a bf16 master needs 16-bit parameters (precision.dtype bf16 or fp16), not fp32");
   if (!layout_of_states_.form().plain() && !device.host_accessible())
     throw Error(std::string(states_format_name(states.format))
                     .append(" optimizer states on this device are not implemented: its Adam updates fp32 states "

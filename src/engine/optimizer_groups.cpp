@@ -64,6 +64,10 @@ StatesOptions states_options(const Config& config, const Layout& layout, int ran
   o.format = config.optimizer.states;
   o.master = config.optimizer.master;
   o.seed = static_cast<std::uint64_t>(config.optimizer.seed);
+  // validate() refuses it too; here for a Config that skipped it, once for every part that steps.
+  if (o.master == DType::bf16 && (o.format == StatesFormat::f32 || config.precision.dtype == DType::f32))
+    throw Error("a bf16 master needs compact moments (optimizer.states bf16 or int8) and 16-bit parameters "
+                "(precision.dtype bf16 or fp16)");
   // 2^40 elements per group's segment (a trillion parameters) before two groups' indices could meet.
   constexpr std::uint64_t kGroupIndexBits = 40;
   for (int g = 0; g < layout.group_count(); ++g) {

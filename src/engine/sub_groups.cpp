@@ -4,8 +4,6 @@
 #include <cstring>
 #include <utility>
 
-#include "zest/error.hpp"
-
 namespace zest::engine {
 
 SubGroupList::SubGroupList(std::vector<SubGroupPlace> places) : list(std::move(places)) {
@@ -18,10 +16,7 @@ SubGroupList::SubGroupList(std::vector<SubGroupPlace> places) : list(std::move(p
 
 SubGroupAdam::SubGroupAdam(const optim::AdamHyperParams& initial, int threads, std::vector<int> cpus,
                            const HyperRuns& runs, DType dtype, const StatesOptions& states)
-    : adam_(initial, threads, std::move(cpus)), runs_(runs), dtype_(dtype), states_(states) {
-  if (states.master == DType::bf16 && dtype == DType::f32)
-    throw Error("a bf16 master needs 16-bit parameters (precision.dtype bf16 or fp16), not fp32");
-}
+    : adam_(initial, threads, std::move(cpus)), runs_(runs), dtype_(dtype), states_(states) {}
 
 void SubGroupAdam::update(const SubGroupPlace& sub, const char* from, char* to, const char* grad, char* out,
                           const optim::AdamStepArgs& args, std::span<const optim::AdamHyperParams> hyper) {

@@ -11,7 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
 #include "optim/compact_math.hpp"
 #include "optim/cpu_adam.hpp"

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -90,6 +91,28 @@ TEST(OptimizerGroups, RunsTileEachRanksShardWithTheGroupOfWhatTheyCover) {
       }
     }
   }
+}
+
+// The states' rounding indices are (group << 40) + the element's place in its segment, and a bf16
+// master without compact moments or 16-bit parameters is refused even from an unchecked Config.
+TEST(StatesOptions, IndicesFollowTheSegmentAndABf16MasterNeedsItsCompanions) {
+  Config config = two_groups();
+  config.optimizer.states = StatesFormat::int8;
+  config.optimizer.seed = 3;
+  const Layout layout(specs(), 2);
+  const StatesOptions o = states_options(config, layout, 1);
+  ASSERT_EQ(o.shard_index.size(), 3u);
+  for (int g = 0; g < 3; ++g)
+    EXPECT_EQ(o.shard_index[static_cast<std::size_t>(g)],
+              (static_cast<std::uint64_t>(g) << 40) + layout.shard_begin(g, 1));
+  EXPECT_EQ(o.rounding(2, 5).first_index, o.shard_index[2] + 5);
+  EXPECT_EQ(o.rounding(2, 5).seed, 3u);
+  config.optimizer.master = DType::bf16;
+  EXPECT_THROW(states_options(config, layout, 1), Error);  // fp32 parameters
+  config.precision.dtype = DType::bf16;
+  EXPECT_NO_THROW(states_options(config, layout, 1));
+  config.optimizer.states = StatesFormat::f32;
+  EXPECT_THROW(states_options(config, layout, 1), Error);  // fp32 moments
 }
 
 TEST(OptimizerGroups, ValuesNoStepCanUseAreRefused) {
