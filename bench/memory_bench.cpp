@@ -270,7 +270,11 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
       r.final_loss = trainer.step(step);
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
-    nvme_bytes = trainer.engine().stats().nvme_bytes;
+    const EngineStats engine_stats = trainer.engine().stats();
+    nvme_bytes = engine_stats.nvme_bytes;
+    r.wire_bytes = engine_stats.wire_last_step.total();
+    r.wire_across_bytes = engine_stats.wire_last_step.across();
+    r.wire_formula_bytes = estimate_wire_bytes(config, specs, comm.size(), comm.size()).zero_formula;
   }
   const MemoryStats stats = device.memory_stats();
   r.peak_params_bytes = max_over_ranks(comm, device, stream, stats.peak_of(MemoryCategory::params));
@@ -655,8 +659,8 @@ int bench_memory(int argc, char** argv) {
                   "each; stage 3 prefetches 1 layer and keeps at most 3 gathered\n\n",
                   records.front().params, train.model.layers, train.model.hidden,
                   std::string(dtype_name(config.precision.dtype)).c_str(), runtime.world_size(), o.steps);
-      std::printf("%s%s%s", bench::format_table(records).c_str(), bench::format_host_table(records).c_str(),
-                  bench::format_fit_table(fit_records).c_str());
+      std::printf("%s%s%s%s", bench::format_table(records).c_str(), bench::format_host_table(records).c_str(),
+                  bench::format_wire_table(records).c_str(), bench::format_fit_table(fit_records).c_str());
       write_file(o.json, bench::to_json(records, fit_records));
       write_file(o.csv, bench::to_csv(records));
       write_file(o.chart, bench::to_svg(records, fit_records));

@@ -91,6 +91,19 @@ std::string format_host_table(const std::vector<MemoryRecord>& records) {
   return out;
 }
 
+std::string format_wire_table(const std::vector<MemoryRecord>& records) {
+  std::string out = printf_string("\nbytes sent per rank per step, MiB (rank 0's last step; ZeRO's formula: 2 or 3 x the "
+                                  "parameters' bytes x (n-1)/n):\n%-42s %12s %12s %14s %10s\n",
+                                  "configuration", "sent", "across hosts", "ZeRO's formula", "vs formula");
+  for (const MemoryRecord& r : records) {
+    if (!r.error.empty() || r.peer()) continue;
+    const double vs = r.wire_formula_bytes > 0 ? static_cast<double>(r.wire_bytes) / static_cast<double>(r.wire_formula_bytes) - 1 : 0;
+    out += printf_string("%-42s %12.2f %12.2f %14.2f %+9.1f%%\n", r.name.c_str(), mib(r.wire_bytes),
+                         mib(r.wire_across_bytes), mib(r.wire_formula_bytes), 100 * vs);
+  }
+  return out;
+}
+
 std::string format_fit_table(const std::vector<FitRecord>& fits) {
   if (fits.empty()) return "";
   std::string out = printf_string("\nlargest model that trains within %.0f MiB of device memory per rank:\n",
@@ -139,6 +152,10 @@ std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<
                          r.ratio_to_ddp, r.formula_bytes, r.formula_deviation) +
            printf_string(", \"estimate_device_bytes\": %zu, \"estimate_deviation\": %.6f",
                          r.estimate_device_bytes, r.estimate_deviation) +
+           printf_string(", \"wire_bytes_per_step\": %llu, \"wire_across_hosts_bytes_per_step\": %llu, "
+                         "\"wire_formula_bytes\": %llu",
+                         static_cast<unsigned long long>(r.wire_bytes), static_cast<unsigned long long>(r.wire_across_bytes),
+                         static_cast<unsigned long long>(r.wire_formula_bytes)) +
            printf_string(", \"step_seconds\": %.6f, \"step_time_ratio_to_ddp\": %.6f", r.step_seconds,
                          r.step_time_ratio_to_ddp) +
            printf_string(", \"final_loss\": %.6f, \"loss_matches_ddp\": %s", r.final_loss,

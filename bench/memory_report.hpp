@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -50,6 +51,11 @@ struct MemoryRecord {
   double formula_deviation = 0;       // (params + grads + optimizer states) / formula - 1
   std::size_t estimate_device_bytes = 0;  // what `zest estimate` predicts for peak_device_bytes
   double estimate_deviation = 0;          // peak_device_bytes / estimate - 1
+  // Bytes rank 0 sent in the row's last step (EngineStats::wire_last_step), of them to other hosts,
+  // and ZeRO's count for the model (estimate_wire_bytes: 2Ψ or 3Ψ times (n-1)/n).
+  std::uint64_t wire_bytes = 0;
+  std::uint64_t wire_across_bytes = 0;
+  std::uint64_t wire_formula_bytes = 0;
   double step_seconds = 0;            // median over the measured steps
   double step_time_ratio_to_ddp = 0;
   double final_loss = 0;
@@ -74,6 +80,7 @@ struct FitRecord {
 std::string format_table(const std::vector<MemoryRecord>& records);
 // Per row: peak RSS and pinned bytes (by purpose) next to what the placement needs by formula.
 std::string format_host_table(const std::vector<MemoryRecord>& records);
+std::string format_wire_table(const std::vector<MemoryRecord>& records);
 std::string format_fit_table(const std::vector<FitRecord>& fits);
 std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<FitRecord>& fits);
 std::string to_csv(const std::vector<MemoryRecord>& records);

@@ -121,6 +121,17 @@ int run(int argc, char** argv) {
                 train.steps, seconds, mib(m.peak_total), mib(m.peak_of(MemoryCategory::params)),
                 mib(m.peak_of(MemoryCategory::grads)), mib(m.peak_of(MemoryCategory::optimizer_states)),
                 mib(m.peak_of(MemoryCategory::buffers)), mib(m.budget), static_cast<long long>(stats.skipped_steps));
+    std::vector<ParamSpec> specs;
+    for (std::size_t t = 0; t < engine.tensor_count(); ++t) specs.push_back(engine.spec(t));
+    const WireEstimate zero = estimate_wire_bytes(config, specs, runtime.world_size(), runtime.world_size());
+    const WireBytes& w = stats.wire_last_step;
+    const auto reduced = w.of(Collective::all_reduce) + w.of(Collective::reduce_scatter);
+    std::printf("zest-train: wire bytes per step (rank 0, the last step): %llu (inside its host %llu, to other "
+                "hosts %llu; reductions %llu, gathers %llu); ZeRO's formula %llu\n",
+                static_cast<unsigned long long>(w.total()), static_cast<unsigned long long>(w.inside()),
+                static_cast<unsigned long long>(w.across()), static_cast<unsigned long long>(reduced),
+                static_cast<unsigned long long>(w.of(Collective::all_gather)),
+                static_cast<unsigned long long>(zero.zero_formula));
     if (config.offload.optimizer_overlap)
       std::printf("zest-train: offload.optimizer.overlap: %lld groups updated during backward and kept, %lld redone\n",
                   static_cast<long long>(stats.groups_updated_ahead), static_cast<long long>(stats.groups_redone));

@@ -10,6 +10,7 @@
 // throws CommError naming the ranks and counts instead of hanging.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -22,6 +23,44 @@ namespace zest {
 
 enum class ReduceOp { sum, max };
 
+// The collectives that move data, as WireBytes counts them.
+enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast };
+inline constexpr std::size_t kCollectiveKinds = 4;
+
+// Bytes one rank sent, per collective, to ranks on its own host and to ranks on other hosts.
+// Counted by what each rank must send (the pairwise model): a reduce-scatter sends every other rank
+// its block, an all-gather sends every other rank this rank's block, an all-reduce is a
+// reduce-scatter then an all-gather of the same buffer, a broadcast sends its root's buffer to every
+// other rank. Per rank that is (n-1)/n of the buffer per pass, as a ring moves; a backend's own
+// algorithm (a tree, a hierarchical ring) may route the same data over other links.
+struct WireBytes {
+  std::array<std::uint64_t, kCollectiveKinds> inside_host{};
+  std::array<std::uint64_t, kCollectiveKinds> across_hosts{};
+
+  std::uint64_t inside() const { return sum(inside_host); }
+  std::uint64_t across() const { return sum(across_hosts); }
+  std::uint64_t total() const { return inside() + across(); }
+  std::uint64_t of(Collective c) const {
+    return inside_host[static_cast<std::size_t>(c)] + across_hosts[static_cast<std::size_t>(c)];
+  }
+  // What was sent between two readings of the counters (later - earlier).
+  WireBytes operator-(const WireBytes& earlier) const {
+    WireBytes d;
+    for (std::size_t i = 0; i < kCollectiveKinds; ++i) {
+      d.inside_host[i] = inside_host[i] - earlier.inside_host[i];
+      d.across_hosts[i] = across_hosts[i] - earlier.across_hosts[i];
+    }
+    return d;
+  }
+
+ private:
+  static std::uint64_t sum(const std::array<std::uint64_t, kCollectiveKinds>& a) {
+    std::uint64_t n = 0;
+    for (std::uint64_t x : a) n += x;
+    return n;
+  }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -29,6 +68,13 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;
+  // The host rank `rank` runs on, numbered from 0 in the order of each host's lowest rank: bytes to
+  // a rank of another host cross the network. MPI knows (the ranks that share memory); every rank is
+  // on host 0 where the backend cannot tell (a world of one, the program's own ncclComm_t).
+  virtual int host_of(int rank) const {
+    (void)rank;
+    return 0;
+  }
 
   // recv[i] = op over ranks of send[i]. In place when send == recv.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,

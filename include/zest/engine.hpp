@@ -130,6 +130,11 @@ struct EngineStats {
   // gradient_accumulation_steps) counts in neither.
   std::int64_t groups_updated_ahead = 0;
   std::int64_t groups_redone = 0;
+  // Bytes this rank sent over the engine's communicator (zest/communicator.hpp's WireBytes: by
+  // collective, inside its host and across hosts): since construction, and in the last step (from
+  // the end of the step before, or construction: its backward's reductions and its gathers).
+  WireBytes wire;
+  WireBytes wire_last_step;
 };
 
 class Engine {

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "zest/config.hpp"
@@ -35,6 +36,29 @@ struct MemoryEstimate {
 // Throws Error for a parameter list the Engine refuses (empty, a group not one contiguous run, a
 // zero-sized tensor) and for ranks < 1. The config is taken as valid (parse_config checks it).
 MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec>& params, int ranks);
+
+// Bytes one rank sends in one optimizer step, as EngineStats::wire_last_step counts them (the
+// pairwise model of zest/communicator.hpp), on `ranks` ranks numbered host by host, `ranks_per_node`
+// to a host. From the engine's collectives: gradient_accumulation_steps reductions of every
+// gradient (stage 0 all-reduces; stages 1-3 reduce-scatter, multi-group buckets packed), the gather
+// of the updated parameters after the step (stages 1-2, and stage 3's resident groups) and stage
+// 3's two gathers of every other group, forward and backward (a group the gathered pool still holds
+// when backward asks for it is not gathered again: stage3.max_live_bytes can save some of those).
+// Not counted: step()'s all-reduce of two floats (the gradient norm and the overflow flag).
+struct WireEstimate {
+  std::uint64_t reduce = 0;  // gradient reductions
+  std::uint64_t gather = 0;  // parameter all-gathers
+  std::uint64_t inside = 0;  // of reduce + gather: to ranks on this rank's host
+  std::uint64_t across = 0;  // to ranks on other hosts
+  // ZeRO's count for the same model: 2Ψ (stages 0-2) or 3Ψ (stage 3) times (n - 1) / n, Ψ the
+  // parameters' bytes without padding, one micro-batch.
+  std::uint64_t zero_formula = 0;
+  std::uint64_t total() const { return reduce + gather; }
+};
+// Throws Error for the parameter lists estimate_memory refuses, ranks < 1, and ranks_per_node
+// outside 1..ranks or not dividing ranks.
+WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSpec>& params, int ranks,
+                                 int ranks_per_node);
 
 // A model of `params` parameters in `layers` equal groups (one tensor each; the first params %
 // layers groups one parameter larger), for estimates from a parameter count. Throws Error when

@@ -189,6 +189,27 @@ std::size_t per_node(std::size_t per_rank, const Options& o, const char* what) {
   return total;
 }
 
+// Bytes each rank sends per step, by stage (offload does not change them): the engine's count
+// (estimate_wire_bytes) beside ZeRO's formula, split by where the peer is.
+void print_wire_table(const Options& o, const Config& base, const std::vector<ParamSpec>& model) {
+  std::printf("\n%-34s %14s %14s %14s %14s %14s\n", "sent per rank per step", "total", "inside a node", "across nodes",
+              "ZeRO's formula", "reductions");
+  for (int stage = 0; stage <= 3; ++stage) {
+    Config c = base;
+    c.stage = stage;
+    const WireEstimate w = estimate_wire_bytes(c, model, o.ranks, static_cast<int>(o.ranks_per_node));
+    std::printf("%-34s %14s %14s %14s %14s %14s\n", ("wire, stage " + std::to_string(stage)).c_str(),
+                readable(w.total()).c_str(), readable(w.inside).c_str(), readable(w.across).c_str(),
+                readable(w.zero_formula).c_str(), readable(w.reduce).c_str());
+  }
+  std::printf("\nsent per rank per step: bytes each rank sends to the others (each rank's block to every other\n"
+              "rank, as a ring moves), with gradient_accumulation_steps %d; stage 3 counts a forward and a\n"
+              "backward gather of every group above stage3.persistence_threshold (the gathered pool may keep\n"
+              "some between them). ZeRO's formula: 2 (stages 0-2) or 3 (stage 3) x the parameters' bytes x\n"
+              "(ranks - 1) / ranks.\n",
+              base.gradient_accumulation_steps);
+}
+
 void print_table(const Options& o, const Config& base) {
   const int ranks = o.ranks;
   const std::vector<ParamSpec> model = uniform_model(o.params, o.layers);
@@ -231,6 +252,7 @@ void print_table(const Options& o, const Config& base) {
   std::printf("\ndevice/rank: zest's allocations on each device (add activations and workspace); pinned host and\n"
               "NVMe per node: %lld rank%s' offload buffers and swap files.\n",
               static_cast<long long>(o.ranks_per_node), o.ranks_per_node == 1 ? "" : "s");
+  print_wire_table(o, base, model);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "base/trace.hpp"
 #include "engine/step_args.hpp"
 #include "offload/nvme_store.hpp"
+#include "runtime/counting_communicator.hpp"
 #include "zest/error.hpp"
 
 namespace zest {
@@ -95,7 +96,9 @@ struct Engine::State {
 
   const Config config;
   Device& device;
-  Communicator& comm;
+  CountingCommunicator comm;  // the program's, counting what this rank sends
+  WireBytes wire_at_last_step;  // comm.sent() when the last step() ended
+  WireBytes wire_last_step;     // what the last step sent (from the end of the one before)
   const std::vector<ParamSpec> specs;
   const engine::Layout layout;
   const engine::MemoryPlan plan;  // every size allocated below
@@ -161,9 +164,9 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   if (s.plan.offload_optimizer) optimizer_store = nvme_store(config, config.offload.optimizer, comm.rank(), device.host_cpus(), shared_store, store_path);
   if (s.plan.offload_params) param_store = nvme_store(config, config.offload.param, comm.rank(), device.host_cpus(), shared_store, store_path);
   s.staging = std::make_unique<engine::HostStaging>(device, s.plan, config.precision.dtype);
-  s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, comm, stream, s.layout, s.plan, *s.staging,
+  s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, s.comm, stream, s.layout, s.plan, *s.staging,
                                                    std::move(param_store));
-  s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, comm, stream, *s.math, s.layout, s.plan, *s.staging);
+  s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math, s.layout, s.plan, *s.staging);
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
     return std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,
@@ -373,6 +376,16 @@ void Engine::grads_ready(int group) {
 StepResult Engine::step() {
   const trace::Span step_span("step", trace::Lane::host);
   State& s = *state_;
+  // However step() returns, what this rank sent since the last one ended (the backward's reductions,
+  // this step's gathers) is the last step's.
+  struct WireMark {
+    State& s;
+    ~WireMark() {
+      const WireBytes now = s.comm.sent();
+      s.wire_last_step = now - s.wire_at_last_step;
+      s.wire_at_last_step = now;
+    }
+  } const wire_mark{s};
   Stream& stream = *s.comm_stream;
   const engine::Layout& layout = s.layout;
   trace::Span wait_span("wait for reductions", trace::Lane::host);
@@ -429,7 +442,8 @@ EngineStats Engine::stats() const {
   const engine::AheadCounts ahead = s.speculative ? s.speculative->counts() : engine::AheadCounts{};
   return {s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats(),
           s.states->nvme_bytes() + s.params->nvme_bytes(),
-          s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes(), ahead.kept, ahead.redone};
+          s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes(), ahead.kept, ahead.redone,
+          s.comm.sent(), s.wire_last_step};
 }
 
 void Engine::save(const std::string& dir) {

@@ -35,6 +35,43 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
   return e;
 }
 
+WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSpec>& params, int ranks,
+                                 int ranks_per_node) {
+  if (ranks < 1)
+    throw Error(std::string("estimate_wire_bytes: ranks must be at least 1, got ").append(std::to_string(ranks)));
+  if (ranks_per_node < 1 || ranks_per_node > ranks || ranks % ranks_per_node != 0)
+    throw Error(std::string("estimate_wire_bytes: ").append(std::to_string(ranks_per_node))
+                    .append(" ranks per node do not divide ").append(std::to_string(ranks))
+                    .append(" ranks; give a divisor of the rank count"));
+  WireEstimate w;
+  const auto n = static_cast<std::uint64_t>(ranks);
+  const std::uint64_t element = dtype_size(config.precision.dtype);
+  const auto micro_batches = static_cast<std::uint64_t>(config.gradient_accumulation_steps);
+  const engine::Layout layout(params, config.stage == 0 ? 1 : ranks);
+  w.zero_formula = (config.stage == 3 ? 3 : 2) * layout.numel() * element * (n - 1) / n;
+  if (ranks == 1) return w;
+  // Bytes to each other rank: every collective sends each peer the same (stage 0's all-reduce
+  // blocks differ by at most an element; counted as even).
+  std::uint64_t reduce = 0, gather = 0;
+  if (config.stage == 0) {
+    reduce = micro_batches * 2 * layout.full_numel() * element / n;
+  } else {
+    const engine::MemoryPlan plan = engine::plan_memory(config, layout, engine::SubGroups::sizes_only);
+    for (int g = 0; g < layout.group_count(); ++g) {
+      const std::uint64_t shard = layout.group(g).shard * element;
+      reduce += micro_batches * shard;
+      const bool gathered_on_use = config.stage == 3 && plan.resident[static_cast<std::size_t>(g)] == 0;
+      gather += gathered_on_use ? 2 * shard : shard;
+    }
+  }
+  const auto inside = static_cast<std::uint64_t>(ranks_per_node - 1), across = n - 1 - inside;
+  w.reduce = reduce * (n - 1);
+  w.gather = gather * (n - 1);
+  w.inside = (reduce + gather) * inside;
+  w.across = (reduce + gather) * across;
+  return w;
+}
+
 std::vector<ParamSpec> uniform_model(std::size_t params, int layers) {
   if (layers < 1)
     throw Error(std::string("uniform_model: layers must be at least 1, got ").append(std::to_string(layers)));

@@ -69,6 +69,8 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
   // Zeros where the step reads before anything is written: unwritten gradients, padding.
   if (grads_) device.memset_async(grads_.data(), 0, grads_.bytes(), stream_);
   for (const Slot& slot : slots_) device.memset_async(slot.buffer.data(), 0, slot.buffer.bytes(), stream_);
+  if (plan.reduce_pack > 0) pack_ = device.allocate(plan.reduce_pack, MemoryCategory::buffers);
+  parts_.reserve(groups * static_cast<std::size_t>(micro_batches_));
 }
 
 char* GradBuckets::grad(int g) {
@@ -120,13 +122,46 @@ void GradBuckets::flush() {
   if (open_ >= 0) seal(open_);
 }
 
-// One collective over the bucket's used span, then each group added to the accumulated gradient.
-// A bucket of one group is reduce-scattered where only the shard is kept. A bucket of several
-// groups is all-reduced and each rank takes its shards from the result: a reduce-scatter would need
-// the groups' shards packed rank-major, i.e. a second bucket-sized buffer and a copy each way, while
-// the all-reduce needs no memory beyond the plan. It moves about twice a reduce-scatter's bytes,
-// which matters only for large groups, and those fill a bucket alone: several groups share one only
-// when each is smaller than buckets.reduce, where the collective's latency dominates.
+// The collective over a bucket: stage 0 all-reduces it (every rank updates every parameter); stages
+// 1-3 reduce-scatter it, since each rank updates only its shard (ZeRO's byte count: an all-reduce
+// moves twice a reduce-scatter's). A bucket of one group is reduce-scattered in place; several
+// groups are packed rank-major first (rank r's shards of each group, one after another), so one
+// collective serves them all, and each rank's shards arrive together in its piece of the pack.
+// Returns where this rank's reduced part of each entry is, in `parts_` (entry order).
+void GradBuckets::collect(const Bucket& b, char* data) {
+  parts_.clear();
+  // Without a pack (the plan saw no two groups fit a bucket; a group reduced twice in one, past
+  // gradient_accumulation_steps) each group is reduce-scattered alone.
+  const bool pack = stage_ >= 1 && comm_.size() > 1 && b.entries.size() > 1 && pack_;
+  if (!pack) {
+    if (stage_ == 0 && comm_.size() > 1) comm_.all_reduce(data, data, b.used, dtype_, ReduceOp::sum, stream_);
+    for (const Bucket::Entry& e : b.entries) {
+      char* const mine = data + bytes(e.offset + shard_begin(e.group));
+      if (stage_ >= 1 && comm_.size() > 1)
+        comm_.reduce_scatter(data + bytes(e.offset), mine, layout_.group(e.group).shard, dtype_, ReduceOp::sum,
+                             stream_);
+      parts_.push_back(mine);
+    }
+    return;
+  }
+  std::size_t piece = 0;  // a rank's piece of the pack: every entry's shard
+  for (const Bucket::Entry& e : b.entries) piece += layout_.group(e.group).shard;
+  char* const packed = pack_.as<char>();
+  const auto ranks = static_cast<std::size_t>(comm_.size());
+  std::size_t at = 0;  // of the entry's shard in a piece
+  for (const Bucket::Entry& e : b.entries) {
+    const std::size_t shard = layout_.group(e.group).shard;
+    for (std::size_t r = 0; r < ranks; ++r)
+      device_.copy_async(packed + bytes(r * piece + at), data + bytes(e.offset + r * shard), bytes(shard), stream_);
+    parts_.push_back(packed + bytes(static_cast<std::size_t>(rank_) * piece + at));
+    at += shard;
+  }
+  comm_.reduce_scatter(packed, packed + bytes(static_cast<std::size_t>(rank_) * piece), piece, dtype_, ReduceOp::sum,
+                       stream_);
+}
+
+// One collective over the bucket (collect), then each group's part added to the accumulated
+// gradient.
 void GradBuckets::reduce(int slot) {
   Slot& staging = slots_[static_cast<std::size_t>(slot)];
   Bucket& b = buckets_[static_cast<std::size_t>(slot)];
@@ -135,27 +170,17 @@ void GradBuckets::reduce(int slot) {
     // On the stream, from the collective to the gradient in its shard; n: the bucket's first group.
     const StreamSpan span(stream_, "reduce", trace::Lane::comm_stream,
                           b.entries.empty() ? -1 : b.entries.front().group);
-    if (!full_grads() && b.entries.size() == 1) {
-      const int g = b.entries.front().group;
-      comm_.reduce_scatter(data, data + bytes(shard_begin(g)), layout_.group(g).shard, dtype_, ReduceOp::sum, stream_);
-    } else if (comm_.size() > 1) {
-      comm_.all_reduce(data, data, b.used, dtype_, ReduceOp::sum, stream_);
-    }
+    collect(b, data);
     std::size_t landed = 0;
     final_now_.clear();
-    for (const Bucket::Entry& e : b.entries) {
+    for (std::size_t i = 0; i < b.entries.size(); ++i) {
+      const Bucket::Entry& e = b.entries[i];
       const int reductions = ++reductions_[static_cast<std::size_t>(e.group)];
       if (watcher_ && reductions > micro_batches_) watcher_->changing(e.group);
       if (reductions == micro_batches_) final_now_.push_back(e.group);
-      const auto& place = layout_.group(e.group);
       const bool first = !summed_[static_cast<std::size_t>(e.group)];
       summed_[static_cast<std::size_t>(e.group)] = true;
-      char* const reduced = data + bytes(e.offset);
-      if (full_grads())
-        accumulate(accumulated() + bytes(place.full_offset), reduced, place.padded, first, landed);
-      else
-        accumulate(accumulated() + bytes(place.shard_offset), reduced + bytes(shard_begin(e.group)), place.shard, first,
-                   landed);
+      accumulate(accumulated() + bytes(shard_at(e.group)), parts_[i], layout_.group(e.group).shard, first, landed);
     }
   }
   if (watcher_)
@@ -181,9 +206,11 @@ void GradBuckets::accumulate(char* dst, const char* src, std::size_t count, bool
   host_math_->accumulate(dst, land, count, dtype_, false, stream_);
 }
 
-const char* GradBuckets::reduced(int g) const {
+const char* GradBuckets::reduced(int g) const { return accumulated() + bytes(shard_at(g)); }
+
+std::size_t GradBuckets::shard_at(int g) const {
   const auto& place = layout_.group(g);
-  return accumulated() + bytes(full_grads() ? place.full_offset + shard_begin(g) : place.shard_offset);
+  return full_grads() ? place.full_offset + shard_begin(g) : place.shard_offset;
 }
 
 void GradBuckets::grad_stats(GradStatsScalars* out) {

@@ -7,8 +7,10 @@
 // small messages. A bucket is sealed when the next group does not fit, when no group could fit in
 // what is left, or at step(); a sealed bucket whose groups are all ready is reduced at once on the
 // comm stream (while backward goes on), added to the accumulated gradient (the first reduction of
-// a step overwrites it) and zeroed for its next use. Stages 0 and 1 accumulate every group in full,
-// stages 2 and 3 only this rank's shard. Two buckets exist (MemoryPlan::kStagingSlots).
+// a step overwrites it) and zeroed for its next use. Stage 0 all-reduces and accumulates every group
+// in full; stages 1-3 reduce-scatter and accumulate this rank's shard (stage 1 at its place in a
+// full-sized gradient, ZeRO-1's memory; stages 2-3 in a shard-sized one). Two buckets exist
+// (MemoryPlan::kStagingSlots).
 //
 // With the whole optimizer offloaded at stages 2-3 (MemoryPlan::grads_on_host) the accumulated
 // shard lives in pinned host memory, where the CPU Adam reads it: after each bucket's reduction its
@@ -98,6 +100,8 @@ class GradBuckets {
   // Where this rank's shard of group g starts in the group's segment, elements.
   std::size_t shard_begin(int g) const { return layout_.shard_begin(g, rank_); }
   std::size_t bytes(std::size_t elements) const { return elements * dtype_size(dtype_); }
+  // Where group g's reduced shard is kept in the accumulated gradient, elements.
+  std::size_t shard_at(int g) const;
   void place(int g);
   void seal(int slot);
   void reduce(int slot);
@@ -118,6 +122,8 @@ class GradBuckets {
     int writing = 0;             // entries whose ready() has not come yet
     bool sealed = false;         // takes no more groups: reduced as soon as writing is 0
   };
+  // Runs the bucket's collective; parts_ then holds where this rank's reduced part of each entry is.
+  void collect(const Bucket& b, char* data);
 
   Device& device_;
   Communicator& comm_;
@@ -139,6 +145,8 @@ class GradBuckets {
   std::vector<GradSpan> spans_;  // grad_stats's, reserved
   SlotPool slots_;      // all zero while free
   std::vector<Bucket> buckets_;  // per slot
+  DeviceBuffer pack_;            // plan.reduce_pack: a multi-group bucket packed rank-major
+  std::vector<const char*> parts_;  // collect()'s: this rank's reduced part of each entry, reserved
   int open_ = -1;                // the slot grad() places the next group in, or -1
   std::size_t limit_ = 0;        // elements: buckets.reduce; a larger group fills a bucket alone
   std::size_t smallest_group_ = 0;  // elements: a bucket with less room left is full

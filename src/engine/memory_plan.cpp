@@ -185,6 +185,15 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
   p.bucket_elements = std::max(layout.largest_segment(), p.bucket_fill);
   p.staging_slot = bytes(p.bucket_elements);
   add(MemoryCategory::buffers, MemoryPlan::kStagingSlots * p.staging_slot);
+  if (config.stage >= 1 && partitions > 1 && layout.group_count() > 1) {
+    std::vector<std::size_t> segments;
+    for (int g = 0; g < layout.group_count(); ++g) segments.push_back(layout.group(g).padded);
+    std::partial_sort(segments.begin(), segments.begin() + 2, segments.end());
+    // Two groups share a bucket only where they fit in bucket_fill together; such a bucket never
+    // holds more than that.
+    if (segments[0] + segments[1] <= p.bucket_fill) p.reduce_pack = bytes(p.bucket_fill);
+  }
+  add(MemoryCategory::buffers, p.reduce_pack);
   if (p.grads_on_host) p.grad_landing = bytes(p.bucket_elements / partitions);
   if (sharded) {
     // Gathered buffers for the groups that are not resident: as many as max_live_bytes holds, at

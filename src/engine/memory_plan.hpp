@@ -124,6 +124,10 @@ struct MemoryPlan {
   std::size_t bucket_fill = 0;  // groups share a bucket up to this many elements (buckets.reduce)
   std::size_t staging_slot = 0;
   static constexpr std::size_t kStagingSlots = 2;
+  // Stages 1-3 on several ranks, where a bucket can hold several groups: the reduce-scatter's send
+  // buffer, a bucket's groups packed rank-major (rank r's shards of each, one after another), as
+  // ZeRO's byte count needs (an all-reduce moves twice the bytes). One: reductions run in order.
+  std::size_t reduce_pack = 0;
   std::size_t gathered_slot = 0;         // stage 3: full parameters of one non-resident group
   std::size_t gathered_count = 0;
   std::size_t gathered_shard = 0;        // stage 3, offloaded parameters: per gathered buffer

@@ -24,7 +24,8 @@ bool cuda_device_available() { return false; }
 std::unique_ptr<Communicator> make_nccl_communicator(Device& /*device*/, int /*rank*/,
                                                      int /*size*/,
                                                      const BroadcastFromRankZero& /*broadcast*/,
-                                                     std::chrono::milliseconds /*timeout*/) {
+                                                     std::chrono::milliseconds /*timeout*/,
+                                                     std::vector<int> /*hosts*/) {
   throw SystemError(
       "the nccl communicator needs CUDA, but zest was built without CUDA; rebuild with "
       "-Dcuda=enabled on a machine with the CUDA toolkit, or set device.type: cpu and "

@@ -122,6 +122,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
     watchdog_ = std::make_unique<CollectiveWatchdog>(comm_, timeout);
     ZEST_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     ZEST_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    hosts_ = host_numbers(comm_);
     ZEST_MPI_CHECK(
         MPI_Op_create(&reduce_16bit<fp16_to_float, float_to_fp16, false>, 1, &half_ops_[0]));
     ZEST_MPI_CHECK(
@@ -138,6 +139,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
     MPI_Comm_free(&comm_);
     throw;
   }
+}
+
+int MpiCommunicator::host_of(int rank) const {
+  if (rank < 0 || rank >= size_)
+    throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +
+                    std::to_string(size_) + " ranks (0 to size() - 1)");
+  return hosts_[static_cast<std::size_t>(rank)];
 }
 
 // Errors are ignored: a destructor cannot report them, and MPI_ERRORS_RETURN keeps them from

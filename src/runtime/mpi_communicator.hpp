@@ -32,6 +32,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "runtime/collective_watchdog.hpp"
 #include "runtime/mpi_session.hpp"
@@ -65,6 +66,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "mpi"; }
+  int host_of(int rank) const override;
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
@@ -127,6 +129,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm host_comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> hosts_;  // rank -> host (host_numbers)
   std::size_t max_chunk_;
   // User-defined reductions for the 16-bit types: [fp16 sum, fp16 max, bf16 sum, bf16 max].
   MPI_Op half_ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};

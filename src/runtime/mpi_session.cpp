@@ -36,6 +36,27 @@ struct LocalComm {
 
 }  // namespace
 
+std::vector<int> host_numbers(MPI_Comm comm) {
+  int rank = 0, size = 0;
+  ZEST_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  ZEST_MPI_CHECK(MPI_Comm_size(comm, &size));
+  LocalComm local;
+  ZEST_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local.comm));
+  int lowest = rank;  // of this host's ranks: names the host
+  ZEST_MPI_CHECK(MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, local.comm));
+  std::vector<int> lowest_of(static_cast<std::size_t>(size));
+  ZEST_MPI_CHECK(MPI_Allgather(&lowest, 1, MPI_INT, lowest_of.data(), 1, MPI_INT, comm));
+  // A host's lowest rank is the first of its ranks met in rank order: number the hosts as met.
+  std::vector<int> host_of_lowest(static_cast<std::size_t>(size), -1), hosts(static_cast<std::size_t>(size));
+  int next = 0;
+  for (std::size_t r = 0; r < hosts.size(); ++r) {
+    int& host = host_of_lowest[static_cast<std::size_t>(lowest_of[r])];
+    if (host < 0) host = next++;
+    hosts[r] = host;
+  }
+  return hosts;
+}
+
 MpiSession::MpiSession() {
   int finalized = 0;
   ZEST_MPI_CHECK(MPI_Finalized(&finalized));

@@ -5,7 +5,13 @@
 
 #include <mpi.h>
 
+#include <vector>
+
 namespace zest {
+
+// The host of each rank of `comm` (collective over it): ranks that share memory (MPI_Comm_split_type
+// MPI_COMM_TYPE_SHARED) are one host, numbered from 0 in the order of each host's lowest rank.
+std::vector<int> host_numbers(MPI_Comm comm);
 
 class MpiSession {
  public:

@@ -100,8 +100,9 @@ class NcclCommunicator final : public Communicator {
  public:
   // `owned`: zest made `comm` and ends it; otherwise the program does, after this is destroyed.
   // `timeout` (comm.timeout; 0 = none): a collective not complete after it aborts `comm`.
-  NcclCommunicator(ncclComm_t comm, bool owned, int ordinal, std::chrono::milliseconds timeout)
-      : ordinal_(ordinal), comm_(comm), owned_(owned) {
+  // `hosts`: each rank's host, or empty (all on one host).
+  NcclCommunicator(ncclComm_t comm, bool owned, int ordinal, std::chrono::milliseconds timeout, std::vector<int> hosts)
+      : ordinal_(ordinal), comm_(comm), owned_(owned), hosts_(std::move(hosts)) {
     try {
       ZEST_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
       ZEST_NCCL_CHECK(ncclCommCount(comm_, &size_));
@@ -125,6 +126,12 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
+  int host_of(int rank) const override {
+    if (rank < 0 || rank >= size_)
+      throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +
+                      std::to_string(size_) + " ranks (0 to size() - 1)");
+    return hosts_.empty() ? 0 : hosts_[static_cast<std::size_t>(rank)];
+  }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override {
@@ -276,6 +283,7 @@ class NcclCommunicator final : public Communicator {
   int ordinal_;
   ncclComm_t comm_;
   bool owned_;
+  std::vector<int> hosts_;
   int rank_ = 0;
   int size_ = 1;
   cudaStream_t host_stream_ = nullptr;
@@ -299,11 +307,11 @@ int checked_ordinal(const Device& device) {
 
 std::unique_ptr<Communicator> make_nccl_communicator(Device& device, int rank, int size,
                                                      const BroadcastFromRankZero& broadcast,
-                                                     std::chrono::milliseconds timeout) {
+                                                     std::chrono::milliseconds timeout, std::vector<int> hosts) {
   const int ordinal = checked_ordinal(device);
   ncclComm_t comm = start_nccl(ordinal, rank, size, broadcast);
   try {
-    return std::make_unique<NcclCommunicator>(comm, true, ordinal, timeout);
+    return std::make_unique<NcclCommunicator>(comm, true, ordinal, timeout, std::move(hosts));
   } catch (...) {
     static_cast<void>(ncclCommAbort(comm));
     throw;
@@ -324,7 +332,7 @@ std::unique_ptr<Communicator> make_communicator(ncclComm_t comm, Device& device,
                     std::to_string(comm_device) + " but the device is " + device.name() +
                     "; pass the zest Device of the GPU the communicator was made on");
   }
-  return std::make_unique<NcclCommunicator>(comm, false, ordinal, timeout);
+  return std::make_unique<NcclCommunicator>(comm, false, ordinal, timeout, std::vector<int>{});
 }
 
 }  // namespace zest

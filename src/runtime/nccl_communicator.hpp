@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "zest/communicator.hpp"
 #include "zest/device.hpp"
@@ -23,9 +24,10 @@ using BroadcastFromRankZero = std::function<void(void* data, std::size_t bytes)>
 // Throws CommError when `device` is not a cuda Device or NCCL cannot start, and SystemError when
 // zest was built without CUDA. `device` must outlive the communicator. `timeout` (comm.timeout;
 // 0 = none): a collective not complete after it aborts NCCL on this rank and raises CommError at
-// the communicator's next operation (runtime/pending_watchdog.hpp).
+// the communicator's next operation (runtime/pending_watchdog.hpp). `hosts`: each rank's host
+// (Communicator::host_of), or empty where every rank is on one host.
 std::unique_ptr<Communicator> make_nccl_communicator(Device& device, int rank, int size,
                                                      const BroadcastFromRankZero& broadcast,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout, std::vector<int> hosts);
 
 }  // namespace zest

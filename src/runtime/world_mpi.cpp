@@ -30,7 +30,7 @@ class MpiWorld final : public World {
                                           ZEST_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes),
                                                                    MPI_BYTE, 0, world));
                                         },
-                                        timeout);
+                                        timeout, host_numbers(world));
   }
 
  private:

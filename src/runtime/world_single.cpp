@@ -50,7 +50,7 @@ class SingleWorld final : public World {
 
   // NCCL over one rank: the id needs no carrying.
   std::unique_ptr<Communicator> make_nccl_communicator(Device& device, std::chrono::milliseconds timeout) override {
-    return zest::make_nccl_communicator(device, 0, 1, [](void*, std::size_t) {}, timeout);
+    return zest::make_nccl_communicator(device, 0, 1, [](void*, std::size_t) {}, timeout, {});
   }
 };
 

@@ -195,9 +195,11 @@ TEST(Buckets, MemoryIsThePlannedBucketSize) {
       EXPECT_EQ(device->memory_stats().current_total, 0u);
     }
     // From one group per bucket (the largest, 1001 elements padded) to 8 KiB buckets: two buckets
-    // of 2048 fp32 elements instead of the largest group's.
+    // of 2048 fp32 elements instead of the largest group's, and on several ranks the pack a
+    // multi-group bucket is reduce-scattered from (8 KiB).
     const std::size_t largest = padded(specs.back(), comm->size());
-    EXPECT_EQ(buffers[1] - buffers[0], 2 * (std::max<std::size_t>(2048, largest) - largest) * sizeof(float))
+    const std::size_t pack = comm->size() > 1 ? 8192 : 0;
+    EXPECT_EQ(buffers[1] - buffers[0], 2 * (std::max<std::size_t>(2048, largest) - largest) * sizeof(float) + pack)
         << "stage " << stage;
   }
 }
@@ -340,6 +342,65 @@ TEST(Buckets, TrainerErrorsNameTheGroupAndWhatToDo) {
   }
   engine.grads_ready(4);
   EXPECT_FALSE(engine.step().skipped);
+}
+
+// Bytes on the wire (EngineStats::wire_last_step), 128 equal groups of 1024 elements (no padding
+// at 2 or 4 ranks) in 16 KiB reduce buckets of 4 groups each: every stage's reductions and gathers
+// send what estimate_wire_bytes says, by collective, and that is ZeRO's count within 1%: 2Ψ (n-1)/n
+// at stages 0-2 (stages 1-2 reduce-scatter their multi-group buckets: an all-reduce would be 3Ψ),
+// 3Ψ (n-1)/n at stage 3 (forward and backward gathers; the gathered pool of two saves at most two
+// of its 256 gathers). One host here: nothing crosses hosts (tests/examples/multihost_test.sh
+// counts across two).
+TEST(WireBytes, EveryStageSendsZerosByteCount) {
+  constexpr int kWireGroups = 128;
+  constexpr std::size_t kGroupElements = 1024;
+  std::vector<ParamSpec> specs;
+  for (int g = 0; g < kWireGroups; ++g) specs.push_back({"layer" + std::to_string(g), {kGroupElements}, g});
+  for (int stage : {0, 1, 2, 3}) {
+    Options o;
+    o.stage = stage;
+    o.specs = specs;
+    o.reduce_bucket = 4 * kGroupElements * sizeof(float);
+    o.max_live = 1;  // stage 3: the pool's least, two groups
+    MpiSession session;
+    auto device = make_cpu_device(std::size_t{256} << 20);
+    auto real = make_mpi_communicator(session, *device);
+    CountingCommunicator comm(*real);
+    const int n = comm.size();
+    int gathers = 0;  // the last step's all-gathers (from the end of the step before)
+    EngineStats stats;
+    const auto got = train_engine(o, 2, *device, comm, &stats, [&] { gathers = comm.take_gathers(); });
+    EXPECT_LT(max_relative_error(got, train_reference(o, 2)), 1e-6) << "stage " << stage;
+    const WireEstimate want = estimate_wire_bytes(make_config(o), specs, n, n);
+    const WireBytes& sent = stats.wire_last_step;
+    const std::uint64_t peers = static_cast<std::uint64_t>(n - 1);
+    const std::uint64_t shard = kGroupElements * sizeof(float) / static_cast<std::uint64_t>(n);
+    EXPECT_EQ(sent.across(), 0u) << "stage " << stage;
+    if (stage == 0) {
+      // Uneven all-reduce blocks (a bucket of 4096 elements over n ranks) round differently.
+      EXPECT_NEAR(static_cast<double>(sent.of(Collective::all_reduce)), static_cast<double>(want.reduce),
+                  4.0 * static_cast<double>(kWireGroups * peers)) << "stage 0";
+      EXPECT_EQ(sent.of(Collective::reduce_scatter) + sent.of(Collective::all_gather), 0u) << "stage 0";
+    } else {
+      EXPECT_EQ(sent.of(Collective::reduce_scatter), want.reduce) << "stage " << stage;
+      // Only step()'s two floats are all-reduced.
+      EXPECT_LE(sent.of(Collective::all_reduce), 2 * sizeof(float) * peers) << "stage " << stage;
+      if (stage < 3) {
+        EXPECT_EQ(sent.of(Collective::all_gather), want.gather) << "stage " << stage;
+      } else if (n > 1) {
+        EXPECT_EQ(sent.of(Collective::all_gather), static_cast<std::uint64_t>(gathers) * shard * peers);
+        EXPECT_LE(gathers, 2 * kWireGroups);
+        EXPECT_GE(gathers, 2 * kWireGroups - 2);
+        EXPECT_LE(sent.of(Collective::all_gather), want.gather);
+      }
+    }
+    if (n == 1) {
+      EXPECT_EQ(sent.total(), 0u);
+      continue;
+    }
+    const double zero = static_cast<double>(want.zero_formula);
+    EXPECT_NEAR(static_cast<double>(sent.total()), zero, 0.01 * zero) << "stage " << stage;
+  }
 }
 
 }  // namespace

@@ -92,6 +92,8 @@ Config memory_config(int stage, std::size_t budget) {
 // 256 bytes for step()'s scalars.
 std::size_t buffer_bound(const Config& c) {
   std::size_t bound = 2 * std::max(c.buckets.reduce_bytes, segment_bound()) + c.buckets.allgather_bytes + 256;
+  // Stages 1-3: a bucket of several groups is packed rank-major for its reduce-scatter.
+  if (c.stage >= 1) bound += c.buckets.reduce_bytes;
   if (c.stage == 3) bound += std::max(c.stage3.max_live_bytes, 2 * segment_bound());
   return bound;
 }

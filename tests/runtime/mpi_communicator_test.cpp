@@ -239,6 +239,20 @@ TEST_F(MpiCommunicatorTest, FactoryBuildsTheMpiBackend) {
   EXPECT_EQ(comm->size(), size_);
 }
 
+// Every rank of a test job shares one host (mpirun on this machine): host 0, as the session's local
+// ranks say. A rank outside the communicator is a CommError naming the range. (Two hosts:
+// tests/examples/multihost_test.sh sees the bytes zest-train sends split between them.)
+TEST_F(MpiCommunicatorTest, HostOfEveryRankIsThisHost) {
+  EXPECT_EQ(session_->local_size(), size_);
+  for (int r = 0; r < size_; ++r) EXPECT_EQ(comm_->host_of(r), 0) << "rank " << r;
+  try {
+    comm_->host_of(size_);
+    ADD_FAILURE() << "host_of(size()) did not throw";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("0 to size() - 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(MpiCommunicatorTest, AllReduceEveryDTypeAndOp) {
   DeviceBuffer send = buffer(kMaxCount);
   DeviceBuffer recv = buffer(kMaxCount);
