@@ -131,8 +131,9 @@ struct EngineStats {
   std::int64_t groups_updated_ahead = 0;
   std::int64_t groups_redone = 0;
   // Bytes this rank sent over the engine's communicator (zest/communicator.hpp's WireBytes: by
-  // collective, inside its host and across hosts): since construction, and in the last step (from
-  // the end of the step before, or construction: its backward's reductions and its gathers).
+  // collective, inside its host and across hosts): since construction, and in the last step, i.e.
+  // everything from the end of the step before (or construction) to the end of this one: its
+  // backward's reductions and its gathers, and any get_param or load() called in between.
   WireBytes wire;
   WireBytes wire_last_step;
 };

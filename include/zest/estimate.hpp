@@ -42,8 +42,9 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
 // to a host. From the engine's collectives: gradient_accumulation_steps reductions of every
 // gradient (stage 0 all-reduces; stages 1-3 reduce-scatter, multi-group buckets packed), the gather
 // of the updated parameters after the step (stages 1-2, and stage 3's resident groups) and stage
-// 3's two gathers of every other group, forward and backward (a group the gathered pool still holds
-// when backward asks for it is not gathered again: stage3.max_live_bytes can save some of those).
+// 3's two gathers of every other group per micro-batch, forward and backward (a group the gathered
+// pool still holds when backward asks for it is not gathered again: stage3.max_live_bytes can save
+// some of those).
 // Not counted: step()'s all-reduce of two floats (the gradient norm and the overflow flag).
 struct WireEstimate {
   std::uint64_t reduce = 0;  // gradient reductions
@@ -55,8 +56,8 @@ struct WireEstimate {
   std::uint64_t zero_formula = 0;
   std::uint64_t total() const { return reduce + gather; }
 };
-// Throws Error for the parameter lists estimate_memory refuses, ranks < 1, and ranks_per_node
-// outside 1..ranks or not dividing ranks.
+// Throws Error for the parameter lists estimate_memory refuses, ranks < 1, ranks_per_node outside
+// 1..ranks or not dividing ranks, and figures past 64 bits.
 WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSpec>& params, int ranks,
                                  int ranks_per_node);
 

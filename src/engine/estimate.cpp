@@ -43,32 +43,45 @@ WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSp
     throw Error(std::string("estimate_wire_bytes: ").append(std::to_string(ranks_per_node))
                     .append(" ranks per node do not divide ").append(std::to_string(ranks))
                     .append(" ranks; give a divisor of the rank count"));
+  // Products of counts that a huge model, rank count or accumulation could take past 64 bits.
+  const auto times = [](std::uint64_t a, std::uint64_t b) {
+    std::uint64_t product = 0;
+    if (__builtin_mul_overflow(a, b, &product))
+      throw Error("estimate_wire_bytes: the bytes per step do not fit in 64 bits; give fewer parameters, ranks or "
+                  "gradient_accumulation_steps");
+    return product;
+  };
   WireEstimate w;
   const auto n = static_cast<std::uint64_t>(ranks);
   const std::uint64_t element = dtype_size(config.precision.dtype);
   const auto micro_batches = static_cast<std::uint64_t>(config.gradient_accumulation_steps);
   const engine::Layout layout(params, config.stage == 0 ? 1 : ranks);
-  w.zero_formula = (config.stage == 3 ? 3 : 2) * layout.numel() * element * (n - 1) / n;
+  const std::uint64_t psi = times(layout.numel(), element);
+  // (n - 1) / n of it, without the product's overflow: q (n - 1) + r (n - 1) / n, psi = q n + r.
+  w.zero_formula = times(config.stage == 3 ? 3 : 2, psi / n * (n - 1) + psi % n * (n - 1) / n);
   if (ranks == 1) return w;
   // Bytes to each other rank: every collective sends each peer the same (stage 0's all-reduce
   // blocks differ by at most an element; counted as even).
   std::uint64_t reduce = 0, gather = 0;
   if (config.stage == 0) {
-    reduce = micro_batches * 2 * layout.full_numel() * element / n;
+    reduce = times(micro_batches, 2 * times(layout.full_numel(), element) / n);
   } else {
     const engine::MemoryPlan plan = engine::plan_memory(config, layout, engine::SubGroups::sizes_only);
     for (int g = 0; g < layout.group_count(); ++g) {
       const std::uint64_t shard = layout.group(g).shard * element;
-      reduce += micro_batches * shard;
+      reduce += shard;
+      // Stage 3 gathers a group on use each micro-batch, forward and backward; the others once,
+      // after the step.
       const bool gathered_on_use = config.stage == 3 && plan.resident[static_cast<std::size_t>(g)] == 0;
-      gather += gathered_on_use ? 2 * shard : shard;
+      gather += gathered_on_use ? times(2 * micro_batches, shard) : shard;
     }
+    reduce = times(micro_batches, reduce);
   }
   const auto inside = static_cast<std::uint64_t>(ranks_per_node - 1), across = n - 1 - inside;
-  w.reduce = reduce * (n - 1);
-  w.gather = gather * (n - 1);
-  w.inside = (reduce + gather) * inside;
-  w.across = (reduce + gather) * across;
+  w.reduce = times(reduce, n - 1);
+  w.gather = times(gather, n - 1);
+  w.inside = times(reduce + gather, inside);
+  w.across = times(reduce + gather, across);
   return w;
 }
 

@@ -70,7 +70,7 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
   if (grads_) device.memset_async(grads_.data(), 0, grads_.bytes(), stream_);
   for (const Slot& slot : slots_) device.memset_async(slot.buffer.data(), 0, slot.buffer.bytes(), stream_);
   if (plan.reduce_pack > 0) pack_ = device.allocate(plan.reduce_pack, MemoryCategory::buffers);
-  parts_.reserve(groups * static_cast<std::size_t>(micro_batches_));
+  parts_.reserve(groups);
 }
 
 char* GradBuckets::grad(int g) {
