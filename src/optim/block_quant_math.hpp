@@ -14,8 +14,8 @@
 // Error: |x - code * s| <= s / 2, plus the rounding of the product code * s to float (and of the
 // output type). Two exceptions, both far outside what gradients and weights hold: a block whose s
 // is subnormal (absmax < qmax * 2^-126, about 1.5e-36 for int8) has s rounded to a multiple of
-// 2^-149, which adds up to qmax * 2^-150; and for int8 a block whose absmax lies within about
-// 2^-24 of FLT_MAX decodes its largest elements to Inf (127 * s rounds past FLT_MAX).
+// 2^-149, which adds up to qmax * 2^-150; and for int8 a block whose absmax lies within a relative
+// 2^-24 or so of FLT_MAX decodes its largest elements to Inf (127 * s rounds past FLT_MAX).
 //
 // The buffer. One record per block, back to back: [s: fp32, host byte order][codes], the codes of
 // int8 one byte each (two's complement), of int4 two per byte (element 2k in the low nibble of byte
@@ -30,9 +30,10 @@
 // The element functions are templates over F (float or a GCC vector of floats) and U (uint32_t or
 // a vector of them), as in compact_math.hpp: they use no comparison (a comparison gives bool on
 // scalars but a mask on vectors), so one text means the same on every type. The float operations
-// are one division (encode), one addition (the rounding to an integer) and one multiplication
-// (decode), each correctly rounded on every backend (the CPU variants are compiled with
-// -ffp-contract=off, the CUDA kernels with -fmad=false): every backend gets the same bits.
+// are a division and an addition (encode: the quotient, its rounding to an integer), an exact
+// subtraction and a multiplication (decode; dequantize-and-add adds once more), each correctly
+// rounded on every backend (the CPU variants are compiled with -ffp-contract=off, the CUDA kernels
+// with -fmad=false): every backend gets the same bits.
 #pragma once
 
 #include <cstddef>
@@ -45,9 +46,9 @@
 
 namespace zest::optim {
 
-// Elements per scale. 256: the scale costs 1.6 % of an int8 buffer and 3 % of an int4 one
-// (DeepSpeed's qgZ uses groups of this order), and a block is whole vectors of every variant and
-// 8 codes per lane of a CUDA warp.
+// Elements per scale. 256: the scale costs 1.6 % of an int8 buffer and 3 % of an int4 one, one
+// outlier coarsens only 256 neighbours, and a block is whole vectors of every variant and 8 codes
+// per lane of a CUDA warp.
 constexpr std::size_t kQuantBlock = 256;
 
 enum class QuantBits : std::uint8_t { int4 = 4, int8 = 8 };
