@@ -1,6 +1,7 @@
 // The CPU Adam kernels, one source compiled once per instruction set (see meson.build): with
 // -mavx512* it uses 16-lane vectors, with -mavx2 -mfma -mf16c 8 lanes, with no flags one lane.
 // ZEST_ADAM_ISA_NS names the namespace each copy lands in.
+// The vector types, loads and stores are optim/isa_vector.hpp's.
 //
 // Every function here has internal linkage or lives in the per-ISA namespace, and the vector
 // builds never call an inline function of a shared header with a scalar argument: otherwise the
@@ -13,34 +14,21 @@
 
 #include "optim/adam_kernels.hpp"
 #include "optim/compact_math.hpp"
+#include "optim/isa_vector.hpp"
 
 #if !defined(ZEST_ADAM_ISA_NS)
 #error "compile adam_kernels.cpp with -DZEST_ADAM_ISA_NS=<namespace> (see src/optim/meson.build)"
 #endif
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-#if defined(__AVX512F__)
-// GCC 12's AVX-512 headers start some conversions from _mm512_undefined_*(), which -O3 then
-// reports as maybe-uninitialized wherever they are inlined (and, in the int8 block loop, as
-// uninitialized: the same false report).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 namespace zest::optim {
 
-// Plain GCC vector types (the intrinsics' __m512/__m256 carry may_alias, which a template
-// argument drops); they convert implicitly to and from the intrinsics' types.
+// The vector square root of adam_update (VecF: optim/isa_vector.hpp).
 #if defined(__AVX512F__)
-using VecF = float __attribute__((vector_size(64)));
 template <>
 struct AdamSqrt<VecF> {
   static VecF apply(VecF x) { return _mm512_sqrt_ps(x); }
 };
 #elif defined(__AVX2__)
-using VecF = float __attribute__((vector_size(32)));
 template <>
 struct AdamSqrt<VecF> {
   static VecF apply(VecF x) { return _mm256_sqrt_ps(x); }
@@ -57,45 +45,6 @@ namespace {
 enum class Out { none, bf16, f16 };
 
 #if defined(__AVX512F__)
-constexpr std::size_t kLanes = 16;
-
-inline VecF load_f32(const float* p) { return _mm512_loadu_ps(p); }
-inline void store_f32(float* p, VecF x) { _mm512_storeu_ps(p, x); }
-inline __m256i load_u16(const std::uint16_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-inline VecF load_bf16(const std::uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load_u16(p)), 16));
-}
-inline VecF load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(load_u16(p)); }
-// Round to nearest even as runtime/half.hpp does; NaN becomes a quiet NaN with its top bits kept.
-inline void store_bf16(std::uint16_t* p, VecF x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i high = _mm512_srli_epi32(u, 16);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7fff));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
-}
-inline void store_f16(std::uint16_t* p, VecF x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-using VecU = std::uint32_t __attribute__((vector_size(64)));
-constexpr VecU kLaneOffsets = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-// The low 16 bits of each word (all words hold values below 0x10000).
-inline void store_low16(std::uint16_t* p, VecU x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(__builtin_bit_cast(__m512i, x)));
-}
-inline VecU load_u8(const std::uint8_t* p) {
-  return __builtin_bit_cast(VecU, _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline void store_low8(std::uint8_t* p, VecU x) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(__builtin_bit_cast(__m512i, x)));
-}
 // The high 16 bits of each word of mw to m and of vw to v: one two-register word permute.
 inline void store_high16_pair(std::uint16_t* m, std::uint16_t* v, VecU mw, VecU vw) {
   const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
@@ -239,52 +188,6 @@ struct SquareSum {
 };
 
 #elif defined(__AVX2__)
-constexpr std::size_t kLanes = 8;
-
-inline VecF load_f32(const float* p) { return _mm256_loadu_ps(p); }
-inline void store_f32(float* p, VecF x) { _mm256_storeu_ps(p, x); }
-inline __m128i load_u16(const std::uint16_t* p) {
-  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-}
-inline VecF load_bf16(const std::uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_u16(p)), 16));
-}
-inline VecF load_f16(const std::uint16_t* p) { return _mm256_cvtph_ps(load_u16(p)); }
-inline void store_bf16(std::uint16_t* p, VecF x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i high = _mm256_srli_epi32(u, 16);
-  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)),
-                                        _mm256_set1_epi32(0x7fff));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  const __m256i result = _mm256_blendv_epi8(rounded, quiet, nan);
-  // Every 32-bit lane holds a value below 0x10000, so the saturating pack is exact.
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm_packus_epi32(_mm256_castsi256_si128(result),
-                                    _mm256_extracti128_si256(result, 1)));
-}
-inline void store_f16(std::uint16_t* p, VecF x) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-using VecU = std::uint32_t __attribute__((vector_size(32)));
-constexpr VecU kLaneOffsets = {0, 1, 2, 3, 4, 5, 6, 7};
-// The low 16 bits of each word: every word holds a value below 0x10000, so the saturating pack is exact.
-inline void store_low16(std::uint16_t* p, VecU x) {
-  const __m256i w = __builtin_bit_cast(__m256i, x);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
-}
-inline VecU load_u8(const std::uint8_t* p) {
-  return __builtin_bit_cast(VecU, _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-// Every word holds a value below 0x100: both saturating packs are exact.
-inline void store_low8(std::uint8_t* p, VecU x) {
-  const __m256i w = __builtin_bit_cast(__m256i, x);
-  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
-}
 struct VecCodeOps {
   VecF gather(const float* table, VecU index) const {
     return _mm256_i32gather_ps(table, __builtin_bit_cast(__m256i, index), 4);
@@ -386,20 +289,6 @@ struct SquareSum {
 
 #else
 // Scalar: the baseline build, where calling the shared inline helpers is safe.
-using VecF = float;
-constexpr std::size_t kLanes = 1;
-
-inline VecF load_f32(const float* p) { return *p; }
-inline void store_f32(float* p, VecF x) { *p = x; }
-inline VecF load_bf16(const std::uint16_t* p) { return bf16_to_float(*p); }
-inline VecF load_f16(const std::uint16_t* p) { return fp16_to_float(*p); }
-inline void store_bf16(std::uint16_t* p, VecF x) { *p = float_to_bf16(x); }
-inline void store_f16(std::uint16_t* p, VecF x) { *p = float_to_fp16(x); }
-using VecU = std::uint32_t;
-constexpr VecU kLaneOffsets = 0;
-inline void store_low16(std::uint16_t* p, VecU x) { *p = static_cast<std::uint16_t>(x); }
-inline VecU load_u8(const std::uint8_t* p) { return *p; }
-inline void store_low8(std::uint8_t* p, VecU x) { *p = static_cast<std::uint8_t>(x); }
 using VecCodeOps = ScalarCodeOps;
 inline VecF max_keeping(VecF a, VecF acc) { return a > acc ? a : acc; }
 inline void store_high16_pair(std::uint16_t* m, std::uint16_t* v, VecU mw, VecU vw) {
@@ -439,16 +328,6 @@ struct SquareSum {
 };
 #endif
 
-template <DType G>
-inline VecF load_grad(const void* grad, std::size_t i) {
-  if constexpr (G == DType::f32) {
-    return load_f32(static_cast<const float*>(grad) + i);
-  } else if constexpr (G == DType::bf16) {
-    return load_bf16(static_cast<const std::uint16_t*>(grad) + i);
-  } else {
-    return load_f16(static_cast<const std::uint16_t*>(grad) + i);
-  }
-}
 
 template <Out O>
 inline void store_out(void* out, std::size_t i, VecF p) {
@@ -465,7 +344,7 @@ inline void vector_at(float* p, float* m, float* v, const void* grad, void* out,
   VecF pv = load_f32(p + i);
   VecF mv = load_f32(m + i);
   VecF vv = load_f32(v + i);
-  op(pv, mv, vv, load_grad<G>(grad, i));
+  op(pv, mv, vv, load_typed<G>(grad, i));
   store_f32(p + i, pv);
   store_f32(m + i, mv);
   store_f32(v + i, vv);
@@ -546,7 +425,7 @@ ZEST_KERNEL_INLINE void bf16_states_at(float* p, std::uint16_t* m, std::uint16_t
   VecF vv = load_bf16(v + i);
   VecU m_out;
   VecU v_out;
-  op(pv, mv, vv, load_grad<G>(grad, i), lo, hi, m_out, v_out);
+  op(pv, mv, vv, load_typed<G>(grad, i), lo, hi, m_out, v_out);
   store_f32(p + i, pv);
   store_high16_pair(m + i, v + i, m_out, v_out);
   store_out<O>(out, i, pv);
@@ -642,13 +521,13 @@ template <DType G>
 GradStats grad_stats_of(const void* grad, std::size_t count) {
   SquareSum sum;
   std::size_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) sum.add(load_grad<G>(grad, i));
+  for (; i + kLanes <= count; i += kLanes) sum.add(load_typed<G>(grad, i));
   if constexpr (kLanes > 1) {
     if (i < count) {
       constexpr std::size_t grad_size = dtype_size(G);
       alignas(64) unsigned char g[kLanes * 4] = {};
       std::memcpy(g, static_cast<const unsigned char*>(grad) + i * grad_size, (count - i) * grad_size);
-      sum.add(load_grad<G>(g, 0));
+      sum.add(load_typed<G>(g, 0));
     }
   }
   return sum.finish();
@@ -696,7 +575,7 @@ void int8_block(float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, 
       VecF pv = load_f32(p + i);
       VecF mv = m_decoder.signed_value(mb, old_m_scale);
       VecF vv = v_decoder.value(load_u8(qv + i)) * old_v_scale;
-      adam_update(pv, mv, vv, load_grad<G>(grad, i), c);
+      adam_update(pv, mv, vv, load_typed<G>(grad, i), c);
       store_f32(p + i, pv);
       store_out<O>(out, i, pv);
       store_f32(new_m + i, mv);
@@ -786,7 +665,7 @@ void roofline_compact(const CompactAdamRange& range) {
       for_each_int8_block<G, O>(range, [k](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad,
                                            void* out, std::size_t len, float& m_scale, float& v_scale) {
         for (std::size_t i = 0; i < len; i += kLanes) {
-          const VecF pv = load_f32(p + i) + load_grad<G>(grad, i) * k;
+          const VecF pv = load_f32(p + i) + load_typed<G>(grad, i) * k;
           store_f32(p + i, pv);
           store_out<O>(out, i, pv);
           store_low8(qm + i, (load_u8(qm + i) + 1u) & 0xffu);

@@ -107,6 +107,16 @@ ZEST_DECLARE_ADAM_KERNELS(avx512_isa)
 
 // True when this CPU (and OS) runs the instruction set.
 bool cpu_supports(Isa isa);
+// Throws zest::Error unless this CPU runs `isa`; `what` names the kernels asked for.
+void require_isa(Isa isa, const char* what);
+
+// The table of `isa` among one kernel source's three builds (require_isa checks it).
+template <class Kernels>
+const Kernels& kernels_for(Isa isa, const char* what, const Kernels& scalar, const Kernels& avx2,
+                           const Kernels& avx512) {
+  require_isa(isa, what);
+  return isa == Isa::avx512 ? avx512 : isa == Isa::avx2 ? avx2 : scalar;
+}
 // The best supported instruction set, unless ZEST_ADAM_ISA (scalar|avx2|avx512) names one; throws
 // zest::Error when that names an unknown or unsupported one.
 Isa select_isa();

@@ -59,15 +59,13 @@ const AdamKernels& adam_kernels(Isa isa) {
   static const AdamKernels avx512{Isa::avx512, &avx512_isa::adam, &avx512_isa::roofline,
                                   &avx512_isa::grad_stats, &avx512_isa::adam_compact,
                                   &avx512_isa::roofline_compact, &avx512_isa::widen_bf16, &avx512_isa::round_master};
+  return kernels_for(isa, "the CPU Adam variant", scalar, avx2, avx512);
+}
+
+void require_isa(Isa isa, const char* what) {
   if (!cpu_supports(isa))
-    throw Error(std::string("the CPU Adam variant ").append(isa_name(isa)).append(
+    throw Error(std::string(what).append(" ").append(isa_name(isa)).append(
         " needs instructions this CPU lacks; use select_isa() to pick a supported one"));
-  switch (isa) {
-    case Isa::scalar: return scalar;
-    case Isa::avx2: return avx2;
-    case Isa::avx512: return avx512;
-  }
-  return scalar;
 }
 
 }  // namespace zest::optim

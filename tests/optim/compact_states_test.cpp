@@ -15,6 +15,7 @@
 #include "optim/compact_math.hpp"
 #include "optim/compact_reference.hpp"
 #include "optim/cpu_adam.hpp"
+#include "optim/supported_isas.hpp"
 #include "runtime/half.hpp"
 
 namespace zest::optim {
@@ -26,13 +27,7 @@ using test::bits_of;
 using test::widen_bf16;
 using test::reference_master_bits;
 using test::reference_stochastic_bf16;
-
-std::vector<Isa> supported_isas() {
-  const std::vector<Isa> all{Isa::scalar, Isa::avx2, Isa::avx512};
-  std::vector<Isa> isas;
-  std::copy_if(all.begin(), all.end(), std::back_inserter(isas), cpu_supports);
-  return isas;
-}
+using test::supported_isas;
 
 // Gradients as the kernel reads them (`dtype`) and as the reference does (widened to float).
 struct Grads {

@@ -20,6 +20,7 @@
 
 #include "optim/adam_reference.hpp"
 #include "optim/cpu_adam.hpp"
+#include "optim/supported_isas.hpp"
 #include "runtime/half.hpp"
 #include "runtime/thread_binding.hpp"
 
@@ -27,13 +28,7 @@ namespace zest::optim {
 namespace {
 
 using test::ReferenceAdam;
-
-std::vector<Isa> supported_isas() {
-  std::vector<Isa> isas;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
-    if (cpu_supports(isa)) isas.push_back(isa);
-  return isas;
-}
+using test::supported_isas;
 
 // Gradients as stored in `dtype`, and the same values widened to float.
 struct Grads {

@@ -1,0 +1,147 @@
+#include "optim/block_quant.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "zest/error.hpp"
+
+namespace zest::optim {
+namespace {
+
+bool supported(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16; }
+bool supported(QuantBits bits) { return bits == QuantBits::int8 || bits == QuantBits::int4; }
+
+std::string prefix(const char* who) { return std::string(who).append(": "); }
+
+void check_format(const char* who, DType dtype, QuantBits bits) {
+  if (!supported(bits))
+    throw Error(prefix(who).append(std::to_string(static_cast<unsigned>(bits)))
+                    .append(" bits is not a quantized format; use QuantBits::int8 or QuantBits::int4"));
+  if (!supported(dtype))
+    throw Error(prefix(who).append("element type ").append(std::to_string(static_cast<unsigned>(dtype)))
+                    .append(" is not one the codec reads or writes; use DType::f32, DType::bf16 or DType::f16"));
+}
+
+void check_pointer(const char* who, const char* name, const void* p, std::size_t count, std::size_t align,
+                   const char* why) {
+  if (count > 0 && p == nullptr) throw Error(prefix(who).append(name).append(" is null; pass the buffer"));
+  if (reinterpret_cast<std::uintptr_t>(p) % align != 0)
+    throw Error(prefix(who).append(name).append(" is not ").append(std::to_string(align))
+                    .append("-byte aligned (").append(why).append("); pass an aligned buffer (an allocator's memory is; "
+                    "cut a quantized buffer only at record boundaries, quant_record_bytes)"));
+}
+
+void check_bytes(const char* who, const char* name, std::size_t bytes, QuantBits bits, std::size_t count) {
+  const std::size_t want = quantized_bytes(bits, count);
+  if (bytes != want)
+    throw Error(prefix(who).append(name).append(" has ").append(std::to_string(bytes)).append(" bytes, but ")
+                    .append(std::to_string(count)).append(" elements quantized to int")
+                    .append(std::to_string(static_cast<unsigned>(bits))).append(" take ").append(std::to_string(want))
+                    .append(" (quantized_bytes); pass a span of exactly that size"));
+}
+
+void check_disjoint(const char* who, const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a), b0 = reinterpret_cast<std::uintptr_t>(b);
+  if (a_bytes > 0 && b_bytes > 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes)
+    throw Error(prefix(who).append("the quantized buffer overlaps the values; use separate buffers"));
+}
+
+// A range of `count` elements from a block boundary: its first block's record and its elements.
+template <class T>
+T* at_block(T* base, std::size_t block, std::size_t record_bytes) {
+  return base + block * record_bytes;
+}
+
+}  // namespace
+
+void check_quantize_args(const char* who, const void* in, DType dtype, std::size_t count, QuantBits bits,
+                         const void* out, std::size_t out_bytes) {
+  check_format(who, dtype, bits);
+  check_pointer(who, "the input", in, count, dtype_size(dtype), "its elements");
+  check_pointer(who, "the quantized buffer", out, count, 4, "its scales are floats");
+  check_bytes(who, "the quantized buffer", out_bytes, bits, count);
+  check_disjoint(who, out, out_bytes, in, count * dtype_size(dtype));
+}
+
+void check_dequantize_args(const char* who, const void* in, std::size_t in_bytes, QuantBits bits, const void* out,
+                           DType dtype, std::size_t count) {
+  check_format(who, dtype, bits);
+  check_pointer(who, "the quantized buffer", in, count, 4, "its scales are floats");
+  check_bytes(who, "the quantized buffer", in_bytes, bits, count);
+  check_pointer(who, "the output", out, count, dtype_size(dtype), "its elements");
+  check_disjoint(who, in, in_bytes, out, count * dtype_size(dtype));
+}
+
+const QuantKernels& quant_kernels(Isa isa) {
+  static const QuantKernels scalar{Isa::scalar, &scalar_isa::quantize, &scalar_isa::dequantize,
+                                   &scalar_isa::dequantize_add};
+  static const QuantKernels avx2{Isa::avx2, &avx2_isa::quantize, &avx2_isa::dequantize, &avx2_isa::dequantize_add};
+  static const QuantKernels avx512{Isa::avx512, &avx512_isa::quantize, &avx512_isa::dequantize,
+                                   &avx512_isa::dequantize_add};
+  return kernels_for(isa, "the block quantizer's variant", scalar, avx2, avx512);
+}
+
+namespace {
+
+int checked_threads(int threads) {
+  if (threads < 1)
+    throw Error(std::string("BlockQuantizer: the thread count must be at least 1, got ")
+                    .append(std::to_string(threads)));
+  return threads;
+}
+
+}  // namespace
+
+BlockQuantizer::BlockQuantizer(int threads, std::vector<int> cpus)
+    : BlockQuantizer(threads, std::move(cpus), select_isa()) {}
+
+BlockQuantizer::BlockQuantizer(int threads, std::vector<int> cpus, Isa isa)
+    : kernels_(&quant_kernels(isa)), arena_(checked_threads(threads), std::move(cpus)) {}
+
+template <class Body>
+void BlockQuantizer::for_each_tile(std::size_t count, const Body& body) {
+  const std::size_t blocks = (count + kQuantBlock - 1) / kQuantBlock;
+  if (blocks <= kTileBlocks) {
+    if (blocks > 0) body(0, blocks);
+    return;
+  }
+  arena_.for_each_tile(blocks, kTileBlocks, [&](std::size_t begin, std::size_t end) { body(begin, end); });
+}
+
+void BlockQuantizer::quantize(ConstTensorSpan in, QuantBits bits, std::span<std::byte> out) {
+  check_quantize_args("BlockQuantizer::quantize", in.data, in.dtype, in.count, bits, out.data(), out.size());
+  const std::size_t record = quant_record_bytes(bits, kQuantBlock), size = dtype_size(in.dtype);
+  const auto kernel = kernels_->quantize;
+  for_each_tile(in.count, [&](std::size_t begin, std::size_t end) {
+    const std::size_t first = begin * kQuantBlock, last = std::min(end * kQuantBlock, in.count);
+    kernel(static_cast<const unsigned char*>(in.data) + first * size, in.dtype, last - first, bits,
+           at_block(reinterpret_cast<std::uint8_t*>(out.data()), begin, record));
+  });
+}
+
+void BlockQuantizer::dequantize(std::span<const std::byte> in, QuantBits bits, TensorSpan out) {
+  check_dequantize_args("BlockQuantizer::dequantize", in.data(), in.size(), bits, out.data, out.dtype, out.count);
+  const std::size_t record = quant_record_bytes(bits, kQuantBlock), size = dtype_size(out.dtype);
+  const auto kernel = kernels_->dequantize;
+  for_each_tile(out.count, [&](std::size_t begin, std::size_t end) {
+    const std::size_t first = begin * kQuantBlock, last = std::min(end * kQuantBlock, out.count);
+    kernel(at_block(reinterpret_cast<const std::uint8_t*>(in.data()), begin, record), bits, last - first,
+           static_cast<unsigned char*>(out.data) + first * size, out.dtype);
+  });
+}
+
+void BlockQuantizer::dequantize_add(std::span<const std::byte> in, QuantBits bits, std::span<float> acc) {
+  check_dequantize_args("BlockQuantizer::dequantize_add", in.data(), in.size(), bits, acc.data(), DType::f32,
+                        acc.size());
+  const std::size_t record = quant_record_bytes(bits, kQuantBlock);
+  const auto kernel = kernels_->dequantize_add;
+  for_each_tile(acc.size(), [&](std::size_t begin, std::size_t end) {
+    const std::size_t first = begin * kQuantBlock, last = std::min(end * kQuantBlock, acc.size());
+    kernel(at_block(reinterpret_cast<const std::uint8_t*>(in.data()), begin, record), bits, last - first,
+           acc.data() + first);
+  });
+}
+
+}  // namespace zest::optim
