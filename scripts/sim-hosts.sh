@@ -155,6 +155,11 @@ sim_rate_bits() {
 sim_link_tx_bytes() {
   echo $(($(sim_tx_bytes "$sim_ns_a" "$sim_veth_a") + $(sim_tx_bytes "$sim_ns_b" "$sim_veth_b")))
 }
+# sim_loopback_tx_bytes: the bytes sent on both hosts' loopbacks so far: what ranks of one host
+# sent each other (and their daemon), which the link's figure leaves out.
+sim_loopback_tx_bytes() {
+  echo $(($(sim_tx_bytes "$sim_ns_a" lo) + $(sim_tx_bytes "$sim_ns_b" lo)))
+}
 # sim_tx_bytes NS DEV: DEV's tx byte counter (sysfs shows a namespace's devices only inside it).
 sim_tx_bytes() { ip netns exec "$1" cat "/sys/class/net/$2/statistics/tx_bytes"; }
 

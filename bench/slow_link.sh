@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# zest-train on 2 hosts x 2 ranks over a slow link between the hosts: seconds per step and the
+# bytes that cross the link per step, per config, so that a mode which sends fewer bytes between
+# hosts (issue 25) can be measured against the plain stages.
+#
+#   bench/slow_link.sh BUILD_DIR [--rate 1gbit|none] [--steps N] [--repeats R] [--base FILE]
+#                      [--configs SPEC...]
+#
+# The hosts are scripts/sim-hosts.sh's (network namespaces on a bridge, Open MPI over TCP); the
+# link between them is limited to --rate (default 1gbit; tc's units; `none` leaves it at the
+# veth's speed) in each direction, with a token bucket. Ranks of one host talk over its loopback,
+# which is not limited. There is no added latency: this kernel has no netem (see sim_hosts_limit).
+#
+# Each SPEC is one config, run on the model of --base (default configs/train-slow-link.yaml):
+#   stage2, stage3          the base at that stage (the default: stage3 stage2)
+#   NAME=YAML               the base with YAML's top-level keys set, each replacing the base's
+#                           whole section of that key; `;` separates keys, e.g.
+#                           'stage3-host=stage: 3; partition: {secondary: host}'
+#                           'stage2-int8=stage: 2; comm: {quantize: {params: int8}}'
+#                           (@HOST@ in YAML is each host's own directory, e.g. an nvme path)
+#
+# Per config and repeat, zest-train runs twice, --steps W and --steps W+N (W = 3 warm-up steps;
+# N = --steps, default 20), and the difference of its "N steps in S s" and of the link's byte
+# counters over the N extra steps gives one figure free of start-up and the first steps (stage 3
+# records its gathering order in the first). Repeats are interleaved (A B A B ...), so slow drift
+# of a shared machine lands on every config alike. Prints a markdown table: per config the median
+# seconds per step and the spread (min-max) over the repeats, the bytes the hosts sent each other
+# per step (their veths' tx counters: a measurement, not a model) and over the loopbacks, and the
+# line "zest-train: wire bytes per step ..." where zest-train prints one.
+#
+# Needs root (network namespaces; exits 77 saying why otherwise), iproute2 and tc. Every mpirun is
+# bounded (--timeout, default 120 s); namespaces are removed on exit, interrupted or not.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+usage="usage: bench/slow_link.sh BUILD_DIR [--rate 1gbit|none] [--steps N] [--repeats R] [--base FILE] [--timeout S] [--configs SPEC...]"
+die() { echo "slow_link: $*" >&2; echo "$usage" >&2; exit 2; }
+
+[ $# -ge 1 ] || die "BUILD_DIR is required"
+case $1 in -h | --help) echo "$usage"; exit 0 ;; esac
+build=$1
+shift
+rate=1gbit steps=20 repeats=5 base=$root/configs/train-slow-link.yaml warmup=3 sim_timeout=120
+specs=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rate) rate=${2:?}; shift 2 ;;
+    --steps) steps=${2:?}; shift 2 ;;
+    --repeats) repeats=${2:?}; shift 2 ;;
+    --base) base=${2:?}; shift 2 ;;
+    --timeout) sim_timeout=${2:?}; shift 2 ;;
+    --configs) shift; specs+=("$@"); break ;;
+    *) die "unexpected argument '$1'" ;;
+  esac
+done
+[ ${#specs[@]} -gt 0 ] || specs=(stage3 stage2)
+[[ $steps =~ ^[1-9][0-9]*$ ]] || die "--steps takes a positive whole number, not '$steps'"
+[[ $repeats =~ ^[1-9][0-9]*$ ]] || die "--repeats takes a positive whole number, not '$repeats'"
+[[ $sim_timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout takes a positive whole number of seconds, not '$sim_timeout'"
+train=$build/examples/zest-train
+[ -x "$train" ] || die "no $train: build it first (ninja -C $build examples/zest-train)"
+[ -f "$base" ] || die "no base config $base"
+mpirun=${MPIRUN:-$(command -v mpirun || true)}
+[ -n "$mpirun" ] || die "no mpirun on PATH (set MPIRUN)"
+
+# shellcheck source=scripts/sim-hosts.sh
+source "$root/scripts/sim-hosts.sh"
+# Only root gets this far past sim_hosts_up, and Open MPI refuses root without these.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+sim_hosts_up "$mpirun"
+if [ "$rate" != none ]; then
+  sim_rate_bits "$rate" > /dev/null || exit 2
+  sim_hosts_limit "$rate"
+fi
+work=$sim_work
+
+# write_config NAME SPEC: NAME.yaml in both hosts' directories.
+write_config() {
+  local name=$1 spec=$2 yaml="" key keys=()
+  case $spec in
+    stage[0-3]) yaml="stage: ${spec#stage}" ;;
+    *=*) yaml=${spec#*=} ;;
+    *) die "config '$spec' is neither stage0..stage3 nor NAME=YAML" ;;
+  esac
+  yaml=$(tr ';' '\n' <<< "$yaml" | sed 's/^ *//')  # one top-level key a line
+  # The snippet's top-level keys replace the base's sections of the same name (a YAML mapping may
+  # not hold a key twice): drop each such key's line and its indented (or blank/comment) lines.
+  while IFS= read -r key; do keys+=("$key"); done < <(sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\):.*/\1/p' <<< "$yaml")
+  { awk -v drop="${keys[*]:-}" '
+      BEGIN { n = split(drop, k, " "); for (i = 1; i <= n; i++) skip[k[i]] = 1 }
+      /^[^ \t]/ { dropping = 0 }  # a top-level line (a key or a comment) ends the section
+      /^[A-Za-z_][A-Za-z0-9_]*:/ { key = $0; sub(/:.*/, "", key); dropping = (key in skip) }
+      !dropping' "$base"
+    printf '%s\n' "$yaml"; } | sim_hosts_write "$name.yaml"
+}
+
+# run NAME STEPS: one run of zest-train on 2 hosts x 2 ranks; sets run_s (its "steps in"
+# seconds), run_link and run_lo (the bytes sent on the link and on the hosts' loopbacks meanwhile).
+run() {
+  local name=$1 n=$2 link lo out=$work/$1.$2.out
+  link=$(sim_link_tx_bytes) lo=$(sim_loopback_tx_bytes)
+  if ! sim_two_hosts "$train" --config "@HOST@/$name.yaml" --steps "$n" > "$out" 2>&1; then
+    echo "slow_link: $name, $n steps failed (or ran past ${sim_timeout} s):" >&2
+    cat "$out" >&2
+    exit 1
+  fi
+  run_s=$(awk '/^zest-train: [0-9]+ steps in/ { print $5 }' "$out")
+  [ -n "$run_s" ] || { echo "slow_link: $name, $n steps: no 'steps in' line" >&2; cat "$out" >&2; exit 1; }
+  run_link=$(($(sim_link_tx_bytes) - link)) run_lo=$(($(sim_loopback_tx_bytes) - lo))
+}
+
+names=()
+for spec in "${specs[@]}"; do
+  name=${spec%%=*}
+  [[ $name =~ ^[A-Za-z0-9._-]+$ ]] || die "config name '$name' is not a file name"
+  write_config "$name" "$spec"
+  names+=("$name")
+done
+
+echo "slow_link: link ${rate}, ${#names[@]} config(s), $repeats repeats of $warmup and $((warmup + steps)) steps each" >&2
+for ((r = 1; r <= repeats; r++)); do
+  for name in "${names[@]}"; do
+    run "$name" "$warmup"
+    t1=$run_s b1=$run_link l1=$run_lo
+    run "$name" $((warmup + steps))
+    echo "$name $r $t1 $run_s $b1 $run_link $l1 $run_lo" >> "$work/samples"
+    echo "  repeat $r, $name: $warmup steps in $t1 s, $((warmup + steps)) in $run_s s" >&2
+  done
+done
+
+params=$(awk '/^zest-train: [0-9]+ parameters/ { print $2; exit }' "$work/${names[0]}.$((warmup + steps)).out")
+echo
+echo "zest-train, $params parameters ($(basename "$base")), 2 hosts x 2 ranks, link $rate each way;"
+echo "$steps steps after $warmup, $repeats repeats interleaved; $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "| config | s/step (median) | spread (min-max) | between hosts, MiB/step | x fp32 model | within hosts (loopback), MiB/step | zest-train says |"
+echo "|---|---|---|---|---|---|---|"
+for name in "${names[@]}"; do
+  says=$(sed -n 's/^zest-train: wire bytes per step//p' "$work/$name.$((warmup + steps)).out" | head -1)
+  awk -v name="$name" -v n="$steps" -v params="$params" -v says="${says:-—}" '
+    $1 == name { t[++k] = ($4 - $3) / n; b[k] = ($6 - $5) / n; l[k] = ($8 - $7) / n }
+    function median(a, k,   i, j, x, s) {
+      for (i = 1; i <= k; i++) s[i] = a[i]
+      for (i = 2; i <= k; i++) { x = s[i]; for (j = i - 1; j >= 1 && s[j] > x; j--) s[j + 1] = s[j]; s[j + 1] = x }
+      return k % 2 ? s[(k + 1) / 2] : (s[k / 2] + s[k / 2 + 1]) / 2
+    }
+    END {
+      lo = hi = t[1]; for (i = 2; i <= k; i++) { if (t[i] < lo) lo = t[i]; if (t[i] > hi) hi = t[i] }
+      mb = median(b, k)
+      printf "| %s | %.3f | %.3f-%.3f | %.1f | %.2f | %.1f | %s |\n", name, median(t, k), lo, hi, mb / 1048576,
+             mb / (4 * params), median(l, k) / 1048576, says
+    }' "$work/samples"
+done
