@@ -3,13 +3,14 @@
 # bytes that cross the link per step, per config, so that a mode which sends fewer bytes between
 # hosts (issue 25) can be measured against the plain stages.
 #
-#   bench/slow_link.sh BUILD_DIR [--rate 1gbit|none] [--steps N] [--repeats R] [--base FILE]
-#                      [--configs SPEC...]
+#   bench/slow_link.sh BUILD_DIR [--rate 1gbit[,none...]] [--steps N] [--repeats R] [--base FILE]
+#                      [--timeout S] [--configs SPEC...]
 #
 # The hosts are scripts/sim-hosts.sh's (network namespaces on a bridge, Open MPI over TCP); the
 # link between them is limited to --rate (default 1gbit; tc's units; `none` leaves it at the
-# veth's speed) in each direction, with a token bucket. Ranks of one host talk over its loopback,
-# which is not limited. There is no added latency: this kernel has no netem (see sim_hosts_limit).
+# veth's speed, over 10 Gbit/s) in each direction, with a token bucket. Several rates, comma
+# separated, are measured in the same run. Ranks of one host talk over its loopback, which is not
+# limited. There is no added latency: this kernel has no netem (see sim_hosts_limit).
 #
 # Each SPEC is one config, run on the model of --base (default configs/train-slow-link.yaml):
 #   stage2, stage3          the base at that stage (the default: stage3 stage2)
@@ -19,21 +20,23 @@
 #                           'stage2-int8=stage: 2; comm: {quantize: {params: int8}}'
 #                           (@HOST@ in YAML is each host's own directory, e.g. an nvme path)
 #
-# Per config and repeat, zest-train runs twice, --steps W and --steps W+N (W = 3 warm-up steps;
+# Per rate, config and repeat, zest-train runs twice, --steps W and --steps W+N (W = 3 warm-up steps;
 # N = --steps, default 20), and the difference of its "N steps in S s" and of the link's byte
 # counters over the N extra steps gives one figure free of start-up and the first steps (stage 3
-# records its gathering order in the first). Repeats are interleaved (A B A B ...), so slow drift
-# of a shared machine lands on every config alike. Prints a markdown table: per config the median
-# seconds per step and the spread (min-max) over the repeats, the bytes the hosts sent each other
-# per step (their veths' tx counters: a measurement, not a model) and over the loopbacks, and the
-# line "zest-train: wire bytes per step ..." where zest-train prints one.
+# records its gathering order in the first). Repeats are interleaved (A B A B ..., each rate in
+# turn), so slow drift of a shared machine lands on every config alike. Prints a markdown table:
+# per rate and config the median seconds per step and the spread (min-max) over the repeats; the
+# link's floor, the busier host's sent bytes per step at the rate (the time the wire alone takes
+# if nothing else did); the bytes the hosts sent each other per step (their veths' tx counters: a
+# measurement, not a model), also as a multiple of the fp32 model, and over their loopbacks; and
+# the line "zest-train: wire bytes per step ..." where zest-train prints one.
 #
 # Needs root (network namespaces; exits 77 saying why otherwise), iproute2 and tc. Every mpirun is
 # bounded (--timeout, default 120 s); namespaces are removed on exit, interrupted or not.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-usage="usage: bench/slow_link.sh BUILD_DIR [--rate 1gbit|none] [--steps N] [--repeats R] [--base FILE] [--timeout S] [--configs SPEC...]"
+usage="usage: bench/slow_link.sh BUILD_DIR [--rate 1gbit[,none...]] [--steps N] [--repeats R] [--base FILE] [--timeout S] [--configs SPEC...]"
 die() { echo "slow_link: $*" >&2; echo "$usage" >&2; exit 2; }
 
 [ $# -ge 1 ] || die "BUILD_DIR is required"
@@ -65,13 +68,13 @@ mpirun=${MPIRUN:-$(command -v mpirun || true)}
 
 # shellcheck source=scripts/sim-hosts.sh
 source "$root/scripts/sim-hosts.sh"
+IFS=, read -ra rates <<< "$rate"
+for r in "${rates[@]}"; do
+  [ "$r" = none ] || sim_rate_bits "$r" > /dev/null || die "--rate: '$r' is not a rate"
+done
 # Only root gets this far past sim_hosts_up, and Open MPI refuses root without these.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 sim_hosts_up "$mpirun"
-if [ "$rate" != none ]; then
-  sim_rate_bits "$rate" > /dev/null || exit 2
-  sim_hosts_limit "$rate"
-fi
 work=$sim_work
 
 # write_config NAME SPEC: NAME.yaml in both hosts' directories.
@@ -95,10 +98,11 @@ write_config() {
 }
 
 # run NAME STEPS: one run of zest-train on 2 hosts x 2 ranks; sets run_s (its "steps in"
-# seconds), run_link and run_lo (the bytes sent on the link and on the hosts' loopbacks meanwhile).
+# seconds), run_a, run_b (the bytes hosts A and B sent on the link meanwhile) and run_lo (on the
+# hosts' loopbacks).
 run() {
-  local name=$1 n=$2 link lo out=$work/$1.$2.out
-  link=$(sim_link_tx_bytes) lo=$(sim_loopback_tx_bytes)
+  local name=$1 n=$2 a b lo out=$work/$1.$2.out
+  a=$(sim_tx_bytes "$sim_ns_a" "$sim_veth_a") b=$(sim_tx_bytes "$sim_ns_b" "$sim_veth_b") lo=$(sim_loopback_tx_bytes)
   if ! sim_two_hosts "$train" --config "@HOST@/$name.yaml" --steps "$n" > "$out" 2>&1; then
     echo "slow_link: $name, $n steps failed (or ran past ${sim_timeout} s):" >&2
     cat "$out" >&2
@@ -106,7 +110,8 @@ run() {
   fi
   run_s=$(awk '/^zest-train: [0-9]+ steps in/ { print $5 }' "$out")
   [ -n "$run_s" ] || { echo "slow_link: $name, $n steps: no 'steps in' line" >&2; cat "$out" >&2; exit 1; }
-  run_link=$(($(sim_link_tx_bytes) - link)) run_lo=$(($(sim_loopback_tx_bytes) - lo))
+  run_a=$(($(sim_tx_bytes "$sim_ns_a" "$sim_veth_a") - a)) run_b=$(($(sim_tx_bytes "$sim_ns_b" "$sim_veth_b") - b))
+  run_lo=$(($(sim_loopback_tx_bytes) - lo))
 }
 
 names=()
@@ -117,37 +122,48 @@ for spec in "${specs[@]}"; do
   names+=("$name")
 done
 
-echo "slow_link: link ${rate}, ${#names[@]} config(s), $repeats repeats of $warmup and $((warmup + steps)) steps each" >&2
+echo "slow_link: link $rate, ${#names[@]} config(s), $repeats repeats of $warmup and $((warmup + steps)) steps each" >&2
+# samples: RATE NAME then, for the short and the long run, seconds, A's bytes, B's bytes, loopback bytes.
 for ((r = 1; r <= repeats; r++)); do
-  for name in "${names[@]}"; do
-    run "$name" "$warmup"
-    t1=$run_s b1=$run_link l1=$run_lo
-    run "$name" $((warmup + steps))
-    echo "$name $r $t1 $run_s $b1 $run_link $l1 $run_lo" >> "$work/samples"
-    echo "  repeat $r, $name: $warmup steps in $t1 s, $((warmup + steps)) in $run_s s" >&2
+  for link in "${rates[@]}"; do
+    sim_hosts_limit "$link"
+    for name in "${names[@]}"; do
+      run "$name" "$warmup"
+      short="$run_s $run_a $run_b $run_lo"
+      run "$name" $((warmup + steps))
+      echo "$link $name $short $run_s $run_a $run_b $run_lo" >> "$work/samples"
+      echo "  repeat $r, link $link, $name: $warmup steps in ${short%% *} s, $((warmup + steps)) in $run_s s" >&2
+    done
   done
 done
 
 params=$(awk '/^zest-train: [0-9]+ parameters/ { print $2; exit }' "$work/${names[0]}.$((warmup + steps)).out")
 echo
-echo "zest-train, $params parameters ($(basename "$base")), 2 hosts x 2 ranks, link $rate each way;"
+echo "zest-train, $params parameters ($(basename "$base")), 2 hosts x 2 ranks; link each way: ${rate//,/, };"
 echo "$steps steps after $warmup, $repeats repeats interleaved; $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| config | s/step (median) | spread (min-max) | between hosts, MiB/step | x fp32 model | within hosts (loopback), MiB/step | zest-train says |"
-echo "|---|---|---|---|---|---|---|"
-for name in "${names[@]}"; do
-  says=$(sed -n 's/^zest-train: wire bytes per step//p' "$work/$name.$((warmup + steps)).out" | head -1)
-  awk -v name="$name" -v n="$steps" -v params="$params" -v says="${says:-—}" '
-    $1 == name { t[++k] = ($4 - $3) / n; b[k] = ($6 - $5) / n; l[k] = ($8 - $7) / n }
-    function median(a, k,   i, j, x, s) {
-      for (i = 1; i <= k; i++) s[i] = a[i]
-      for (i = 2; i <= k; i++) { x = s[i]; for (j = i - 1; j >= 1 && s[j] > x; j--) s[j + 1] = s[j]; s[j + 1] = x }
-      return k % 2 ? s[(k + 1) / 2] : (s[k / 2] + s[k / 2 + 1]) / 2
-    }
-    END {
-      lo = hi = t[1]; for (i = 2; i <= k; i++) { if (t[i] < lo) lo = t[i]; if (t[i] > hi) hi = t[i] }
-      mb = median(b, k)
-      printf "| %s | %.3f | %.3f-%.3f | %.1f | %.2f | %.1f | %s |\n", name, median(t, k), lo, hi, mb / 1048576,
-             mb / (4 * params), median(l, k) / 1048576, says
-    }' "$work/samples"
+echo "| link | config | s/step (median) | spread (min-max) | link floor, s/step | between hosts, MiB/step | x fp32 model | within hosts (loopback), MiB/step | zest-train says |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for link in "${rates[@]}"; do
+  bits=0
+  [ "$link" = none ] || bits=$(sim_rate_bits "$link")
+  for name in "${names[@]}"; do
+    says=$(sed -n 's/^zest-train: wire bytes per step//p' "$work/$name.$((warmup + steps)).out" | head -1)
+    awk -v link="$link" -v name="$name" -v n="$steps" -v params="$params" -v bits="$bits" -v says="${says:-—}" '
+      function median(a, k,   i, j, x, s) {
+        for (i = 1; i <= k; i++) s[i] = a[i]
+        for (i = 2; i <= k; i++) { x = s[i]; for (j = i - 1; j >= 1 && s[j] > x; j--) s[j + 1] = s[j]; s[j + 1] = x }
+        return k % 2 ? s[(k + 1) / 2] : (s[k / 2] + s[k / 2 + 1]) / 2
+      }
+      $1 == link && $2 == name {
+        k++; t[k] = ($7 - $3) / n; a = ($8 - $4) / n; b = ($9 - $5) / n
+        both[k] = a + b; busier[k] = a > b ? a : b; lo[k] = ($10 - $6) / n
+      }
+      END {
+        least = most = t[1]; for (i = 2; i <= k; i++) { if (t[i] < least) least = t[i]; if (t[i] > most) most = t[i] }
+        floor = bits > 0 ? sprintf("%.3f", median(busier, k) * 8 / bits) : "—"
+        printf "| %s | %s | %.3f | %.3f-%.3f | %s | %.1f | %.2f | %.1f | %s |\n", link, name, median(t, k), least, most, floor,
+               median(both, k) / 1048576, median(both, k) / (4 * params), median(lo, k) / 1048576, says
+      }' "$work/samples"
+  done
 done

@@ -7,7 +7,7 @@
 #
 #   source scripts/sim-hosts.sh
 #   sim_hosts_up MPIRUN        # namespaces, link, directories, agent; traps that take them down
-#   sim_hosts_limit 1gbit      # optional: rate-limit the link between the hosts
+#   sim_hosts_limit 1gbit      # optional: rate-limit the link between the hosts (none: unlimit)
 #   sim_hosts_write NAME < FILE   # FILE into both hosts' directories (@HOST@ -> the host's own)
 #   sim_two_hosts PROGRAM ARGS...          # 2 hosts x 2 ranks
 #   sim_one_host "$sim_ns_a" "$sim_host_a" 4 PROGRAM ARGS...   # 4 ranks on host A
@@ -118,21 +118,28 @@ sim_hosts_down() {
 # sends, the bridge's end what it receives. A byte from A to B passes A's end and then B's bridge
 # end, both at RATE, so A -> B runs at RATE, as on a switch with links of that speed. Ranks of one
 # host talk over loopback (their peer's address is their own host's), which no limit touches.
-# No delay: this kernel has no netem (nor fq, which honours the departure times a BPF program
-# could set), so the link is as slow as RATE says but its latency is the veth's (microseconds).
+# RATE `none` removes the limit (the veths then carry over 10 Gbit/s here).
+# No delay: this kernel has no netem, nor fq (which would honour departure times that a BPF
+# program on the veth could set), so the link is as slow as RATE says but its latency stays the
+# veth's (microseconds). A user-space delay line (a TUN device) would be a program of its own, and
+# would take CPU from the ranks.
 sim_hosts_limit() {
-  local rate=$1
-  # The bucket holds 4 ms at RATE (at least 64 KiB, above a 64 KiB GSO packet, which tbf would
-  # otherwise split or drop): more than a timer tick (CONFIG_HZ=250), so tbf can keep the rate
-  # between ticks. Queueing up to 20 ms before dropping keeps TCP from retransmitting steadily.
-  local bits burst
+  local rate=$1 bits burst end ends=("$sim_ns_a $sim_veth_a" "$sim_ns_b $sim_veth_b" "$sim_ns_l $sim_port_a" "$sim_ns_l $sim_port_b")
+  if [ "$rate" = none ]; then
+    for end in "${ends[@]}"; do
+      ip netns exec "${end% *}" tc qdisc del dev "${end#* }" root 2> /dev/null || true
+    done
+    return 0
+  fi
+  # The bucket holds 4 ms at RATE (at least 64 KiB, a whole GSO packet, which tbf would otherwise
+  # split): more than a timer tick (CONFIG_HZ=250), so the rate holds between ticks. Packets queue
+  # up to 20 ms before tbf drops any, so TCP sees a slow link, not a lossy one.
   bits=$(sim_rate_bits "$rate")
   burst=$((bits / 8 / 250))
   [ "$burst" -ge 65536 ] || burst=65536
-  ip netns exec "$sim_ns_a" tc qdisc replace dev "$sim_veth_a" root tbf rate "$rate" burst "$burst" latency 20ms
-  ip netns exec "$sim_ns_b" tc qdisc replace dev "$sim_veth_b" root tbf rate "$rate" burst "$burst" latency 20ms
-  ip netns exec "$sim_ns_l" tc qdisc replace dev "$sim_port_a" root tbf rate "$rate" burst "$burst" latency 20ms
-  ip netns exec "$sim_ns_l" tc qdisc replace dev "$sim_port_b" root tbf rate "$rate" burst "$burst" latency 20ms
+  for end in "${ends[@]}"; do
+    ip netns exec "${end% *}" tc qdisc replace dev "${end#* }" root tbf rate "$rate" burst "$burst" latency 20ms
+  done
 }
 
 # sim_rate_bits RATE: RATE (a number and one of tc's units: bit, kbit, mbit, gbit; or plain bits
