@@ -74,6 +74,10 @@ for r in "${rates[@]}"; do
 done
 # Only root gets this far past sim_hosts_up, and Open MPI refuses root without these.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Ranks waiting in MPI yield the core instead of busy-polling, as in the tests (tests/meson.build):
+# both simulated hosts share this machine's cores, and polling ranks starve the ones with work.
+# Real hosts with a core per rank would poll; set OMPI_MCA_mpi_yield_when_idle=0 to compare.
+export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 sim_hosts_up "$mpirun"
 work=$sim_work
 
@@ -140,7 +144,8 @@ done
 params=$(awk '/^zest-train: [0-9]+ parameters/ { print $2; exit }' "$work/${names[0]}.$((warmup + steps)).out")
 echo
 echo "zest-train, $params parameters ($(basename "$base")), 2 hosts x 2 ranks; link each way: ${rate//,/, };"
-echo "$steps steps after $warmup, $repeats repeats interleaved; $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "$steps steps after $warmup, $repeats repeats interleaved; mpi_yield_when_idle $OMPI_MCA_mpi_yield_when_idle;"
+echo "$(nproc) cpus, load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| link | config | s/step (median) | spread (min-max) | link floor, s/step | between hosts, MiB/step | x fp32 model | within hosts (loopback), MiB/step | zest-train says |"
 echo "|---|---|---|---|---|---|---|---|---|"
