@@ -4,7 +4,7 @@
 # hosts (issue 25) can be measured against the plain stages.
 #
 #   bench/slow_link.sh BUILD_DIR [--rate 1gbit[,none...]] [--steps N] [--repeats R] [--base FILE]
-#                      [--timeout S] [--configs SPEC...]
+#                      [--timeout S] [--mpirun PATH] [--configs SPEC...]
 #
 # The hosts are scripts/sim-hosts.sh's (network namespaces on a bridge, Open MPI over TCP); the
 # link between them is limited to --rate (default 1gbit; tc's units; `none` leaves it at the
@@ -20,8 +20,8 @@
 #                           'stage2-int8=stage: 2; comm: {quantize: {params: int8}}'
 #                           (@HOST@ in YAML is each host's own directory, e.g. an nvme path)
 #
-# Per rate, config and repeat, zest-train runs twice, --steps W and --steps W+N (W = 3 warm-up steps;
-# N = --steps, default 20), and the difference of its "N steps in S s" and of the link's byte
+# Per rate, config and repeat, zest-train runs twice, --steps W and --steps W+N (W = 3 warm-up
+# steps; N = --steps, default 20), and the difference of its "N steps in S s" and of the link's byte
 # counters over the N extra steps gives one figure free of start-up and the first steps (stage 3
 # records its gathering order in the first). Repeats are interleaved (A B A B ..., each rate in
 # turn), so slow drift of a shared machine lands on every config alike. Prints a markdown table:
@@ -36,7 +36,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-usage="usage: bench/slow_link.sh BUILD_DIR [--rate 1gbit[,none...]] [--steps N] [--repeats R] [--base FILE] [--timeout S] [--configs SPEC...]"
+usage="usage: bench/slow_link.sh BUILD_DIR [--rate 1gbit[,none...]] [--steps N] [--repeats R] [--base FILE] [--timeout S] [--mpirun PATH] [--configs SPEC...]"
 die() { echo "slow_link: $*" >&2; echo "$usage" >&2; exit 2; }
 
 [ $# -ge 1 ] || die "BUILD_DIR is required"
@@ -52,6 +52,7 @@ while [ $# -gt 0 ]; do
     --repeats) repeats=${2:?}; shift 2 ;;
     --base) base=${2:?}; shift 2 ;;
     --timeout) sim_timeout=${2:?}; shift 2 ;;
+    --mpirun) mpirun=${2:?}; shift 2 ;;
     --configs) shift; specs+=("$@"); break ;;
     *) die "unexpected argument '$1'" ;;
   esac
@@ -63,8 +64,8 @@ done
 train=$build/examples/zest-train
 [ -x "$train" ] || die "no $train: build it first (ninja -C $build examples/zest-train)"
 [ -f "$base" ] || die "no base config $base"
-mpirun=${MPIRUN:-$(command -v mpirun || true)}
-[ -n "$mpirun" ] || die "no mpirun on PATH (set MPIRUN)"
+[ -n "${mpirun:-}" ] || mpirun=$(command -v mpirun || true)
+[ -n "$mpirun" ] || die "no mpirun on PATH (give --mpirun PATH)"
 
 # shellcheck source=scripts/sim-hosts.sh
 source "$root/scripts/sim-hosts.sh"

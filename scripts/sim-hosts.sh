@@ -12,6 +12,8 @@
 #   sim_two_hosts PROGRAM ARGS...          # 2 hosts x 2 ranks
 #   sim_one_host "$sim_ns_a" "$sim_host_a" 4 PROGRAM ARGS...   # 4 ranks on host A
 #   sim_link_tx_bytes          # bytes the hosts have sent on the link so far
+#   sim_loopback_tx_bytes      # ... on their loopbacks (ranks of one host to each other)
+#   sim_tx_bytes NS DEV        # one interface's sent bytes
 #
 # Where it cannot make namespaces (not root, no iproute2, no permission) sim_hosts_up prints
 # "SKIP: why" and exits 77, meson's "skipped". It needs the caller's `set -euo pipefail`.
@@ -125,6 +127,7 @@ sim_hosts_down() {
 # would take CPU from the ranks.
 sim_hosts_limit() {
   local rate=$1 bits burst end ends=("$sim_ns_a $sim_veth_a" "$sim_ns_b $sim_veth_b" "$sim_ns_l $sim_port_a" "$sim_ns_l $sim_port_b")
+  command -v tc > /dev/null || sim_skip "no 'tc' command (iproute2) to limit the link"
   if [ "$rate" = none ]; then
     for end in "${ends[@]}"; do
       ip netns exec "${end% *}" tc qdisc del dev "${end#* }" root 2> /dev/null || true
