@@ -60,6 +60,26 @@ done
 grep -q "4 rank(s)" "$work/stage0.2x2.out" || fail "the 2x2 run did not have 4 ranks"
 grep -qx "$sim_ip_b" "$work/agent.log" || fail "host B's daemon was not started through the agent"
 
+# --- Bytes on the wire split by host (Communicator::host_of from MPI): rank 0 sends the same in
+# total on 2 hosts x 2 ranks as on 1 host x 4; on 2x2, at stages 1-3 every peer gets the same bytes
+# and two of its three peers are on the other host, so across = 2 x inside (but for step()'s
+# all-reduce of two floats, whose uneven blocks differ by 8 bytes); on one host none cross.
+wire() {  # wire OUT: "total inside across" of zest-train's wire line
+  sed -n 's/.*wire bytes per step[^:]*: \([0-9]*\) (inside its host \([0-9]*\), to other hosts \([0-9]*\);.*/\1 \2 \3/p' "$1"
+}
+for run in stage1 stage2 stage3; do
+  read -r total inside across <<< "$(wire "$work/$run.2x2.out")"
+  read -r total1 inside1 across1 <<< "$(wire "$work/$run.1x4.out")"
+  if [ -z "${total:-}" ] || [ -z "${total1:-}" ]; then
+    fail "$run: no wire bytes line"; continue
+  fi
+  [ "$total" = "$total1" ] || fail "$run: 2x2 sent $total bytes, 1x4 $total1"
+  [ "$across1" = 0 ] || fail "$run: 1 host x 4 ranks sent $across1 bytes to other hosts"
+  skew=$((across - 2 * inside))
+  [ "$across" -gt 0 ] && [ "${skew#-}" -le 16 ] ||
+    fail "$run: 2x2 sent $inside bytes inside the host and $across across (want twice as many across)"
+done
+
 # --- A checkpoint saved by 4 ranks across the hosts (stage 3, to shared/) loads on 2 ranks of host
 # B (stage 1) and continues on the uninterrupted curve (stage3.1x4 above).
 config ckpt-save 3
