@@ -127,7 +127,7 @@ void GradBuckets::flush() {
 // moves twice a reduce-scatter's). A bucket of one group is reduce-scattered in place; several
 // groups are packed rank-major first (rank r's shards of each group, one after another), so one
 // collective serves them all, and each rank's shards arrive together in its piece of the pack.
-// Returns where this rank's reduced part of each entry is, in `parts_` (entry order).
+// Leaves in `parts_` where this rank's reduced part of each entry is (entry order).
 void GradBuckets::collect(const Bucket& b, char* data) {
   parts_.clear();
   // Without a pack (the plan saw no two groups fit a bucket; a group reduced twice in one, past
