@@ -75,6 +75,7 @@ struct Configuration {
   double ratio = 1;  // offload.optimizer.ratio
   StatesFormat states = StatesFormat::f32;  // optimizer.states
   DType master = DType::f32;                // optimizer.master
+  bool secondary = false;                   // partition.secondary: host
 };
 
 std::string offload_name(OffloadDevice d) {
@@ -141,7 +142,8 @@ void fit_stage3_to(Config& config, const charlm::CharMlp& model) {
 // What is offloaded counts 0 on the device: optimizer states (the ratio of them), stage 3's
 // parameters, and at stages 2-3 with the whole optimizer offloaded the gradient shard (kept on the
 // host, as ZeRO-Offload does).
-std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::size_t d, int ranks) {
+// `host_ranks`: the ranks on each host; a secondary partition adds 1/host_ranks of the parameters.
+std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::size_t d, int ranks, int host_ranks) {
   const int stage = conf.stage;
   const double psi = static_cast<double>(params), n = ranks;
   const double p = conf.param == OffloadDevice::none ? static_cast<double>(d) * psi : 0.0;
@@ -154,7 +156,7 @@ std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::si
     case 0: return static_cast<std::size_t>(p + g + os);
     case 1: return static_cast<std::size_t>(p + g + os / n);
     case 2: return static_cast<std::size_t>(p + (g + os) / n);
-    default: return static_cast<std::size_t>((p + g + os) / n);
+    default: return static_cast<std::size_t>((p + g + os) / n + (conf.secondary ? p / host_ranks : 0.0));
   }
 }
 
@@ -226,6 +228,7 @@ Config configured(const Configuration& conf, Config config, const std::string& n
   config.offload.optimizer_ratio = conf.ratio;
   config.optimizer.states = conf.states;
   config.optimizer.master = conf.master;
+  config.partition.secondary = conf.secondary ? SecondaryPartition::host : SecondaryPartition::none;
   config.offload.optimizer.paths.clear();
   config.offload.param.paths.clear();
   if (conf.optimizer == OffloadDevice::nvme) config.offload.optimizer.paths = {nvme_path};
@@ -259,7 +262,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
     r.params = trainer.engine().numel();
     std::vector<ParamSpec> specs;
     for (std::size_t t = 0; t < trainer.engine().tensor_count(); ++t) specs.push_back(trainer.engine().spec(t));
-    const MemoryEstimate estimate = estimate_memory(config, specs, comm.size());
+    const MemoryEstimate estimate = estimate_memory(config, specs, comm.size(), runtime.local_size());
     r.estimate_device_bytes = estimate.device_total;
     r.estimate_pinned_by = estimate.pinned_by;
     r.estimate_pinned_bytes = estimate.pinned;
@@ -289,7 +292,7 @@ MemoryRecord measure(const Configuration& conf, Config config, const train::Trai
   r.peak_host_rss_bytes = max_over_ranks(comm, device, stream, peak_rss());
   r.start_host_rss_bytes = max_over_ranks(comm, device, stream, start_rss);
   r.nvme_bytes = max_over_ranks(comm, device, stream, nvme_bytes);
-  r.formula_bytes = formula_bytes(conf, r.params, dtype_size(config.precision.dtype), r.ranks);
+  r.formula_bytes = formula_bytes(conf, r.params, dtype_size(config.precision.dtype), r.ranks, runtime.local_size());
   const double model_state = static_cast<double>(r.peak_params_bytes + r.peak_grads_bytes + r.peak_optimizer_bytes);
   // Stage 3 with everything offloaded: the formula puts nothing on the device; what stays there (the
   // small resident groups' parameters) shows in the params column, not as a deviation.
@@ -626,7 +629,10 @@ int bench_memory(int argc, char** argv) {
          StatesFormat::int8},
         // ... and a bf16 master (optimizer.master): 4.125 bytes per parameter.
         {"stage 1 states int8 + bf16 master", 1, OffloadDevice::none, OffloadDevice::none, 1, StatesFormat::int8,
-         DType::bf16}};
+         DType::bf16},
+        // A secondary partition (partition.secondary: host, hpZ): 1/R of the gathered parameters more.
+        {"stage 3 + secondary partition host", 3, OffloadDevice::none, OffloadDevice::none, 1, StatesFormat::f32,
+         DType::f32, true}};
     // A bf16 master needs 16-bit parameters (the config says why): not with an fp32 --config.
     if (config.precision.dtype == DType::f32)
       std::erase_if(configurations, [](const Configuration& c) { return c.master == DType::bf16; });

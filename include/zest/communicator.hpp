@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -42,6 +43,14 @@ struct WireBytes {
   std::uint64_t total() const { return inside() + across(); }
   std::uint64_t of(Collective c) const {
     return inside_host[static_cast<std::size_t>(c)] + across_hosts[static_cast<std::size_t>(c)];
+  }
+  WireBytes operator+(const WireBytes& other) const {
+    WireBytes s;
+    for (std::size_t i = 0; i < kCollectiveKinds; ++i) {
+      s.inside_host[i] = inside_host[i] + other.inside_host[i];
+      s.across_hosts[i] = across_hosts[i] + other.across_hosts[i];
+    }
+    return s;
   }
   // What was sent between two readings of the counters (later - earlier).
   WireBytes operator-(const WireBytes& earlier) const {
@@ -75,6 +84,10 @@ class Communicator {
     (void)rank;
     return 0;
   }
+  // A new communicator over the ranks of this rank's host (host_of), in this communicator's rank
+  // order, on the same device: collective over this communicator, like making one, and called while
+  // none of its collectives is in flight. Throws CommError where the backend cannot make one.
+  virtual std::unique_ptr<Communicator> split_by_host();
 
   // recv[i] = op over ranks of send[i]. In place when send == recv.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,

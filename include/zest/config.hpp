@@ -19,6 +19,8 @@ namespace zest {
 enum class CommBackend { auto_select, mpi, nccl };
 enum class OptimizerType { adam, adamw };
 enum class OffloadDevice { none, cpu, nvme };
+// partition.secondary: where stage 3 keeps a second copy of its parameter shards (hpZ).
+enum class SecondaryPartition { none, host };
 
 struct DeviceConfig {
   DeviceType type = DeviceType::cpu;
@@ -44,6 +46,15 @@ struct Stage3Config {
   std::size_t prefetch_bytes = std::size_t{50} << 20;             // gathered ahead of use
   std::size_t max_live_bytes = std::size_t{1} << 30;              // gathered and alive at once
   std::size_t persistence_threshold_bytes = std::size_t{64} << 10;  // smaller stay resident
+};
+
+// partition: hierarchical partitioning. With secondary: host, stage 3 keeps, after a group's first
+// all-gather of a step (over every rank), this rank's 1/R of the full group (R: ranks on its host),
+// so the step's later gathers of it (backward, further micro-batches) run among the host's ranks
+// only, off the slow link between hosts. Costs that copy in device memory (params), planned and
+// estimated; bit-identical to stage 3 without it.
+struct PartitionConfig {
+  SecondaryPartition secondary = SecondaryPartition::none;
 };
 
 // An optimizer parameter group (e.g. no weight decay for biases and norms): the tensors whose names
@@ -131,6 +142,7 @@ struct Config {
   CommConfig comm;
   BucketConfig buckets;
   Stage3Config stage3;
+  PartitionConfig partition;
   OptimizerConfig optimizer;
   PrecisionConfig precision;
   double gradient_clipping = 0.0;  // max global grad norm; 0 = off

@@ -33,9 +33,12 @@ struct MemoryEstimate {
   std::size_t pinned_of(HostPurpose p) const { return pinned_by[static_cast<std::size_t>(p)]; }
 };
 
-// Throws Error for a parameter list the Engine refuses (empty, a group not one contiguous run, a
-// zero-sized tensor) and for ranks < 1. The config is taken as valid (parse_config checks it).
-MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec>& params, int ranks);
+// `ranks_per_node`: the ranks on each host, which partition.secondary: host's copy depends on (0:
+// every rank on one host). Throws Error for a parameter list the Engine refuses (empty, a group not
+// one contiguous run, a zero-sized tensor), for ranks < 1 and for ranks_per_node not dividing ranks
+// where the secondary partition needs it. The config is taken as valid (parse_config checks it).
+MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec>& params, int ranks,
+                               int ranks_per_node = 0);
 
 // Bytes one rank sends in one optimizer step, as EngineStats::wire_last_step counts them (the
 // pairwise model of zest/communicator.hpp), on `ranks` ranks numbered host by host, `ranks_per_node`
@@ -44,7 +47,9 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
 // of the updated parameters after the step (stages 1-2, and stage 3's resident groups) and stage
 // 3's two gathers of every other group per micro-batch, forward and backward (a group the gathered
 // pool still holds when backward asks for it is not gathered again: stage3.max_live_bytes can save
-// some of those).
+// some of those). With partition.secondary: host only a step's first gather of a group spans every
+// rank; the others run among the host's ranks, each rank sending its 1/R of the group to the R - 1
+// others.
 // Not counted: step()'s all-reduce of two floats (the gradient norm and the overflow flag).
 struct WireEstimate {
   std::uint64_t reduce = 0;  // gradient reductions

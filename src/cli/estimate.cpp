@@ -144,6 +144,7 @@ struct Row {
   OffloadDevice param;
   double ratio = 1;      // offload.optimizer.ratio
   bool overlap = false;  // offload.optimizer.overlap
+  bool secondary = false;  // partition.secondary: host
 };
 
 std::string row_name(const Row& r) {
@@ -158,13 +159,15 @@ std::string row_name(const Row& r) {
     text.append(ratio);
   }
   if (r.overlap) text.append(" overlap");
+  if (r.secondary) text.append(", secondary host");
   return text;
 }
 
 // Every configuration the engine accepts: stage 0 plain; stages 1-3 with the optimizer on the
-// device, in pinned host memory or on NVMe; stage 3 with its parameters offloaded as well; and the
-// config's own when it offloads part of the optimizer (offload.optimizer.ratio) or overlaps its
-// step with backward (offload.optimizer.overlap).
+// device, in pinned host memory or on NVMe; stage 3 with its parameters offloaded as well; stage 3
+// with a secondary partition (partition.secondary: host); and the config's own when it offloads
+// part of the optimizer (offload.optimizer.ratio), overlaps its step with backward
+// (offload.optimizer.overlap) or adds a secondary partition to an offloading stage 3.
 std::vector<Row> rows(const Config& base) {
   std::vector<Row> all{{0, OffloadDevice::none, OffloadDevice::none}};
   for (int stage = 1; stage <= 3; ++stage)
@@ -172,10 +175,12 @@ std::vector<Row> rows(const Config& base) {
       all.push_back({stage, d, OffloadDevice::none});
   all.push_back({3, OffloadDevice::cpu, OffloadDevice::cpu});
   all.push_back({3, OffloadDevice::nvme, OffloadDevice::nvme});
+  all.push_back({3, OffloadDevice::none, OffloadDevice::none, 1, false, true});
+  const bool secondary = base.partition.secondary == SecondaryPartition::host;
   if (base.offload.optimizer.device != OffloadDevice::none &&
-      (base.offload.optimizer_ratio != 1 || base.offload.optimizer_overlap))
+      (base.offload.optimizer_ratio != 1 || base.offload.optimizer_overlap || (secondary && base.stage == 3)))
     all.push_back({base.stage, base.offload.optimizer.device, base.offload.param.device, base.offload.optimizer_ratio,
-                   base.offload.optimizer_overlap});
+                   base.offload.optimizer_overlap, secondary && base.stage == 3});
   return all;
 }
 
@@ -194,11 +199,13 @@ std::size_t per_node(std::size_t per_rank, const Options& o, const char* what) {
 void print_wire_table(const Options& o, const Config& base, const std::vector<ParamSpec>& model) {
   std::printf("\n%-34s %14s %14s %14s %14s %14s\n", "sent per rank per step", "total", "inside a node", "across nodes",
               "ZeRO's formula", "reductions");
-  for (int stage = 0; stage <= 3; ++stage) {
+  for (int stage = 0; stage <= 4; ++stage) {
     Config c = base;
-    c.stage = stage;
+    c.stage = std::min(stage, 3);  // 4: stage 3 with a secondary partition
+    c.partition.secondary = stage == 4 ? SecondaryPartition::host : SecondaryPartition::none;
     const WireEstimate w = estimate_wire_bytes(c, model, o.ranks, static_cast<int>(o.ranks_per_node));
-    std::printf("%-34s %14s %14s %14s %14s %14s\n", ("wire, stage " + std::to_string(stage)).c_str(),
+    const std::string name = stage == 4 ? "wire, stage 3, secondary host" : "wire, stage " + std::to_string(stage);
+    std::printf("%-34s %14s %14s %14s %14s %14s\n", name.c_str(),
                 readable(w.total()).c_str(), readable(w.inside).c_str(), readable(w.across).c_str(),
                 readable(w.zero_formula).c_str(), readable(w.reduce).c_str());
   }
@@ -237,10 +244,12 @@ void print_table(const Options& o, const Config& base) {
     c.offload.param.device = r.param;
     c.offload.optimizer_ratio = r.ratio;
     c.offload.optimizer_overlap = r.overlap;
-    const MemoryEstimate e = estimate_memory(c, model, ranks);
+    c.partition.secondary = r.secondary ? SecondaryPartition::host : SecondaryPartition::none;
+    const MemoryEstimate e = estimate_memory(c, model, ranks, static_cast<int>(o.ranks_per_node));
     const bool matches = !o.config_path.empty() && base.stage == r.stage && base.offload.optimizer.device == r.optimizer &&
                          base.offload.param.device == r.param && base.offload.optimizer_ratio == r.ratio &&
-                         base.offload.optimizer_overlap == r.overlap;
+                         base.offload.optimizer_overlap == r.overlap &&
+                         (base.partition.secondary == SecondaryPartition::host) == r.secondary;
     const std::string name = row_name(r).append(matches ? " *" : "");
     std::printf("%-*s %12s %12s %12s %12s %12s %16s %12s\n", width, name.c_str(), readable(e.device_total).c_str(),
                 readable(e.device_of(MemoryCategory::params)).c_str(), readable(e.device_of(MemoryCategory::grads)).c_str(),

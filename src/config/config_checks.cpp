@@ -68,6 +68,7 @@ void check_ranges(const Config& c, ProblemSink& sink) {
   check_int(sink, "stage", c.stage, kStageRange);
   check_choice(sink, "device.type", kDeviceTypeNames, c.device.type);
   check_choice(sink, "comm.backend", kCommBackendNames, c.comm.backend);
+  check_choice(sink, "partition.secondary", kSecondaryPartitionNames, c.partition.secondary);
   check_size(sink, "buckets.reduce", c.buckets.reduce_bytes, SizeRule::bucket);
   check_size(sink, "buckets.allgather", c.buckets.allgather_bytes, SizeRule::bucket);
   check_size(sink, "stage3.max_live", c.stage3.max_live_bytes, SizeRule::positive);
@@ -273,6 +274,13 @@ void check_combinations(const Config& c, ProblemSink& sink) {
         ": below stage 3 every rank keeps the full parameters on its device. Set stage: 3, or "
         "offload.param.device: none");
     sink.report("offload.param.device", std::move(message));
+  }
+  if (sink.valid("stage") && sink.valid("partition.secondary") &&
+      c.partition.secondary != SecondaryPartition::none && c.stage != 3) {
+    sink.report("partition.secondary",
+                "a secondary partition copies stage 3's parameter shards within each host, but stage is " + stage_text +
+                    ": below stage 3 every rank keeps the full parameters and gathers nothing during "
+                    "backward. Set stage: 3, or partition.secondary: none");
   }
   if (sink.valid("stage") && sink.valid("offload.optimizer.device") &&
       c.offload.optimizer.device != OffloadDevice::none && c.stage == 0) {

@@ -26,6 +26,8 @@ inline constexpr std::array<EnumName<DType>, 3> kDTypeNames{{
     {"fp32", DType::f32}, {"fp16", DType::f16}, {"bf16", DType::bf16}}};
 inline constexpr std::array<EnumName<StatesFormat>, 3> kStatesFormatNames{{
     {"fp32", StatesFormat::f32}, {"bf16", StatesFormat::bf16}, {"int8", StatesFormat::int8}}};
+inline constexpr std::array<EnumName<SecondaryPartition>, 2> kSecondaryPartitionNames{{
+    {"none", SecondaryPartition::none}, {"host", SecondaryPartition::host}}};
 inline constexpr std::array<EnumName<OffloadDevice>, 3> kOffloadDeviceNames{{
     {"none", OffloadDevice::none}, {"cpu", OffloadDevice::cpu}, {"nvme", OffloadDevice::nvme}}};
 

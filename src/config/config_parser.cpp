@@ -605,6 +605,9 @@ Config ConfigReader::read(const YAML::Node* root) {
                      {"max_live", size(c.stage3.max_live_bytes, SizeRule::positive)},
                      {"persistence_threshold", size(c.stage3.persistence_threshold_bytes)},
                  })},
+      {"partition", section({
+                        {"secondary", choice(detail::kSecondaryPartitionNames, c.partition.secondary)},
+                    })},
       {"optimizer", section({
                         {"type", choice(detail::kOptimizerTypeNames, c.optimizer.type)},
                         {"lr", number(c.optimizer.lr, detail::kPositive)},

@@ -137,6 +137,10 @@ std::string to_yaml(const Config& c) {
   out.size("persistence_threshold", c.stage3.persistence_threshold_bytes);
   out.end_section();
 
+  out.section("partition");
+  out.plain("secondary", detail::enum_name(detail::kSecondaryPartitionNames, c.partition.secondary));
+  out.end_section();
+
   out.section("optimizer");
   out.plain("type", detail::enum_name(detail::kOptimizerTypeNames, c.optimizer.type));
   out.number("lr", c.optimizer.lr);

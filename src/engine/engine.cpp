@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,14 +68,36 @@ struct Engine::AheadOfStep final : engine::ShardWatcher {
   engine::SpeculativeUpdates& ahead;
 };
 
+namespace {
+
+// partition.secondary: host at stage 3 on several ranks: a communicator over this rank's host (null
+// otherwise). Every host must hold as many ranks, since each keeps 1/R of a group.
+std::unique_ptr<Communicator> host_communicator(const Config& c, Communicator& comm) {
+  if (c.stage != 3 || c.partition.secondary != SecondaryPartition::host || comm.size() == 1) return nullptr;
+  std::map<int, int> ranks_on;  // host -> its ranks
+  for (int r = 0; r < comm.size(); ++r) ++ranks_on[comm.host_of(r)];
+  for (const auto& [host, ranks] : ranks_on)
+    if (ranks != ranks_on.begin()->second)
+      throw Error(std::string("partition.secondary: host needs as many ranks on every host, but host ")
+                      .append(std::to_string(ranks_on.begin()->first)).append(" has ")
+                      .append(std::to_string(ranks_on.begin()->second)).append(" and host ")
+                      .append(std::to_string(host)).append(" has ").append(std::to_string(ranks))
+                      .append("; start the same number on each, or set partition.secondary: none"));
+  return comm.split_by_host();
+}
+
+}  // namespace
+
 struct Engine::State {
   State(const Config& c, Device& d, Communicator& k, std::vector<ParamSpec> p)
       : config((validate(c), c)),
         device(d),
         comm(k),
+        host_inner(host_communicator(c, k)),
+        host_comm(host_inner ? std::make_unique<CountingCommunicator>(*host_inner) : nullptr),
         specs(std::move(p)),
         layout(specs, c.stage == 0 ? 1 : k.size()),
-        plan(engine::plan_memory(c, layout)),
+        plan(engine::plan_memory(c, layout, engine::SubGroups::listed, host_inner ? host_inner->size() : 0)),
         optimizer_group_of(engine::optimizer_groups_of(c, specs)),
         hyper(engine::optimizer_group_values(c)),
         runs(engine::hyper_runs(layout, k.rank(), optimizer_group_of, hyper)),
@@ -97,8 +120,11 @@ struct Engine::State {
   const Config config;
   Device& device;
   CountingCommunicator comm;  // the program's, counting what this rank sends
-  WireBytes wire_at_last_step;  // comm.sent() when the last step() ended
+  std::unique_ptr<Communicator> host_inner;  // partition.secondary: host: this rank's host's ranks
+  std::unique_ptr<CountingCommunicator> host_comm;  // over host_inner, counting
+  WireBytes wire_at_last_step;  // sent() when the last step() ended
   WireBytes wire_last_step;     // what the last step sent (from the end of the one before)
+  WireBytes sent() const { return host_comm ? comm.sent() + host_comm->sent() : comm.sent(); }
   const std::vector<ParamSpec> specs;
   const engine::Layout layout;
   const engine::MemoryPlan plan;  // every size allocated below
@@ -165,7 +191,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   if (s.plan.offload_params) param_store = nvme_store(config, config.offload.param, comm.rank(), device.host_cpus(), shared_store, store_path);
   s.staging = std::make_unique<engine::HostStaging>(device, s.plan, config.precision.dtype);
   s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, s.comm, stream, s.layout, s.plan, *s.staging,
-                                                   std::move(param_store));
+                                                   std::move(param_store), s.host_comm.get());
   s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math, s.layout, s.plan, *s.staging);
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
@@ -381,7 +407,7 @@ StepResult Engine::step() {
   struct WireMark {
     State& s;
     ~WireMark() {
-      const WireBytes now = s.comm.sent();
+      const WireBytes now = s.sent();
       s.wire_last_step = now - s.wire_at_last_step;
       s.wire_at_last_step = now;
     }
@@ -443,7 +469,7 @@ EngineStats Engine::stats() const {
   return {s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats(),
           s.states->nvme_bytes() + s.params->nvme_bytes(),
           s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes(), ahead.kept, ahead.redone,
-          s.comm.sent(), s.wire_last_step};
+          s.sent(), s.wire_last_step};
 }
 
 void Engine::save(const std::string& dir) {

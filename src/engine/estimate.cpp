@@ -8,12 +8,14 @@
 
 namespace zest {
 
-MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec>& params, int ranks) {
+MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec>& params, int ranks,
+                               int ranks_per_node) {
   if (ranks < 1)
     throw Error(std::string("estimate_memory: ranks must be at least 1, got ").append(std::to_string(ranks)));
   // The engine partitions over the world from stage 1 on; stage 0 keeps everything on every rank.
   const engine::Layout layout(params, config.stage == 0 ? 1 : ranks);
-  const engine::MemoryPlan plan = engine::plan_memory(config, layout, engine::SubGroups::sizes_only);
+  const engine::MemoryPlan plan =
+      engine::plan_memory(config, layout, engine::SubGroups::sizes_only, ranks_per_node);
   MemoryEstimate e;
   e.ranks = ranks;
   e.numel = layout.numel();
@@ -63,24 +65,34 @@ WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSp
   // Bytes to each other rank: every collective sends each peer the same (stage 0's all-reduce
   // blocks differ by at most an element; counted as even).
   std::uint64_t reduce = 0, gather = 0;
+  std::uint64_t host_gather = 0;  // partition.secondary: host: sent to each other rank of the host
   if (config.stage == 0) {
     reduce = times(micro_batches, 2 * times(layout.full_numel(), element) / n);
   } else {
-    const engine::MemoryPlan plan = engine::plan_memory(config, layout, engine::SubGroups::sizes_only);
+    const engine::MemoryPlan plan =
+        engine::plan_memory(config, layout, engine::SubGroups::sizes_only, ranks_per_node);
     for (int g = 0; g < layout.group_count(); ++g) {
       const std::uint64_t shard = layout.group(g).shard * element;
       reduce += shard;
       // Stage 3 gathers a group on use each micro-batch, forward and backward; the others once,
-      // after the step.
+      // after the step. With a secondary partition all but the first run inside the host.
       const bool gathered_on_use = config.stage == 3 && plan.resident[static_cast<std::size_t>(g)] == 0;
-      gather += gathered_on_use ? times(2 * micro_batches, shard) : shard;
+      if (!gathered_on_use) {
+        gather += shard;
+      } else if (plan.secondary_ranks > 0) {
+        gather += shard;
+        host_gather += times(2 * micro_batches - 1, layout.group(g).padded * element /
+                                                        static_cast<std::uint64_t>(plan.secondary_ranks));
+      } else {
+        gather += times(2 * micro_batches, shard);
+      }
     }
     reduce = times(micro_batches, reduce);
   }
   const auto inside = static_cast<std::uint64_t>(ranks_per_node - 1), across = n - 1 - inside;
   w.reduce = times(reduce, n - 1);
-  w.gather = times(gather, n - 1);
-  w.inside = times(reduce + gather, inside);
+  w.gather = times(gather, n - 1) + times(host_gather, inside);
+  w.inside = times(reduce + gather, inside) + times(host_gather, inside);
   w.across = times(reduce + gather, across);
   return w;
 }

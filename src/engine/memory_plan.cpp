@@ -1,9 +1,11 @@
 #include "engine/memory_plan.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "engine/device_math.hpp"
 #include "optim/states_layout.hpp"
+#include "zest/error.hpp"
 
 namespace zest::engine {
 namespace {
@@ -143,7 +145,7 @@ ShardRange group_part(const Layout& layout, int g, ShardRange range) {
   return begin < end ? ShardRange{begin, end} : ShardRange{begin, begin};
 }
 
-MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups) {
+MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups, int host_ranks) {
   MemoryPlan p;
   const DType dtype = config.precision.dtype;
   auto bytes = [dtype](std::size_t elements) { return elements * dtype_size(dtype); };
@@ -162,6 +164,19 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
       const std::size_t segment = bytes(layout.group(static_cast<int>(g)).padded);
       if (segment <= config.stage3.persistence_threshold_bytes) p.resident[g] = segment;
       add(MemoryCategory::params, p.resident[g]);
+    }
+    if (config.partition.secondary == SecondaryPartition::host && partitions > 1) {
+      const int ranks = host_ranks > 0 ? host_ranks : layout.partitions();
+      if (layout.partitions() % ranks != 0)
+        throw Error(std::string("partition.secondary: host needs the same number of ranks on every host, and ")
+                        .append(std::to_string(ranks)).append(" per host do not divide ")
+                        .append(std::to_string(layout.partitions()))
+                        .append(" ranks; run as many ranks on every host, or set partition.secondary: none"));
+      p.secondary_ranks = ranks;
+      // A segment is a multiple of 64 x partitions elements, so of the host's rank count too.
+      for (std::size_t g = 0; g < groups; ++g)
+        if (p.resident[g] == 0) p.secondary_params += bytes(layout.group(static_cast<int>(g)).padded) / ranks;
+      add(MemoryCategory::params, p.secondary_params);
     }
   } else {
     p.full_params = bytes(layout.full_numel());

@@ -128,6 +128,10 @@ struct MemoryPlan {
   // buffer, a bucket's groups packed rank-major (rank r's shards of each, one after another), as
   // ZeRO's byte count needs (an all-reduce moves twice the bytes). One: reductions run in order.
   std::size_t reduce_pack = 0;
+  // partition.secondary: host (stage 3, several ranks): 1/secondary_ranks of every non-resident
+  // group's full parameters, this rank's slice of it among its host's ranks (params).
+  int secondary_ranks = 0;               // ranks per host; 0 without a secondary partition
+  std::size_t secondary_params = 0;
   std::size_t gathered_slot = 0;         // stage 3: full parameters of one non-resident group
   std::size_t gathered_count = 0;
   std::size_t gathered_shard = 0;        // stage 3, offloaded parameters: per gathered buffer
@@ -162,9 +166,11 @@ ShardRange group_part(const Layout& layout, int g, ShardRange range);
 // the engine needs the list, an estimate only the sizes, which come in closed form per group.
 enum class SubGroups { sizes_only, listed };
 
-// The sizes for `config` over `layout` (partitions = 1 for stage 0, the world size otherwise).
-// Time and memory grow with the layout's groups and tensors, and with the sub-groups only when
-// listed.
-MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups = SubGroups::listed);
+// The sizes for `config` over `layout` (partitions = 1 for stage 0, the world size otherwise), with
+// `host_ranks` ranks on each host (partition.secondary; 0: every rank on one). Time and memory grow
+// with the layout's groups and tensors, and with the sub-groups only when listed. Throws Error when
+// host_ranks does not divide the partitions.
+MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups = SubGroups::listed,
+                       int host_ranks = 0);
 
 }  // namespace zest::engine

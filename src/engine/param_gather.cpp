@@ -17,7 +17,7 @@ ParamGatherOptions param_gather_options(const Config& config) {
 
 ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
                          const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
-                         std::shared_ptr<offload::Store> store)
+                         std::shared_ptr<offload::Store> store, Communicator* host_comm)
     : device_(device),
       comm_(comm),
       stream_(comm_stream),
@@ -44,6 +44,22 @@ ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Comm
   for (const DeviceBuffer& r : resident_)
     if (r) device.memset_async(r.data(), 0, r.bytes(), stream_);
   if (plan.offload_params) offload_ = std::make_unique<ParamOffload>(device, layout, plan.param_offload, dtype_, std::move(store));
+  if (plan.secondary_ranks > 0) {
+    if (host_comm == nullptr || host_comm->size() != plan.secondary_ranks)
+      throw Error(std::string("Engine: partition.secondary: host planned ").append(std::to_string(plan.secondary_ranks))
+                      .append(" ranks per host, but the host communicator has ")
+                      .append(host_comm ? std::to_string(host_comm->size()) : std::string("none")));
+    host_comm_ = host_comm;
+    secondary_ = device.allocate(plan.secondary_params, MemoryCategory::params);
+    secondary_at_.assign(groups, 0);
+    secondary_fresh_.assign(groups, false);
+    std::size_t at = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      if (plan.resident[g] > 0) continue;
+      secondary_at_[g] = at;
+      at += layout.group(static_cast<int>(g)).padded / static_cast<std::size_t>(plan.secondary_ranks);
+    }
+  }
 }
 
 char* ParamGather::full(int g) {
@@ -93,11 +109,23 @@ void ParamGather::start_gather(int g) {
   const void* shard = shards_ ? at(shards_, place.shard_offset) : nullptr;
   // Stage 3: the group's fetch (offload.param) and all-gather for a lease or a prefetch; n: the group.
   const StreamSpan span(stream_, "gather group", trace::Lane::comm_stream, g);
-  if (offloaded(g)) {
-    offload_->fetch(g, s.shard.data(), static_cast<std::size_t>(slot), stream_);
-    shard = s.shard.data();
+  const std::size_t slice = host_comm_ ? place.padded / static_cast<std::size_t>(host_comm_->size()) : 0;
+  char* const secondary = host_comm_ ? at(secondary_, secondary_at_[static_cast<std::size_t>(g)]) : nullptr;
+  if (host_comm_ && secondary_fresh_[static_cast<std::size_t>(g)]) {
+    // The host's ranks hold the group's slices in rank order: gathered, they are the group.
+    host_comm_->all_gather(secondary, s.buffer.data(), slice, dtype_, stream_);
+  } else {
+    if (offloaded(g)) {
+      offload_->fetch(g, s.shard.data(), static_cast<std::size_t>(slot), stream_);
+      shard = s.shard.data();
+    }
+    comm_.all_gather(shard, s.buffer.data(), place.shard, dtype_, stream_);
+    if (host_comm_) {
+      device_.copy_async(secondary, s.buffer.as<char>() + bytes(static_cast<std::size_t>(host_comm_->rank()) * slice),
+                         bytes(slice), stream_);
+      secondary_fresh_[static_cast<std::size_t>(g)] = true;
+    }
   }
-  comm_.all_gather(shard, s.buffer.data(), place.shard, dtype_, stream_);
   stream_.record(*s.free_after);
 }
 
@@ -199,6 +227,7 @@ void ParamGather::write_shard(int g, std::size_t in_shard, const float* values, 
 }
 
 void ParamGather::drop_prefetched() {
+  std::fill(secondary_fresh_.begin(), secondary_fresh_.end(), false);
   for (std::size_t i = 0; i < gathered_.size(); ++i) {
     const int owner = gathered_[i].owner;
     if (owner < 0 || leases_[static_cast<std::size_t>(owner)] > 0) continue;

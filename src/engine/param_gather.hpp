@@ -9,6 +9,10 @@
 // After a step, consecutive groups whose full parameters fit in buckets.allgather share one
 // all-gather through a bucket (config buckets.allgather): with many small groups the collective's
 // latency, not the bytes, is what a gather costs.
+// With partition.secondary: host (MemoryPlan::secondary_params) a group's first gather after its
+// shards changed spans every rank and leaves this rank's slice of the full group among its host's
+// ranks in a secondary copy; until the shards change again (the step, set_param, a load) the group's
+// gathers run over `host_comm`, each of the host's ranks giving its slice.
 // Threading: the engine's host thread; the work runs on the comm stream.
 #pragma once
 
@@ -40,9 +44,12 @@ ParamGatherOptions param_gather_options(const Config& config);
 class ParamGather {
  public:
   // Allocates the parameters, the gathered-parameter pool and the gather bucket (sizes from
-  // `plan`), zeroed; `store` is the NVMe store for offload.param: nvme (null otherwise).
+  // `plan`), zeroed; `store` is the NVMe store for offload.param: nvme (null otherwise);
+  // `host_comm`: the ranks of this rank's host, with plan.secondary_params (null otherwise; Error
+  // when it is missing or not plan.secondary_ranks large).
   ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream, const Layout& layout,
-              const MemoryPlan& plan, HostStaging& staging, std::shared_ptr<offload::Store> store);
+              const MemoryPlan& plan, HostStaging& staging, std::shared_ptr<offload::Store> store,
+              Communicator* host_comm = nullptr);
 
   // Before the group is used: stage 3 records the order, gathers the group unless it is resident or
   // prefetched, waits for it and prefetches the next ones. Counts a lease.
@@ -65,7 +72,8 @@ class ParamGather {
   void set_tensor(std::size_t tensor, const float* values);
   // Sets [in_shard, in_shard + n) of group g's shard from fp32 host values. Synchronous.
   void write_shard(int g, std::size_t in_shard, const float* values, std::size_t n);
-  // Stage 3: forgets prefetched gathers nobody holds, after the shards they came from changed.
+  // Stage 3: forgets prefetched gathers nobody holds, and the secondary copies, after the shards
+  // they came from changed.
   void drop_prefetched();
   // After every rank's shard changed: rebuilds the full parameters every rank keeps (stages 1-2:
   // every group; stage 3: the resident ones). Returns when they are in place.
@@ -105,6 +113,10 @@ class ParamGather {
   SlotPool gathered_;                    // stage 3: full parameters of non-resident groups
   DeviceBuffer gather_bucket_;           // every rank's shards of one run of groups
   std::unique_ptr<ParamOffload> offload_;
+  Communicator* host_comm_ = nullptr;    // partition.secondary: host
+  DeviceBuffer secondary_;               // this rank's slice of each non-resident group, in group order
+  std::vector<std::size_t> secondary_at_;  // group -> its slice in secondary_, elements
+  std::vector<bool> secondary_fresh_;    // group -> the slice holds the current parameters
   std::vector<int> gathered_of_;         // group -> gathered slot or -1
   std::vector<int> leases_;              // group -> live leases
   std::vector<int> order_, previous_order_;  // stage 3: groups in acquire order

@@ -29,6 +29,8 @@ class CountingCommunicator final : public Communicator {
   int size() const override { return inner_.size(); }
   std::string backend_name() const override { return inner_.backend_name(); }
   int host_of(int rank) const override { return inner_.host_of(rank); }
+  // The inner communicator's, not counted: count it with a CountingCommunicator of its own.
+  std::unique_ptr<Communicator> split_by_host() override { return inner_.split_by_host(); }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override;
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,

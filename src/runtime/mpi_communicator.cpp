@@ -79,7 +79,7 @@ std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Device& device) {
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_chunk_elements,
                                  std::chrono::milliseconds timeout)
-    : max_chunk_(max_chunk_elements) {
+    : max_chunk_(max_chunk_elements), device_(device), timeout_(timeout) {
   int initialized = 0;
   ZEST_MPI_CHECK(MPI_Initialized(&initialized));
   int provided = MPI_THREAD_SINGLE;
@@ -146,6 +146,19 @@ int MpiCommunicator::host_of(int rank) const {
     throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +
                     std::to_string(size_) + " ranks (0 to size() - 1)");
   return hosts_[static_cast<std::size_t>(rank)];
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split_by_host() {
+  MPI_Comm host = MPI_COMM_NULL;
+  ZEST_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
+  try {
+    auto made = std::make_unique<MpiCommunicator>(host, device_, max_chunk_, timeout_);  // duplicates `host`
+    MPI_Comm_free(&host);
+    return made;
+  } catch (...) {
+    MPI_Comm_free(&host);
+    throw;
+  }
 }
 
 // Errors are ignored: a destructor cannot report them, and MPI_ERRORS_RETURN keeps them from

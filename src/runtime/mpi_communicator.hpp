@@ -67,6 +67,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend_name() const override { return "mpi"; }
   int host_of(int rank) const override;
+  std::unique_ptr<Communicator> split_by_host() override;
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
@@ -131,6 +132,8 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   std::vector<int> hosts_;  // rank -> host (host_numbers)
   std::size_t max_chunk_;
+  Device& device_;                      // split_by_host's, like the timeout
+  std::chrono::milliseconds timeout_;
   // User-defined reductions for the 16-bit types: [fp16 sum, fp16 max, bf16 sum, bf16 max].
   MPI_Op half_ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   std::atomic<std::uint64_t> mpi_calls_{0};

@@ -102,7 +102,7 @@ class NcclCommunicator final : public Communicator {
   // `timeout` (comm.timeout; 0 = none): a collective not complete after it aborts `comm`.
   // `hosts`: each rank's host, or empty (all on one host).
   NcclCommunicator(ncclComm_t comm, bool owned, int ordinal, std::chrono::milliseconds timeout, std::vector<int> hosts)
-      : ordinal_(ordinal), comm_(comm), owned_(owned), hosts_(std::move(hosts)) {
+      : ordinal_(ordinal), timeout_(timeout), comm_(comm), owned_(owned), hosts_(std::move(hosts)) {
     try {
       ZEST_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
       ZEST_NCCL_CHECK(ncclCommCount(comm_, &size_));
@@ -131,6 +131,18 @@ class NcclCommunicator final : public Communicator {
       throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +
                       std::to_string(size_) + " ranks (0 to size() - 1)");
     return hosts_.empty() ? 0 : hosts_[static_cast<std::size_t>(rank)];
+  }
+  // ncclCommSplit by host: collective over this communicator.
+  std::unique_ptr<Communicator> split_by_host() override {
+    ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
+    ncclComm_t host = nullptr;
+    ZEST_NCCL_CHECK(ncclCommSplit(comm_, host_of(rank_), rank_, &host, nullptr));
+    try {
+      return std::make_unique<NcclCommunicator>(host, true, ordinal_, timeout_, std::vector<int>{});
+    } catch (...) {
+      static_cast<void>(ncclCommAbort(host));
+      throw;
+    }
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -281,6 +293,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   int ordinal_;
+  std::chrono::milliseconds timeout_;  // split_by_host's
   ncclComm_t comm_;
   bool owned_;
   std::vector<int> hosts_;

@@ -40,8 +40,11 @@ expect_row "stage 2" "19.1 MiB 3.8 MiB 1.9 MiB 5.7 MiB 7.6 MiB 7.6 MiB 0 B" "sma
 # Stage 3: params halve too; one gathered buffer (never more than the layers) adds the layer's
 # 4,000,000 B to the buffers (12,000,024 B = 11.4 MiB): 22,000,024 B = 21.0 MiB.
 expect_row "stage 3" "21.0 MiB 1.9 MiB 1.9 MiB 5.7 MiB 11.4 MiB 7.6 MiB 0 B" "small model"
+# Stage 3 with a secondary partition: half the layer (the 2 ranks of the node), 2,000,000 B more
+# params: 24,000,024 B = 22.9 MiB.
+expect_row "stage 3, secondary host" "22.9 MiB 3.8 MiB 1.9 MiB 5.7 MiB 11.4 MiB 7.6 MiB 0 B" "small model"
 rows=$(grep -cE '^stage [0-3]' "$work/out")
-[ "$rows" -eq 12 ] || fail "small model: $rows configuration rows, expected 12"
+[ "$rows" -eq 13 ] || fail "small model: $rows configuration rows, expected 13"
 for name in "stage 1, optimizer cpu" "stage 1, optimizer nvme" "stage 2, optimizer nvme" \
             "stage 3, optimizer cpu" "stage 3, optimizer+params cpu" "stage 3, optimizer+params nvme"; do
   [ -n "$(figures "$name")" ] || fail "small model: no row '$name'"
@@ -110,7 +113,7 @@ expect_text "$work/out" "7.00B parameters (7000000000) in 32 layers, bf16, fp32 
 run estimate --params 350M --config "$data/config/cases/full.yaml"
 expect_rc 0 "config"
 expect_text "$work/out" "in 32 layers, fp16" "config"
-[ -n "$(grep -E '^stage 3, optimizer\+params cpu ratio 0\.5 \* ' "$work/out")" ] || fail "config: its row is not marked:
+[ -n "$(grep -E '^stage 3, optimizer\+params cpu ratio 0\.5, secondary host \* ' "$work/out")" ] || fail "config: its row is not marked:
 $(cat "$work/out")"
 [ "$(grep -c ' \* ' "$work/out")" -eq 1 ] || fail "config: not exactly one row marked"
 run estimate --params 350M --config "$data/config/cases/full.yaml" --dtype bf16

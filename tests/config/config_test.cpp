@@ -96,6 +96,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.stage3.prefetch_bytes, b.stage3.prefetch_bytes);
   EXPECT_EQ(a.stage3.max_live_bytes, b.stage3.max_live_bytes);
   EXPECT_EQ(a.stage3.persistence_threshold_bytes, b.stage3.persistence_threshold_bytes);
+  EXPECT_EQ(a.partition.secondary, b.partition.secondary);
   EXPECT_EQ(a.optimizer.type, b.optimizer.type);
   EXPECT_EQ(a.optimizer.lr, b.optimizer.lr);
   EXPECT_EQ(a.optimizer.beta1, b.optimizer.beta1);
@@ -198,6 +199,7 @@ TEST(ConfigValid, EveryKeyResolvesToTheValueWritten) {
   EXPECT_EQ(c.stage3.prefetch_bytes, std::size_t{10} << 20);
   EXPECT_EQ(c.stage3.max_live_bytes, std::size_t{512} << 20);
   EXPECT_EQ(c.stage3.persistence_threshold_bytes, std::size_t{128} << 10);
+  EXPECT_EQ(c.partition.secondary, SecondaryPartition::host);
   EXPECT_EQ(c.optimizer.type, OptimizerType::adam);
   EXPECT_EQ(c.optimizer.lr, 3e-4);
   EXPECT_EQ(c.optimizer.beta1, 0.8);
@@ -798,7 +800,7 @@ TEST(ConfigReference, SetsEveryKeyToYamlPrints) {
   collect_keys(YAML::LoadFile(path), "", documented);
   collect_keys(YAML::Load(to_yaml(Config{})), "", printed);
   EXPECT_EQ(documented, printed);
-  EXPECT_EQ(printed.size(), 57u);  // every key of the schema, sections included
+  EXPECT_EQ(printed.size(), 59u);  // every key of the schema, sections included
 }
 
 }  // namespace

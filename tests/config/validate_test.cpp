@@ -72,6 +72,14 @@ const std::vector<Case>& cases() {
        },
        "ratio 0.5 offloads that fraction of the optimizer states, but offload.optimizer.device is 'none', so "
        "nothing is offloaded. Set offload.optimizer.device: cpu or nvme, or remove ratio"},
+      {"secondary partition below stage 3", "stage: 2\npartition: {secondary: host}",
+       [](Config& c) {
+         c.stage = 2;
+         c.partition.secondary = SecondaryPartition::host;
+       },
+       "a secondary partition copies stage 3's parameter shards within each host, but stage is 2: below stage 3 "
+       "every rank keeps the full parameters and gathers nothing during backward. Set stage: 3, or "
+       "partition.secondary: none"},
       // offload.optimizer.overlap: stages 2-3 with the whole optimizer offloaded.
       {"overlap without offload", "stage: 2\noffload: {optimizer: {overlap: true}}",
        [](Config& c) {

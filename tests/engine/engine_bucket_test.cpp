@@ -403,5 +403,92 @@ TEST(WireBytes, EveryStageSendsZerosByteCount) {
   }
 }
 
+// The world's communicator, but with the ranks on hosts of two (ranks 0-1, 2-3, ...): host_of says
+// so, and split_by_host gives an MPI communicator over each pair, as two real hosts would.
+class PairsAsHosts final : public Communicator {
+ public:
+  PairsAsHosts(MpiSession& session, Device& device) : inner_(session.world(), device), device_(device) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend_name() const override { return "mpi (pairs as hosts)"; }
+  int host_of(int rank) const override { return rank / 2; }
+  std::unique_ptr<Communicator> split_by_host() override {
+    MPI_Comm pair = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, rank() / 2, rank(), &pair);
+    auto made = std::make_unique<MpiCommunicator>(pair, device_);
+    MPI_Comm_free(&pair);
+    return made;
+  }
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override {
+    inner_.all_reduce(send, recv, count, dtype, op, stream);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
+                      Stream& stream) override {
+    inner_.reduce_scatter(send, recv, recv_count, dtype, op, stream);
+  }
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, Stream& stream) override {
+    inner_.all_gather(send, recv, send_count, dtype, stream);
+  }
+  void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
+    inner_.broadcast(buffer, count, dtype, root, stream);
+  }
+  void barrier() override { inner_.barrier(); }
+  void all_reduce_host(std::span<double> values, ReduceOp op) override { inner_.all_reduce_host(values, op); }
+  void all_reduce_host(std::span<std::int64_t> values, ReduceOp op) override { inner_.all_reduce_host(values, op); }
+
+ private:
+  MpiCommunicator inner_;
+  Device& device_;
+};
+
+// partition.secondary: host (hpZ) on hosts of two ranks (np2: one host; np4: two), stage 3 with a
+// pool of two so backward gathers again, 2 micro-batches: the same parameters as plain stage 3 to
+// the bit; the secondary copy (half of every gathered group per rank) is the planned memory; only a
+// step's first gather of each group crosses hosts, so the bytes across hosts are exactly the
+// estimate's, fewer than plain stage 3's, and the host's gathers go inside.
+TEST(HierarchicalPartition, SameBitsFewerBytesAcrossHostsThePlannedMemory) {
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{256} << 20);
+  PairsAsHosts comm(session, *device);
+  const int n = comm.size();
+  if (n % 2 != 0) GTEST_SKIP() << "hosts of two ranks need an even rank count; this run has " << n;
+  std::vector<ParamSpec> specs;
+  for (int g = 0; g < 32; ++g) specs.push_back({"layer" + std::to_string(g), {512 + 64 * static_cast<std::size_t>(g % 3)}, g});
+  Options o;
+  o.stage = 3;
+  o.specs = specs;
+  o.max_live = 1;
+  o.accumulation = 2;
+  EngineStats plain_stats, hpz_stats;
+  const auto plain = train_engine(o, 2, *device, comm, &plain_stats);
+  o.secondary_host = true;
+  const auto hpz = train_engine(o, 2, *device, comm, &hpz_stats);
+  EXPECT_EQ(hpz, plain) << "partition.secondary: host changed the parameters";
+  EXPECT_LT(max_relative_error(hpz, train_reference(o, 2)), 1e-6);
+
+  const Config config = make_config(o);
+  const MemoryEstimate want = estimate_memory(config, specs, n, 2);
+  EXPECT_EQ(hpz_stats.memory.peak_of(MemoryCategory::params), want.device_of(MemoryCategory::params));
+  std::size_t secondary = 0;  // half of every gathered (non-resident) group
+  for (const ParamSpec& s : specs)
+    if (padded(s, n) * sizeof(float) > config.stage3.persistence_threshold_bytes) secondary += padded(s, n) / 2 * sizeof(float);
+  EXPECT_GT(secondary, 0u);
+  EXPECT_EQ(hpz_stats.memory.peak_of(MemoryCategory::params) - plain_stats.memory.peak_of(MemoryCategory::params),
+            secondary);
+
+  const WireEstimate wire = estimate_wire_bytes(config, specs, n, 2);
+  const WireBytes& h = hpz_stats.wire_last_step;
+  const WireBytes& p = plain_stats.wire_last_step;
+  // Exactly the estimate's, but for step()'s all-reduce of two floats.
+  EXPECT_LE(h.across(), wire.across + 16 * static_cast<std::uint64_t>(n)) << "across hosts";
+  EXPECT_GE(h.across(), wire.across) << "across hosts";
+  EXPECT_EQ(h.of(Collective::reduce_scatter), p.of(Collective::reduce_scatter));
+  if (n > 2) {
+    EXPECT_LT(h.across(), p.across());
+  }
+  EXPECT_GT(h.inside(), 0u);
+  EXPECT_LE(h.total(), wire.total() + 16 * static_cast<std::uint64_t>(n));
+}
+
 }  // namespace
 }  // namespace zest

@@ -70,6 +70,7 @@ struct Options {
   StatesFormat states = StatesFormat::f32;        // optimizer.states
   DType master = DType::f32;                      // optimizer.master
   int seed = 0;                                   // optimizer.seed
+  bool secondary_host = false;                    // partition.secondary: host
 
   std::vector<std::string> nvme_paths() const { return nvme_dirs.empty() ? std::vector<std::string>{nvme_path} : nvme_dirs; }
 };
@@ -109,6 +110,7 @@ inline Config make_config(const Options& o) {
   c.optimizer.states = o.states;
   c.optimizer.master = o.master;
   c.optimizer.seed = o.seed;
+  if (o.secondary_host) c.partition.secondary = SecondaryPartition::host;
   return c;
 }
 

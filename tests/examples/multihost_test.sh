@@ -41,10 +41,15 @@ losses() { awk '$1 == "step" { print $2, $4 }' "$1"; }
 # loss curve is the single-host 4-rank one, to the last printed digit.
 steps=10
 nvme=$(printf 'offload:\n  optimizer: {device: nvme, path: @HOST@/swap}')
-for run in "stage0 0" "stage1 1" "stage2 2" "stage3 3" "stage2-nvme 2 nvme"; do
-  # shellcheck disable=SC2086  # split into NAME STAGE [nvme]
+hpz='partition: {secondary: host}'
+for run in "stage0 0" "stage1 1" "stage2 2" "stage3 3" "stage2-nvme 2 nvme" "stage3-hpz 3 hpz"; do
+  # shellcheck disable=SC2086  # split into NAME STAGE [nvme|hpz]
   set -- $run
-  config "$1" "$2" "$([ "${3:-}" = nvme ] && printf '%s' "$nvme")"
+  case ${3:-} in
+    nvme) config "$1" "$2" "$nvme" ;;
+    hpz) config "$1" "$2" "$hpz" ;;
+    *) config "$1" "$2" ;;
+  esac
   sim_two_hosts "$train" --config "@HOST@/$1.yaml" --steps "$steps" > "$work/$1.2x2.out" 2>&1 ||
     { fail "$1 on 2 hosts x 2 ranks"; cat "$work/$1.2x2.out"; continue; }
   sim_one_host "$sim_ns_a" "$sim_host_a" 4 "$train" --config "@HOST@/$1.yaml" --steps "$steps" > "$work/$1.1x4.out" 2>&1 ||
@@ -79,6 +84,15 @@ for run in stage1 stage2 stage3; do
   [ "$across" -gt 0 ] && [ "${skew#-}" -le 16 ] ||
     fail "$run: 2x2 sent $inside bytes inside the host and $across across (want twice as many across)"
 done
+
+# --- partition.secondary: host (hpZ): the same loss curve as plain stage 3 on the two hosts, with
+# fewer bytes across them (backward's gathers stay inside each host).
+cmp -s "$work/stage3-hpz.2x2.loss" "$work/stage3.2x2.loss" ||
+  fail "partition.secondary: host changed stage 3's loss curve on 2 hosts x 2 ranks"
+read -r _ _ plain_across <<< "$(wire "$work/stage3.2x2.out")"
+read -r _ _ hpz_across <<< "$(wire "$work/stage3-hpz.2x2.out")"
+[ -n "${hpz_across:-}" ] && [ "$hpz_across" -lt "${plain_across:-0}" ] ||
+  fail "partition.secondary: host sent ${hpz_across:-?} bytes across hosts, plain stage 3 ${plain_across:-?}"
 
 # --- A checkpoint saved by 4 ranks across the hosts (stage 3, to shared/) loads on 2 ranks of host
 # B (stage 1) and continues on the uninterrupted curve (stage3.1x4 above).
