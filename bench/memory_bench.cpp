@@ -156,7 +156,7 @@ std::size_t formula_bytes(const Configuration& conf, std::size_t params, std::si
     case 0: return static_cast<std::size_t>(p + g + os);
     case 1: return static_cast<std::size_t>(p + g + os / n);
     case 2: return static_cast<std::size_t>(p + (g + os) / n);
-    default: return static_cast<std::size_t>((p + g + os) / n + (conf.secondary ? p / host_ranks : 0.0));
+    default: return static_cast<std::size_t>((p + g + os) / n + (conf.secondary && ranks > 1 ? p / host_ranks : 0.0));
   }
 }
 
@@ -371,7 +371,7 @@ Bound fits(Config config, const charlm::CharMlpShape& shape, std::size_t budget,
   charlm::CharMlp model(shape, 1, 1);
   fit_stage3_to(config, model);
   const std::vector<ParamSpec> params = train::engine_params(model);
-  const MemoryEstimate need = estimate_memory(config, params, comm.size());
+  const MemoryEstimate need = estimate_memory(config, params, comm.size(), runtime.local_size());
   if (charlm::CharMlp::parameter_count(shape) > limits.params_cap) bound = Bound::cap;
   else if (need.pinned > limits.pinned) bound = Bound::host;
   else if (need.nvme > limits.nvme) bound = Bound::nvme;
@@ -423,7 +423,7 @@ FitRecord largest_fit(const Configuration& conf, const Config& config, charlm::C
   fit_stage3_to(sized, model);
   return FitRecord{conf.name,         budget, charlm::CharMlp::parameter_count(largest), largest.layers,
                    bound_name(bound), bound == Bound::cap,
-                   estimate_memory(sized, train::engine_params(model), runtime.world_size())};
+                   estimate_memory(sized, train::engine_params(model), runtime.world_size(), runtime.local_size())};
 }
 
 void write_file(const std::string& path, const std::string& text) {

@@ -386,7 +386,10 @@ LoadResult load_checkpoint(const CheckpointParts& e, const std::string& dir) {
   agree(e.device, e.comm, stream, failure, op);
 
   // Then the states of this rank's shard and its part of the parameters, read again (the page
-  // cache usually still holds them) and checked again as they are read.
+  // cache usually still holds them) and checked again as they are read. The gathered copies and
+  // secondary slices go first, on every rank, so that a rank whose read fails agrees with the others
+  // on what the next gather is.
+  e.params.drop_prefetched();
   try {
     e.states.visit_states(0, e.layout.shard_numel(), true, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
       float* states[] = {master, m, v};
@@ -397,7 +400,6 @@ LoadResult load_checkpoint(const CheckpointParts& e, const std::string& dir) {
                              master + at, b - a);
       });
     });
-    e.params.drop_prefetched();
   } catch (...) {
     failure = std::current_exception();
   }

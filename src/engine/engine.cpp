@@ -6,6 +6,7 @@
 #include "zest/engine.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -73,7 +74,16 @@ namespace {
 // partition.secondary: host at stage 3 on several ranks: a communicator over this rank's host (null
 // otherwise). Every host must hold as many ranks, since each keeps 1/R of a group.
 std::unique_ptr<Communicator> host_communicator(const Config& c, Communicator& comm) {
-  if (c.stage != 3 || c.partition.secondary != SecondaryPartition::host || comm.size() == 1) return nullptr;
+  if (comm.size() == 1) return nullptr;
+  // Every rank agrees first (a host collective, under comm.timeout), so a rank configured otherwise
+  // is an error here rather than a split its peers never join.
+  const std::int64_t secondary = c.stage == 3 && c.partition.secondary == SecondaryPartition::host ? 1 : 0;
+  std::array<std::int64_t, 2> agreed{secondary, -secondary};
+  comm.all_reduce_host(agreed, ReduceOp::max);
+  if (agreed[0] != -agreed[1])
+    throw Error("partition.secondary: host is set on some ranks and not on others (or their stage differs); give "
+                "every rank the same config");
+  if (secondary == 0) return nullptr;
   std::map<int, int> ranks_on;  // host -> its ranks
   for (int r = 0; r < comm.size(); ++r) ++ranks_on[comm.host_of(r)];
   for (const auto& [host, ranks] : ranks_on)

@@ -150,7 +150,8 @@ int MpiCommunicator::host_of(int rank) const {
 
 std::unique_ptr<Communicator> MpiCommunicator::split_by_host() {
   MPI_Comm host = MPI_COMM_NULL;
-  ZEST_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
+  // On the caller's thread's duplicate: the stream worker may be in a collective on comm_.
+  ZEST_MPI_CHECK(MPI_Comm_split_type(host_comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
   try {
     auto made = std::make_unique<MpiCommunicator>(host, device_, max_chunk_, timeout_);  // duplicates `host`
     MPI_Comm_free(&host);

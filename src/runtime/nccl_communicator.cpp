@@ -134,6 +134,10 @@ class NcclCommunicator final : public Communicator {
   }
   // ncclCommSplit by host: collective over this communicator.
   std::unique_ptr<Communicator> split_by_host() override {
+    if (hosts_.empty() && size_ > 1)
+      throw CommError(
+          "this nccl communicator was made from the program's ncclComm_t and does not know which ranks share "
+          "a host; use zest's nccl backend (comm.backend: nccl), or partition.secondary: none");
     ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
     ncclComm_t host = nullptr;
     ZEST_NCCL_CHECK(ncclCommSplit(comm_, host_of(rank_), rank_, &host, nullptr));
