@@ -407,11 +407,13 @@ TEST(WireBytes, EveryStageSendsZerosByteCount) {
 // so, and split_by_host gives an MPI communicator over each pair, as two real hosts would.
 class PairsAsHosts final : public Communicator {
  public:
-  PairsAsHosts(MpiSession& session, Device& device) : inner_(session.world(), device), device_(device) {}
+  // `first_alone`: rank 0 on a host of its own and every other rank on another (hosts of unequal size).
+  PairsAsHosts(MpiSession& session, Device& device, bool first_alone = false)
+      : inner_(session.world(), device), device_(device), first_alone_(first_alone) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   std::string backend_name() const override { return "mpi (pairs as hosts)"; }
-  int host_of(int rank) const override { return rank / 2; }
+  int host_of(int rank) const override { return first_alone_ ? (rank == 0 ? 0 : 1) : rank / 2; }
   std::unique_ptr<Communicator> split_by_host() override {
     MPI_Comm pair = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, rank() / 2, rank(), &pair);
@@ -439,6 +441,7 @@ class PairsAsHosts final : public Communicator {
  private:
   MpiCommunicator inner_;
   Device& device_;
+  const bool first_alone_;
 };
 
 // partition.secondary: host (hpZ) on hosts of two ranks (np2: one host; np4: two), stage 3 with a
@@ -488,6 +491,35 @@ TEST(HierarchicalPartition, SameBitsFewerBytesAcrossHostsThePlannedMemory) {
   }
   EXPECT_GT(h.inside(), 0u);
   EXPECT_LE(h.total(), wire.total() + 16 * static_cast<std::uint64_t>(n));
+}
+
+// partition.secondary: host refused, saying why, on every rank: hosts of unequal rank counts (1
+// and 3 at np4), and a config that sets it on some ranks only (np2, np4).
+TEST(HierarchicalPartition, UnequalHostsAndDisagreeingRanksAreErrors) {
+  MpiSession session;
+  auto device = make_cpu_device(std::size_t{64} << 20);
+  Options o;
+  o.stage = 3;
+  o.specs = small_groups();
+  o.secondary_host = true;
+  if (session.size() == 4) {
+    PairsAsHosts uneven(session, *device, true);
+    try {
+      Engine engine(make_config(o), *device, uneven, o.specs);
+      ADD_FAILURE() << "hosts of 1 and 3 ranks were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("host 0 has 1 and host 1 has 3"), std::string::npos) << e.what();
+    }
+  }
+  if (session.size() < 2) GTEST_SKIP() << "ranks can disagree only with two or more; this run has " << session.size();
+  PairsAsHosts comm(session, *device);
+  o.secondary_host = comm.rank() == 0;
+  try {
+    Engine engine(make_config(o), *device, comm, o.specs);
+    ADD_FAILURE() << "partition.secondary on rank 0 only was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("give every rank the same config"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
