@@ -114,6 +114,11 @@ class Communicator {
   // on every rank; they do not wait for the stream collectives.
   virtual void all_reduce_host(std::span<double> values, ReduceOp op) = 0;
   virtual void all_reduce_host(std::span<std::int64_t> values, ReduceOp op) = 0;
+
+ protected:
+  // host_of for a backend that keeps each rank's host in `hosts` (empty: all on host 0): throws
+  // CommError for a rank outside 0..size() - 1.
+  int host_in(std::span<const int> hosts, int rank) const;
 };
 
 }  // namespace zest

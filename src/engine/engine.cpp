@@ -56,21 +56,6 @@ std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTa
   return shared;
 }
 
-}  // namespace
-
-// offload.optimizer.overlap: hands each group's final gradient shard to the offloaded optimizer's
-// updates ahead as its bucket is reduced, with the step's arguments as they will be if the step
-// neither overflows nor clips (SpeculativeUpdates::speculate); step() checks them.
-struct Engine::AheadOfStep final : engine::ShardWatcher {
-  AheadOfStep(State& state, engine::SpeculativeUpdates& updates) : s(state), ahead(updates) {}
-  void final(int g, const char* shard) override;
-  void changing(int g) override;
-  State& s;
-  engine::SpeculativeUpdates& ahead;
-};
-
-namespace {
-
 // partition.secondary: host at stage 3 on several ranks: a communicator over this rank's host (null
 // otherwise). Every host must hold as many ranks, since each keeps 1/R of a group.
 std::unique_ptr<Communicator> host_communicator(const Config& c, Communicator& comm) {
@@ -96,7 +81,20 @@ std::unique_ptr<Communicator> host_communicator(const Config& c, Communicator& c
   return comm.split_by_host();
 }
 
+
 }  // namespace
+
+// offload.optimizer.overlap: hands each group's final gradient shard to the offloaded optimizer's
+// updates ahead as its bucket is reduced, with the step's arguments as they will be if the step
+// neither overflows nor clips (SpeculativeUpdates::speculate); step() checks them.
+struct Engine::AheadOfStep final : engine::ShardWatcher {
+  AheadOfStep(State& state, engine::SpeculativeUpdates& updates) : s(state), ahead(updates) {}
+  void final(int g, const char* shard) override;
+  void changing(int g) override;
+  State& s;
+  engine::SpeculativeUpdates& ahead;
+};
+
 
 struct Engine::State {
   State(const Config& c, Device& d, Communicator& k, std::vector<ParamSpec> p)

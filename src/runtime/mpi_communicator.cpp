@@ -141,13 +141,6 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
   }
 }
 
-int MpiCommunicator::host_of(int rank) const {
-  if (rank < 0 || rank >= size_)
-    throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +
-                    std::to_string(size_) + " ranks (0 to size() - 1)");
-  return hosts_[static_cast<std::size_t>(rank)];
-}
-
 std::unique_ptr<Communicator> MpiCommunicator::split_by_host() {
   MPI_Comm host = MPI_COMM_NULL;
   // On the caller's thread's duplicate: the stream worker may be in a collective on comm_.

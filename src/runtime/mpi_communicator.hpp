@@ -66,7 +66,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "mpi"; }
-  int host_of(int rank) const override;
+  int host_of(int rank) const override { return host_in(hosts_, rank); }
   std::unique_ptr<Communicator> split_by_host() override;
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,

@@ -126,12 +126,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
-  int host_of(int rank) const override {
-    if (rank < 0 || rank >= size_)
-      throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +
-                      std::to_string(size_) + " ranks (0 to size() - 1)");
-    return hosts_.empty() ? 0 : hosts_[static_cast<std::size_t>(rank)];
-  }
+  int host_of(int rank) const override { return host_in(hosts_, rank); }
   // ncclCommSplit by host: collective over this communicator.
   std::unique_ptr<Communicator> split_by_host() override {
     if (hosts_.empty() && size_ > 1)

@@ -23,31 +23,21 @@ namespace {
 
 using namespace reference_training;
 
-// Forwards to the real communicator and counts the reductions (all-reduce and reduce-scatter) and
-// the all-gathers.
-class CountingCommunicator : public Communicator {
+// Every call passed to another communicator; the test communicators below change what they need.
+class Forwarding : public Communicator {
  public:
-  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
-
-  // Reductions since the last call.
-  int take_reductions() { return std::exchange(reductions_, 0); }
-  // All-gathers since the last call.
-  int take_gathers() { return std::exchange(gathers_, 0); }
-
+  explicit Forwarding(Communicator& inner) : inner_(inner) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   std::string backend_name() const override { return inner_.backend_name(); }
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override {
-    ++reductions_;
     inner_.all_reduce(send, recv, count, dtype, op, stream);
   }
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
                       Stream& stream) override {
-    ++reductions_;
     inner_.reduce_scatter(send, recv, recv_count, dtype, op, stream);
   }
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, Stream& stream) override {
-    ++gathers_;
     inner_.all_gather(send, recv, send_count, dtype, stream);
   }
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
@@ -61,6 +51,33 @@ class CountingCommunicator : public Communicator {
 
  private:
   Communicator& inner_;
+};
+
+// Counts the reductions (all-reduce and reduce-scatter) and the all-gathers.
+class CountingCommunicator final : public Forwarding {
+ public:
+  using Forwarding::Forwarding;
+
+  // Reductions since the last call.
+  int take_reductions() { return std::exchange(reductions_, 0); }
+  // All-gathers since the last call.
+  int take_gathers() { return std::exchange(gathers_, 0); }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override {
+    ++reductions_;
+    Forwarding::all_reduce(send, recv, count, dtype, op, stream);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
+                      Stream& stream) override {
+    ++reductions_;
+    Forwarding::reduce_scatter(send, recv, recv_count, dtype, op, stream);
+  }
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, Stream& stream) override {
+    ++gathers_;
+    Forwarding::all_gather(send, recv, send_count, dtype, stream);
+  }
+
+ private:
   int reductions_ = 0;
   int gathers_ = 0;
 };
@@ -405,13 +422,12 @@ TEST(WireBytes, EveryStageSendsZerosByteCount) {
 
 // The world's communicator, but with the ranks on hosts of two (ranks 0-1, 2-3, ...): host_of says
 // so, and split_by_host gives an MPI communicator over each pair, as two real hosts would.
-class PairsAsHosts final : public Communicator {
+class PairsAsHosts final : public Forwarding {
  public:
-  // `first_alone`: rank 0 on a host of its own and every other rank on another (hosts of unequal size).
-  PairsAsHosts(MpiSession& session, Device& device, bool first_alone = false)
-      : inner_(session.world(), device), device_(device), first_alone_(first_alone) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
+  // `world`: an MPI communicator over every rank, on `device`. `first_alone`: rank 0 on a host of
+  // its own and every other rank on another (hosts of unequal size).
+  PairsAsHosts(Communicator& world, Device& device, bool first_alone = false)
+      : Forwarding(world), device_(device), first_alone_(first_alone) {}
   std::string backend_name() const override { return "mpi (pairs as hosts)"; }
   int host_of(int rank) const override { return first_alone_ ? (rank == 0 ? 0 : 1) : rank / 2; }
   std::unique_ptr<Communicator> split_by_host() override {
@@ -421,25 +437,8 @@ class PairsAsHosts final : public Communicator {
     MPI_Comm_free(&pair);
     return made;
   }
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override {
-    inner_.all_reduce(send, recv, count, dtype, op, stream);
-  }
-  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
-                      Stream& stream) override {
-    inner_.reduce_scatter(send, recv, recv_count, dtype, op, stream);
-  }
-  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, Stream& stream) override {
-    inner_.all_gather(send, recv, send_count, dtype, stream);
-  }
-  void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
-    inner_.broadcast(buffer, count, dtype, root, stream);
-  }
-  void barrier() override { inner_.barrier(); }
-  void all_reduce_host(std::span<double> values, ReduceOp op) override { inner_.all_reduce_host(values, op); }
-  void all_reduce_host(std::span<std::int64_t> values, ReduceOp op) override { inner_.all_reduce_host(values, op); }
 
  private:
-  MpiCommunicator inner_;
   Device& device_;
   const bool first_alone_;
 };
@@ -452,7 +451,8 @@ class PairsAsHosts final : public Communicator {
 TEST(HierarchicalPartition, SameBitsFewerBytesAcrossHostsThePlannedMemory) {
   MpiSession session;
   auto device = make_cpu_device(std::size_t{256} << 20);
-  PairsAsHosts comm(session, *device);
+  auto world = make_mpi_communicator(session, *device);
+  PairsAsHosts comm(*world, *device);
   const int n = comm.size();
   if (n % 2 != 0) GTEST_SKIP() << "hosts of two ranks need an even rank count; this run has " << n;
   std::vector<ParamSpec> specs;
@@ -503,7 +503,8 @@ TEST(HierarchicalPartition, UnequalHostsAndDisagreeingRanksAreErrors) {
   o.specs = small_groups();
   o.secondary_host = true;
   if (session.size() == 4) {
-    PairsAsHosts uneven(session, *device, true);
+    auto world = make_mpi_communicator(session, *device);
+    PairsAsHosts uneven(*world, *device, true);
     try {
       Engine engine(make_config(o), *device, uneven, o.specs);
       ADD_FAILURE() << "hosts of 1 and 3 ranks were accepted";
@@ -512,7 +513,8 @@ TEST(HierarchicalPartition, UnequalHostsAndDisagreeingRanksAreErrors) {
     }
   }
   if (session.size() < 2) GTEST_SKIP() << "ranks can disagree only with two or more; this run has " << session.size();
-  PairsAsHosts comm(session, *device);
+  auto world = make_mpi_communicator(session, *device);
+  PairsAsHosts comm(*world, *device);
   o.secondary_host = comm.rank() == 0;
   try {
     Engine engine(make_config(o), *device, comm, o.specs);
