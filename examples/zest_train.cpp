@@ -125,7 +125,8 @@ int run(int argc, char** argv) {
     for (std::size_t t = 0; t < engine.tensor_count(); ++t) specs.push_back(engine.spec(t));
     const WireEstimate zero = estimate_wire_bytes(config, specs, runtime.world_size(), runtime.world_size());
     const WireBytes& w = stats.wire_last_step;
-    const auto reduced = w.of(Collective::all_reduce) + w.of(Collective::reduce_scatter);
+    // comm.quantize.grads reduces through all-to-alls.
+    const auto reduced = w.of(Collective::all_reduce) + w.of(Collective::reduce_scatter) + w.of(Collective::all_to_all);
     std::printf("zest-train: wire bytes per step (rank 0, the last step): %llu (inside its host %llu, to other "
                 "hosts %llu; reductions %llu, gathers %llu); ZeRO's formula %llu\n",
                 static_cast<unsigned long long>(w.total()), static_cast<unsigned long long>(w.inside()),

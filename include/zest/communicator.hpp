@@ -25,15 +25,16 @@ namespace zest {
 enum class ReduceOp { sum, max };
 
 // The collectives that move data, as WireBytes counts them.
-enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast };
-inline constexpr std::size_t kCollectiveKinds = 4;
+enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
+inline constexpr std::size_t kCollectiveKinds = 5;
 
 // Bytes one rank sent, per collective, to ranks on its own host and to ranks on other hosts.
 // Counted by what each rank must send (the pairwise model): a reduce-scatter sends every other rank
 // its block, an all-gather sends every other rank this rank's block, an all-reduce is a
 // reduce-scatter then an all-gather of the same buffer, a broadcast sends its root's buffer to every
-// other rank. Per rank that is (n-1)/n of the buffer per pass, as a ring moves; a backend's own
-// algorithm (a tree, a hierarchical ring) may route the same data over other links.
+// other rank, an all-to-all sends every other rank the block meant for it. Per rank that is (n-1)/n
+// of the buffer per pass, as a ring moves; a backend's own algorithm (a tree, a hierarchical ring)
+// may route the same data over other links.
 struct WireBytes {
   std::array<std::uint64_t, kCollectiveKinds> inside_host{};
   std::array<std::uint64_t, kCollectiveKinds> across_hosts{};
@@ -88,6 +89,11 @@ class Communicator {
   // order, on the same device: collective over this communicator, like making one, and called while
   // none of its collectives is in flight. Throws CommError where the backend cannot make one.
   virtual std::unique_ptr<Communicator> split_by_host();
+  // A new communicator over the ranks that hold this rank's place on their hosts (the i-th rank of
+  // each host in this communicator's order, for this rank's i), ranked by host number (host_of):
+  // with split_by_host, the two levels of a hierarchical collective. Collective like
+  // split_by_host, with the same conditions; throws CommError where the backend cannot make one.
+  virtual std::unique_ptr<Communicator> split_across_hosts();
 
   // recv[i] = op over ranks of send[i]. In place when send == recv.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -99,6 +105,10 @@ class Communicator {
   // recv holds size() * send_count elements; block r comes from rank r.
   // In place when send == recv + rank() * send_count elements.
   virtual void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype,
+                          Stream& stream) = 0;
+  // send and recv hold size() * count elements each and do not overlap: block r of send goes to
+  // rank r, block r of recv comes from rank r (its send's block rank()).
+  virtual void all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
                           Stream& stream) = 0;
   // Every rank's buffer becomes root's.
   virtual void broadcast(void* buffer, std::size_t count, DType dtype, int root,
@@ -119,6 +129,9 @@ class Communicator {
   // host_of for a backend that keeps each rank's host in `hosts` (empty: all on host 0): throws
   // CommError for a rank outside 0..size() - 1.
   int host_in(std::span<const int> hosts, int rank) const;
+  // `rank`'s index among the ranks of its host (host_of), in this communicator's order: the colour
+  // of its split_across_hosts.
+  int place_on_host(int rank) const;
 };
 
 }  // namespace zest

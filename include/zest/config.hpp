@@ -22,6 +22,11 @@ enum class OffloadDevice { none, cpu, nvme };
 // partition.secondary: where stage 3 keeps a second copy of its parameter shards (hpZ).
 enum class SecondaryPartition { none, host };
 
+// comm.quantize: block-wise quantized collectives (ZeRO++'s qwZ and qgZ): int8 or int4 codes with
+// one fp32 scale per 256 elements on the wire instead of the working dtype.
+enum class QuantizeParams { none, int8 };
+enum class QuantizeGrads { none, int8, int4 };
+
 struct DeviceConfig {
   DeviceType type = DeviceType::cpu;
   // Budget for everything zest places on the device. cpu: default 2GiB. cuda: 0 means "what the
@@ -34,6 +39,15 @@ struct CommConfig {
   // A collective (or barrier) blocked this long raises CommError on every rank still alive,
   // naming the ranks that are behind or gone, instead of hanging; 0 = wait forever. mpi only.
   std::chrono::milliseconds timeout = kDefaultCommTimeout;
+  struct Quantize {
+    // Stage 3's parameter all-gathers (qwZ): each rank sends its shard as int8 and every rank
+    // computes with the decoded parameters (its own shard too, so the ranks agree); the master
+    // weights and the step stay exact.
+    QuantizeParams params = QuantizeParams::none;
+    // Stages 1-3's gradient reduce-scatter (qgZ): an all-to-all of quantized pieces inside each
+    // host, the host's sums quantized again and exchanged across hosts, every sum formed in fp32.
+    QuantizeGrads grads = QuantizeGrads::none;
+  } quantize;
 };
 
 struct BucketConfig {

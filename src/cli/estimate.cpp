@@ -194,26 +194,46 @@ std::size_t per_node(std::size_t per_rank, const Options& o, const char* what) {
   return total;
 }
 
-// Bytes each rank sends per step, by stage (offload does not change them): the engine's count
+// The config's comm.quantize where `c`'s stage takes it (params: stage 3; grads: stages 1-3).
+void quantize_where_valid(Config& c, const Config& base) {
+  c.comm.quantize.params = c.stage == 3 ? base.comm.quantize.params : QuantizeParams::none;
+  c.comm.quantize.grads = c.stage >= 1 ? base.comm.quantize.grads : QuantizeGrads::none;
+}
+
+// Bytes each rank sends per step, by stage (offload does not change them), with the config's
+// comm.quantize where the stage takes it, then stage 3 with hpZ, with ZeRO++'s three (hpZ, int8
+// parameters, int4 gradients), and with those two quantized alone: the engine's count
 // (estimate_wire_bytes) beside ZeRO's formula, split by where the peer is.
 void print_wire_table(const Options& o, const Config& base, const std::vector<ParamSpec>& model) {
-  std::printf("\n%-34s %14s %14s %14s %14s %14s\n", "sent per rank per step", "total", "inside a node", "across nodes",
+  std::printf("\n%-54s %14s %14s %14s %14s %14s\n", "sent per rank per step", "total", "inside a node", "across nodes",
               "ZeRO's formula", "reductions");
-  for (int stage = 0; stage <= 4; ++stage) {
-    Config c = base;
-    c.stage = std::min(stage, 3);  // 4: stage 3 with a secondary partition
-    c.partition.secondary = stage == 4 ? SecondaryPartition::host : SecondaryPartition::none;
+  const auto print = [&](const std::string& name, const Config& c) {
     const WireEstimate w = estimate_wire_bytes(c, model, o.ranks, static_cast<int>(o.ranks_per_node));
-    const std::string name = stage == 4 ? "wire, stage 3, secondary host" : "wire, stage " + std::to_string(stage);
-    std::printf("%-34s %14s %14s %14s %14s %14s\n", name.c_str(),
-                readable(w.total()).c_str(), readable(w.inside).c_str(), readable(w.across).c_str(),
-                readable(w.zero_formula).c_str(), readable(w.reduce).c_str());
+    std::printf("%-54s %14s %14s %14s %14s %14s\n", name.c_str(), readable(w.total()).c_str(), readable(w.inside).c_str(),
+                readable(w.across).c_str(), readable(w.zero_formula).c_str(), readable(w.reduce).c_str());
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    Config c = base;
+    c.stage = stage;
+    c.partition.secondary = SecondaryPartition::none;
+    quantize_where_valid(c, base);
+    print("wire, stage " + std::to_string(stage), c);
   }
+  Config c = base;
+  c.stage = 3;
+  c.comm.quantize = {};
+  c.partition.secondary = SecondaryPartition::host;
+  print("wire, stage 3, secondary host", c);
+  c.comm.quantize = {QuantizeParams::int8, QuantizeGrads::int4};
+  print("wire, stage 3, secondary host, params int8, grads int4", c);
+  c.partition.secondary = SecondaryPartition::none;
+  print("wire, stage 3, params int8, grads int4", c);
   std::printf("\nsent per rank per step: bytes each rank sends to the others (each rank's block to every other\n"
               "rank, as a ring moves), with gradient_accumulation_steps %d; stage 3 counts a forward and a\n"
               "backward gather of every group above stage3.persistence_threshold (the gathered pool may keep\n"
               "some between them). ZeRO's formula: 2 (stages 0-2) or 3 (stage 3) x the parameters' bytes x\n"
-              "(ranks - 1) / ranks.\n",
+              "(ranks - 1) / ranks. Quantized reductions count each layer's shard as a piece of its own (a\n"
+              "bucket of several sends a little less).\n",
               base.gradient_accumulation_steps);
 }
 
@@ -245,6 +265,7 @@ void print_table(const Options& o, const Config& base) {
     c.offload.optimizer_ratio = r.ratio;
     c.offload.optimizer_overlap = r.overlap;
     c.partition.secondary = r.secondary ? SecondaryPartition::host : SecondaryPartition::none;
+    quantize_where_valid(c, base);
     const MemoryEstimate e = estimate_memory(c, model, ranks, static_cast<int>(o.ranks_per_node));
     const bool matches = !o.config_path.empty() && base.stage == r.stage && base.offload.optimizer.device == r.optimizer &&
                          base.offload.param.device == r.param && base.offload.optimizer_ratio == r.ratio &&

@@ -69,6 +69,8 @@ void check_ranges(const Config& c, ProblemSink& sink) {
   check_choice(sink, "device.type", kDeviceTypeNames, c.device.type);
   check_choice(sink, "comm.backend", kCommBackendNames, c.comm.backend);
   check_choice(sink, "partition.secondary", kSecondaryPartitionNames, c.partition.secondary);
+  check_choice(sink, "comm.quantize.params", kQuantizeParamsNames, c.comm.quantize.params);
+  check_choice(sink, "comm.quantize.grads", kQuantizeGradsNames, c.comm.quantize.grads);
   check_size(sink, "buckets.reduce", c.buckets.reduce_bytes, SizeRule::bucket);
   check_size(sink, "buckets.allgather", c.buckets.allgather_bytes, SizeRule::bucket);
   check_size(sink, "stage3.max_live", c.stage3.max_live_bytes, SizeRule::positive);
@@ -281,6 +283,21 @@ void check_combinations(const Config& c, ProblemSink& sink) {
                 "a secondary partition copies stage 3's parameter shards within each host, but stage is " + stage_text +
                     ": below stage 3 every rank keeps the full parameters and gathers nothing during "
                     "backward. Set stage: 3, or partition.secondary: none");
+  }
+  if (sink.valid("stage") && sink.valid("comm.quantize.params") &&
+      c.comm.quantize.params != QuantizeParams::none && c.stage != 3) {
+    sink.report("comm.quantize.params",
+                "quantized parameter all-gathers are stage 3's (each lease gathers the shards), but stage is " +
+                    stage_text +
+                    ": below stage 3 every rank keeps full-precision parameters, gathered once after the step, "
+                    "and quantizing them would leave the ranks' copies different. Set stage: 3, or "
+                    "comm.quantize.params: none");
+  }
+  if (sink.valid("stage") && sink.valid("comm.quantize.grads") &&
+      c.comm.quantize.grads != QuantizeGrads::none && c.stage == 0) {
+    sink.report("comm.quantize.grads",
+                "a quantized gradient reduction leaves each rank the sum of its shard, but stage 0 all-reduces "
+                "every gradient in full. Set stage: 1 or higher, or comm.quantize.grads: none");
   }
   if (sink.valid("stage") && sink.valid("offload.optimizer.device") &&
       c.offload.optimizer.device != OffloadDevice::none && c.stage == 0) {

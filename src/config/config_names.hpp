@@ -28,6 +28,10 @@ inline constexpr std::array<EnumName<StatesFormat>, 3> kStatesFormatNames{{
     {"fp32", StatesFormat::f32}, {"bf16", StatesFormat::bf16}, {"int8", StatesFormat::int8}}};
 inline constexpr std::array<EnumName<SecondaryPartition>, 2> kSecondaryPartitionNames{{
     {"none", SecondaryPartition::none}, {"host", SecondaryPartition::host}}};
+inline constexpr std::array<EnumName<QuantizeParams>, 2> kQuantizeParamsNames{{
+    {"none", QuantizeParams::none}, {"int8", QuantizeParams::int8}}};
+inline constexpr std::array<EnumName<QuantizeGrads>, 3> kQuantizeGradsNames{{
+    {"none", QuantizeGrads::none}, {"int8", QuantizeGrads::int8}, {"int4", QuantizeGrads::int4}}};
 inline constexpr std::array<EnumName<OffloadDevice>, 3> kOffloadDeviceNames{{
     {"none", OffloadDevice::none}, {"cpu", OffloadDevice::cpu}, {"nvme", OffloadDevice::nvme}}};
 

@@ -594,6 +594,10 @@ Config ConfigReader::read(const YAML::Node* root) {
       {"comm", section({
                    {"backend", choice(detail::kCommBackendNames, c.comm.backend)},
                    {"timeout", duration(c.comm.timeout)},
+                   {"quantize", section({
+                                    {"params", choice(detail::kQuantizeParamsNames, c.comm.quantize.params)},
+                                    {"grads", choice(detail::kQuantizeGradsNames, c.comm.quantize.grads)},
+                                })},
                })},
       {"buckets", section({
                       {"reduce", size(c.buckets.reduce_bytes, SizeRule::bucket)},

@@ -123,6 +123,10 @@ std::string to_yaml(const Config& c) {
   out.section("comm");
   out.plain("backend", detail::enum_name(detail::kCommBackendNames, c.comm.backend));
   out.plain("timeout", detail::format_duration(c.comm.timeout));
+  out.section("quantize");
+  out.plain("params", detail::enum_name(detail::kQuantizeParamsNames, c.comm.quantize.params));
+  out.plain("grads", detail::enum_name(detail::kQuantizeGradsNames, c.comm.quantize.grads));
+  out.end_section();
   out.end_section();
 
   out.section("buckets");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/device_math.hpp"
+#include "optim/block_quant.hpp"
 #include "runtime/half.hpp"
 
 namespace zest::engine {
@@ -31,7 +32,7 @@ void accumulate_now(void* dst, const void* src, std::size_t count, DType dtype, 
 class CpuDeviceMath final : public DeviceMath {
  public:
   CpuDeviceMath(const optim::AdamHyperParams& hyper, int threads, std::vector<int> cpus)
-      : hyper_(hyper), adam_(hyper, threads, std::move(cpus)) {}
+      : hyper_(hyper), adam_(hyper, threads, cpus), quantizer_(adam_.threads(), std::move(cpus)) {}
 
   void accumulate(void* dst, const void* src, std::size_t count, DType dtype, bool first,
                   Stream& stream) override {
@@ -81,9 +82,45 @@ class CpuDeviceMath final : public DeviceMath {
     });
   }
 
+  void quantize(const void* in, DType dtype, std::size_t count, optim::QuantBits bits, void* out,
+                Stream& stream) override {
+    stream.host_task([=, this] {
+      quantizer_.quantize(optim::ConstTensorSpan{in, dtype, count}, bits,
+                          {static_cast<std::byte*>(out), optim::quantized_bytes(bits, count)});
+    });
+  }
+
+  void dequantize(const void* in, optim::QuantBits bits, std::size_t count, void* out, DType dtype,
+                  Stream& stream) override {
+    stream.host_task([=, this] {
+      quantizer_.dequantize({static_cast<const std::byte*>(in), optim::quantized_bytes(bits, count)}, bits,
+                            optim::TensorSpan{out, dtype, count});
+    });
+  }
+
+  void dequantize_add(const void* in, optim::QuantBits bits, std::size_t count, float* acc,
+                      Stream& stream) override {
+    stream.host_task([=, this] {
+      quantizer_.dequantize_add({static_cast<const std::byte*>(in), optim::quantized_bytes(bits, count)}, bits,
+                                {acc, count});
+    });
+  }
+
+  void cast_from_f32(const float* in, std::size_t count, void* out, DType dtype, Stream& stream) override {
+    stream.host_task([=] {
+      if (dtype == DType::f32) {
+        std::memcpy(out, in, count * sizeof(float));
+      } else {
+        for (std::size_t i = 0; i < count; ++i) store_from_float(out, dtype, i, in[i]);
+      }
+    });
+  }
+
  private:
   optim::AdamHyperParams hyper_;
   optim::CpuAdam adam_;
+  // The quantized collectives' codec, on the CPU Adam's cpus (the two never run at once: one stream).
+  optim::BlockQuantizer quantizer_;
 };
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include "engine/device_math.hpp"
 #include "kernels/accumulate.hpp"
 #include "kernels/adam.hpp"
+#include "kernels/block_quant.hpp"
+#include "kernels/cast.hpp"
 #include "kernels/grad_stats_pack.hpp"
 #include "runtime/cuda_check.hpp"
 #include "runtime/cuda_device.hpp"
@@ -86,6 +88,25 @@ class CudaDeviceMath final : public DeviceMath {
         if (a.count > 0)
           ZEST_CUDA_CHECK(cudaMemcpyAsync(a.out, a.master, a.count * sizeof(float), cudaMemcpyDeviceToDevice, s));
     }
+  }
+
+  void quantize(const void* in, DType dtype, std::size_t count, optim::QuantBits bits, void* out,
+                Stream& stream) override {
+    kernels::quantize_async(in, dtype, count, bits, out, handle(stream));
+  }
+
+  void dequantize(const void* in, optim::QuantBits bits, std::size_t count, void* out, DType dtype,
+                  Stream& stream) override {
+    kernels::dequantize_async(in, bits, count, out, dtype, handle(stream));
+  }
+
+  void dequantize_add(const void* in, optim::QuantBits bits, std::size_t count, float* acc,
+                      Stream& stream) override {
+    kernels::dequantize_add_async(in, bits, count, acc, handle(stream));
+  }
+
+  void cast_from_f32(const float* in, std::size_t count, void* out, DType dtype, Stream& stream) override {
+    kernels::cast_async(in, DType::f32, out, dtype, count, handle(stream));
   }
 
  private:

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "optim/adam_math.hpp"
+#include "optim/block_quant_math.hpp"
 #include "optim/cpu_adam.hpp"
 #include "zest/device.hpp"
 #include "zest/dtype.hpp"
@@ -72,6 +73,21 @@ class DeviceMath {
   // updated master weights written to its `out` as `out_dtype` (fp32: a copy).
   virtual void adam_step(std::span<const AdamShard> shards, DType grad_dtype, DType out_dtype,
                          const optim::AdamStepArgs& args, Stream& stream) = 0;
+
+  // The block quantizer of the quantized collectives (the format of optim/block_quant_math.hpp,
+  // the same bits on every backend). Quantized buffers are optim::quantized_bytes(bits, count)
+  // bytes, 4-byte aligned; no output overlaps its input.
+  // out = the `count` elements at `in` (fp32, bf16 or fp16) quantized.
+  virtual void quantize(const void* in, DType dtype, std::size_t count, optim::QuantBits bits, void* out,
+                        Stream& stream) = 0;
+  // out = the `count` elements quantized at `in`, decoded to `dtype`.
+  virtual void dequantize(const void* in, optim::QuantBits bits, std::size_t count, void* out, DType dtype,
+                          Stream& stream) = 0;
+  // acc[i] += the value of element i quantized at `in`, in fp32.
+  virtual void dequantize_add(const void* in, optim::QuantBits bits, std::size_t count, float* acc,
+                              Stream& stream) = 0;
+  // out[i] = in[i] rounded to `dtype` (nearest even; fp32: a copy).
+  virtual void cast_from_f32(const float* in, std::size_t count, void* out, DType dtype, Stream& stream) = 0;
 };
 
 // The math for `device`'s backend. `threads`: the CPU Adam's threads (cpu only; 0 = one per cpu of

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 #include "engine/offloaded_optimizer.hpp"
 #include "engine/optimizer_groups.hpp"
 #include "engine/param_gather.hpp"
+#include "engine/quantized_collectives.hpp"
 #include "engine/speculative_updates.hpp"
 #include "engine/split_optimizer_states.hpp"
 #include "base/trace.hpp"
@@ -56,29 +58,50 @@ std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTa
   return shared;
 }
 
-// partition.secondary: host at stage 3 on several ranks: a communicator over this rank's host (null
-// otherwise). Every host must hold as many ranks, since each keeps 1/R of a group.
-std::unique_ptr<Communicator> host_communicator(const Config& c, Communicator& comm) {
-  if (comm.size() == 1) return nullptr;
+// The communicators of the two levels, for what needs them on several ranks: this rank's host's
+// ranks (partition.secondary: host at stage 3, comm.quantize.grads) and the ranks of its place on
+// every host (comm.quantize.grads); null where nothing does. Every host must hold as many ranks.
+struct HostLevels {
+  std::unique_ptr<Communicator> host, across;
+};
+
+HostLevels host_levels(const Config& c, Communicator& comm) {
+  if (comm.size() == 1) return {};
   // Every rank agrees first (a host collective, under comm.timeout), so a rank configured otherwise
   // is an error here rather than a split its peers never join.
   const std::int64_t secondary = c.stage == 3 && c.partition.secondary == SecondaryPartition::host ? 1 : 0;
-  std::array<std::int64_t, 2> agreed{secondary, -secondary};
+  const std::int64_t quantized = c.stage >= 1 && c.comm.quantize.grads != QuantizeGrads::none ? 1 : 0;
+  const std::int64_t wants = secondary + 2 * quantized;
+  std::array<std::int64_t, 2> agreed{wants, -wants};
   comm.all_reduce_host(agreed, ReduceOp::max);
   if (agreed[0] != -agreed[1])
-    throw Error("partition.secondary: host is set on some ranks and not on others (or their stage differs); give "
-                "every rank the same config");
-  if (secondary == 0) return nullptr;
+    throw Error("partition.secondary or comm.quantize.grads is set on some ranks and not on others (or their stage "
+                "differs); give every rank the same config");
+  if (wants == 0) return {};
+  const char* const fallback = quantized ? "comm.quantize.grads: none" : "partition.secondary: none";
   std::map<int, int> ranks_on;  // host -> its ranks
   for (int r = 0; r < comm.size(); ++r) ++ranks_on[comm.host_of(r)];
   for (const auto& [host, ranks] : ranks_on)
     if (ranks != ranks_on.begin()->second)
-      throw Error(std::string("partition.secondary: host needs as many ranks on every host, but host ")
+      throw Error(std::string("this config needs as many ranks on every host, but host ")
                       .append(std::to_string(ranks_on.begin()->first)).append(" has ")
                       .append(std::to_string(ranks_on.begin()->second)).append(" and host ")
                       .append(std::to_string(host)).append(" has ").append(std::to_string(ranks))
-                      .append("; start the same number on each, or set partition.secondary: none"));
-  return comm.split_by_host();
+                      .append("; start the same number on each, or set ").append(fallback));
+  HostLevels levels;
+  levels.host = comm.split_by_host();
+  if (quantized) levels.across = comm.split_across_hosts();
+  return levels;
+}
+
+std::optional<optim::QuantBits> grad_bits(const Config& c) {
+  if (c.stage == 0) return std::nullopt;
+  switch (c.comm.quantize.grads) {
+    case QuantizeGrads::int8: return optim::QuantBits::int8;
+    case QuantizeGrads::int4: return optim::QuantBits::int4;
+    case QuantizeGrads::none: break;
+  }
+  return std::nullopt;
 }
 
 
@@ -101,11 +124,12 @@ struct Engine::State {
       : config((validate(c), c)),
         device(d),
         comm(k),
-        host_inner(host_communicator(c, k)),
-        host_comm(host_inner ? std::make_unique<CountingCommunicator>(*host_inner) : nullptr),
+        levels(host_levels(c, k)),
+        host_comm(levels.host ? std::make_unique<CountingCommunicator>(*levels.host) : nullptr),
+        across_comm(levels.across ? std::make_unique<CountingCommunicator>(*levels.across) : nullptr),
         specs(std::move(p)),
         layout(specs, c.stage == 0 ? 1 : k.size()),
-        plan(engine::plan_memory(c, layout, engine::SubGroups::listed, host_inner ? host_inner->size() : 0)),
+        plan(engine::plan_memory(c, layout, engine::SubGroups::listed, levels.host ? levels.host->size() : 0)),
         optimizer_group_of(engine::optimizer_groups_of(c, specs)),
         hyper(engine::optimizer_group_values(c)),
         runs(engine::hyper_runs(layout, k.rank(), optimizer_group_of, hyper)),
@@ -128,11 +152,17 @@ struct Engine::State {
   const Config config;
   Device& device;
   CountingCommunicator comm;  // the program's, counting what this rank sends
-  std::unique_ptr<Communicator> host_inner;  // partition.secondary: host: this rank's host's ranks
-  std::unique_ptr<CountingCommunicator> host_comm;  // over host_inner, counting
+  HostLevels levels;  // partition.secondary, comm.quantize.grads: the host's ranks, the place's across hosts
+  std::unique_ptr<CountingCommunicator> host_comm;    // over levels.host, counting
+  std::unique_ptr<CountingCommunicator> across_comm;  // over levels.across, counting
   WireBytes wire_at_last_step;  // sent() when the last step() ended
   WireBytes wire_last_step;     // what the last step sent (from the end of the one before)
-  WireBytes sent() const { return host_comm ? comm.sent() + host_comm->sent() : comm.sent(); }
+  WireBytes sent() const {
+    WireBytes w = comm.sent();
+    if (host_comm) w = w + host_comm->sent();
+    if (across_comm) w = w + across_comm->sent();
+    return w;
+  }
   const std::vector<ParamSpec> specs;
   const engine::Layout layout;
   const engine::MemoryPlan plan;  // every size allocated below
@@ -144,6 +174,8 @@ struct Engine::State {
   std::unique_ptr<engine::DeviceMath> math;
   std::unique_ptr<Stream> comm_stream;
   std::unique_ptr<engine::HostStaging> staging;
+  std::unique_ptr<engine::QuantizedGather> quantized_gather;         // comm.quantize.params
+  std::unique_ptr<engine::QuantizedReduceScatter> quantized_reduce;  // comm.quantize.grads
   std::unique_ptr<engine::ParamGather> params;
   std::unique_ptr<engine::GradBuckets> grads;
   std::unique_ptr<engine::OptimizerStates> states;
@@ -198,9 +230,15 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   if (s.plan.offload_optimizer) optimizer_store = nvme_store(config, config.offload.optimizer, comm.rank(), device.host_cpus(), shared_store, store_path);
   if (s.plan.offload_params) param_store = nvme_store(config, config.offload.param, comm.rank(), device.host_cpus(), shared_store, store_path);
   s.staging = std::make_unique<engine::HostStaging>(device, s.plan, config.precision.dtype);
+  if (s.plan.quant_gather_codes > 0)
+    s.quantized_gather = std::make_unique<engine::QuantizedGather>(device, s.comm, *s.math, s.plan, config.precision.dtype);
+  if (s.plan.quant_reduce_codes > 0)
+    s.quantized_reduce = std::make_unique<engine::QuantizedReduceScatter>(
+        device, s.comm, *s.host_comm, *s.across_comm, *s.math, s.plan, *grad_bits(config), config.precision.dtype);
   s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, s.comm, stream, s.layout, s.plan, *s.staging,
-                                                   std::move(param_store), s.host_comm.get());
-  s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math, s.layout, s.plan, *s.staging);
+                                                   std::move(param_store), s.host_comm.get(), s.quantized_gather.get());
+  s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math, s.layout,
+                                                  s.plan, *s.staging, s.quantized_reduce.get());
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
     return std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,

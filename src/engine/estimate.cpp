@@ -4,6 +4,7 @@
 
 #include "engine/layout.hpp"
 #include "engine/memory_plan.hpp"
+#include "optim/block_quant_math.hpp"
 #include "zest/error.hpp"
 
 namespace zest {
@@ -62,38 +63,58 @@ WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSp
   // (n - 1) / n of it, without the product's overflow: q (n - 1) + r (n - 1) / n, psi = q n + r.
   w.zero_formula = times(config.stage == 3 ? 3 : 2, psi / n * (n - 1) + psi % n * (n - 1) / n);
   if (ranks == 1) return w;
+  const auto inside = static_cast<std::uint64_t>(ranks_per_node - 1), across = n - 1 - inside;
   // Bytes to each other rank: every collective sends each peer the same (stage 0's all-reduce
-  // blocks differ by at most an element; counted as even).
+  // blocks differ by at most an element; counted as even), but qgZ's reduction, whose two
+  // all-to-alls send each peer on the host one piece per host and each other host one piece.
   std::uint64_t reduce = 0, gather = 0;
+  std::uint64_t reduce_inside = 0, reduce_across = 0;  // comm.quantize.grads: to all such peers
   std::uint64_t host_gather = 0;  // partition.secondary: host: sent to each other rank of the host
   if (config.stage == 0) {
     reduce = times(micro_batches, 2 * times(layout.full_numel(), element) / n);
   } else {
     const engine::MemoryPlan plan =
         engine::plan_memory(config, layout, engine::SubGroups::sizes_only, ranks_per_node);
+    const bool quantized_grads = config.comm.quantize.grads != QuantizeGrads::none;
+    const auto grad_bits = config.comm.quantize.grads == QuantizeGrads::int4 ? optim::QuantBits::int4 : optim::QuantBits::int8;
+    const std::uint64_t hosts = n / static_cast<std::uint64_t>(ranks_per_node);
     for (int g = 0; g < layout.group_count(); ++g) {
-      const std::uint64_t shard = layout.group(g).shard * element;
-      reduce += shard;
+      const std::size_t shard_elements = layout.group(g).shard;
+      const std::uint64_t shard = shard_elements * element;
+      if (quantized_grads) {
+        // Each group's shard as a piece of its own: a bucket's pieces share their last block, so
+        // the count may be a little lower.
+        const std::uint64_t codes = optim::quantized_bytes(grad_bits, shard_elements);
+        reduce_inside += times(times(codes, hosts), inside);
+        reduce_across += times(codes, hosts - 1);
+      } else {
+        reduce += shard;
+      }
       // Stage 3 gathers a group on use each micro-batch, forward and backward; the others once,
-      // after the step. With a secondary partition all but the first run inside the host.
+      // after the step. With a secondary partition all but the first run inside the host; with
+      // quantized parameters the gathers over every rank send int8 codes.
       const bool gathered_on_use = config.stage == 3 && plan.resident[static_cast<std::size_t>(g)] == 0;
+      const std::uint64_t on_use = config.comm.quantize.params != QuantizeParams::none
+                                       ? optim::quantized_bytes(optim::QuantBits::int8, shard_elements)
+                                       : shard;
       if (!gathered_on_use) {
         gather += shard;
       } else if (plan.secondary_ranks > 0) {
-        gather += shard;
+        gather += on_use;
         host_gather += times(2 * micro_batches - 1, layout.group(g).padded * element /
                                                         static_cast<std::uint64_t>(plan.secondary_ranks));
       } else {
-        gather += times(2 * micro_batches, shard);
+        gather += times(2 * micro_batches, on_use);
       }
     }
     reduce = times(micro_batches, reduce);
+    reduce_inside = times(micro_batches, reduce_inside);
+    reduce_across = times(micro_batches, reduce_across);
   }
-  const auto inside = static_cast<std::uint64_t>(ranks_per_node - 1), across = n - 1 - inside;
-  w.reduce = times(reduce, n - 1);
+  w.reduce = times(reduce, n - 1) + reduce_inside + reduce_across;
   w.gather = times(gather, n - 1) + times(host_gather, inside);
-  w.inside = times(reduce + gather, inside) + times(host_gather, inside);
-  w.across = times(reduce + gather, across);
+  w.inside = times(reduce + gather, inside) + times(host_gather, inside) + reduce_inside;
+  w.across = times(reduce + gather, across) + reduce_across;
   return w;
 }
 

@@ -23,11 +23,13 @@ GradBucketsOptions grad_buckets_options(const Config& config) {
 }
 
 GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
-                         DeviceMath& math, const Layout& layout, const MemoryPlan& plan, HostStaging& staging)
+                         DeviceMath& math, const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
+                         QuantizedReduceScatter* quantized)
     : device_(device),
       comm_(comm),
       stream_(comm_stream),
       math_(math),
+      quantized_(options.stage >= 1 ? quantized : nullptr),
       staging_(staging),
       layout_(layout),
       stage_(options.stage),
@@ -137,9 +139,7 @@ void GradBuckets::collect(const Bucket& b, char* data) {
     if (stage_ == 0 && comm_.size() > 1) comm_.all_reduce(data, data, b.used, dtype_, ReduceOp::sum, stream_);
     for (const Bucket::Entry& e : b.entries) {
       char* const mine = data + bytes(e.offset + shard_begin(e.group));
-      if (stage_ >= 1 && comm_.size() > 1)
-        comm_.reduce_scatter(data + bytes(e.offset), mine, layout_.group(e.group).shard, dtype_, ReduceOp::sum,
-                             stream_);
+      if (stage_ >= 1 && comm_.size() > 1) reduce_scatter(data + bytes(e.offset), mine, layout_.group(e.group).shard);
       parts_.push_back(mine);
     }
     return;
@@ -156,8 +156,12 @@ void GradBuckets::collect(const Bucket& b, char* data) {
     parts_.push_back(packed + bytes(static_cast<std::size_t>(rank_) * piece + at));
     at += shard;
   }
-  comm_.reduce_scatter(packed, packed + bytes(static_cast<std::size_t>(rank_) * piece), piece, dtype_, ReduceOp::sum,
-                       stream_);
+  reduce_scatter(packed, packed + bytes(static_cast<std::size_t>(rank_) * piece), piece);
+}
+
+void GradBuckets::reduce_scatter(const char* send, char* recv, std::size_t piece) {
+  if (quantized_) return quantized_->reduce_scatter(send, recv, piece, stream_);
+  comm_.reduce_scatter(send, recv, piece, dtype_, ReduceOp::sum, stream_);
 }
 
 // One collective over the bucket (collect), then each group's part added to the accumulated

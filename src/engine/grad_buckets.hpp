@@ -18,6 +18,9 @@
 // buffer, added by the cpu math's host task, the same arithmetic as the device's add), before the
 // bucket is zeroed and freed, so the device holds only the buckets in flight. The step asks this
 // class for the statistics instead of asking where the gradients are.
+//
+// With comm.quantize.grads (`quantized`) each of stages 1-3's reduce-scatters goes through
+// QuantizedReduceScatter (codes on the wire, sums in fp32) instead of the communicator.
 // Threading: the engine's host thread; the work runs on the comm stream.
 #pragma once
 
@@ -29,6 +32,7 @@
 #include "engine/host_staging.hpp"
 #include "engine/layout.hpp"
 #include "engine/memory_plan.hpp"
+#include "engine/quantized_collectives.hpp"
 #include "engine/slot_pool.hpp"
 #include "zest/communicator.hpp"
 #include "zest/config.hpp"
@@ -61,9 +65,11 @@ class GradBuckets {
  public:
   // Allocates the accumulated gradient (plan.grads on the device, or plan.host_grads and
   // plan.grad_landing pinned) and the buckets (plan.staging_slot each), zeroed. `staging`: its
-  // scalars are where the host computes the statistics of a host shard.
+  // scalars are where the host computes the statistics of a host shard. `quantized` (null: exact)
+  // must outlive this.
   GradBuckets(const GradBucketsOptions& options, Device& device, Communicator& comm, Stream& comm_stream, DeviceMath& math,
-              const Layout& layout, const MemoryPlan& plan, HostStaging& staging);
+              const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
+              QuantizedReduceScatter* quantized = nullptr);
 
   // Where group g's gradient of this micro-batch is written (its segment, padded; overwrite it):
   // its place in the open bucket, taken on the first call after the group's last ready().
@@ -124,11 +130,14 @@ class GradBuckets {
   };
   // Runs the bucket's collective; parts_ then holds where this rank's reduced part of each entry is.
   void collect(const Bucket& b, char* data);
+  // A reduce-scatter of `piece` elements per rank (exact, or through quantized_).
+  void reduce_scatter(const char* send, char* recv, std::size_t piece);
 
   Device& device_;
   Communicator& comm_;
   Stream& stream_;
   DeviceMath& math_;
+  QuantizedReduceScatter* quantized_;
   HostStaging& staging_;
   const Layout& layout_;
   const int stage_;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/device_math.hpp"
+#include "optim/block_quant_math.hpp"
 #include "optim/states_layout.hpp"
 #include "zest/error.hpp"
 
@@ -145,6 +146,22 @@ ShardRange group_part(const Layout& layout, int g, ShardRange range) {
   return begin < end ? ShardRange{begin, end} : ShardRange{begin, begin};
 }
 
+namespace {
+
+// The ranks on each host (`host_ranks`, 0: every rank on one), which must divide the partitions;
+// `fallback` names the key that avoids needing it.
+int ranks_per_host(const Layout& layout, int host_ranks, const char* fallback) {
+  const int ranks = host_ranks > 0 ? host_ranks : layout.partitions();
+  if (layout.partitions() % ranks != 0)
+    throw Error(std::string("this config needs the same number of ranks on every host, and ")
+                    .append(std::to_string(ranks)).append(" per host do not divide ")
+                    .append(std::to_string(layout.partitions()))
+                    .append(" ranks; run as many ranks on every host, or set ").append(fallback));
+  return ranks;
+}
+
+}  // namespace
+
 MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups, int host_ranks) {
   MemoryPlan p;
   const DType dtype = config.precision.dtype;
@@ -166,12 +183,7 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
       add(MemoryCategory::params, p.resident[g]);
     }
     if (config.partition.secondary == SecondaryPartition::host && partitions > 1) {
-      const int ranks = host_ranks > 0 ? host_ranks : layout.partitions();
-      if (layout.partitions() % ranks != 0)
-        throw Error(std::string("partition.secondary: host needs the same number of ranks on every host, and ")
-                        .append(std::to_string(ranks)).append(" per host do not divide ")
-                        .append(std::to_string(layout.partitions()))
-                        .append(" ranks; run as many ranks on every host, or set partition.secondary: none"));
+      const int ranks = ranks_per_host(layout, host_ranks, "partition.secondary: none");
       p.secondary_ranks = ranks;
       // A segment is a multiple of 64 x partitions elements, so of the host's rank count too.
       for (std::size_t g = 0; g < groups; ++g)
@@ -209,6 +221,16 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
     if (segments[0] + segments[1] <= p.bucket_fill) p.reduce_pack = bytes(p.bucket_fill);
   }
   add(MemoryCategory::buffers, p.reduce_pack);
+  if (config.comm.quantize.grads != QuantizeGrads::none && config.stage >= 1 && partitions > 1) {
+    const auto bits = config.comm.quantize.grads == QuantizeGrads::int4 ? optim::QuantBits::int4 : optim::QuantBits::int8;
+    const auto per_host = static_cast<std::size_t>(ranks_per_host(layout, host_ranks, "comm.quantize.grads: none"));
+    // A bucket's piece per rank: its groups' shards, at most a bucket (or the largest segment,
+    // which fills one alone) over the ranks; segments are multiples of the partitions.
+    p.quant_reduce_piece = p.bucket_elements / partitions;
+    p.quant_reduce_codes = partitions * optim::quantized_bytes(bits, p.quant_reduce_piece);
+    p.quant_reduce_sums = partitions / per_host * p.quant_reduce_piece * sizeof(float);
+    add(MemoryCategory::buffers, 2 * p.quant_reduce_codes + p.quant_reduce_sums);
+  }
   if (p.grads_on_host) p.grad_landing = bytes(p.bucket_elements / partitions);
   if (sharded) {
     // Gathered buffers for the groups that are not resident: as many as max_live_bytes holds, at
@@ -219,6 +241,9 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
     p.gathered_slot = segment_bytes;
     if (p.offload_params) p.gathered_shard = bytes(layout.largest_segment() / partitions);
     add(MemoryCategory::buffers, p.gathered_count * (p.gathered_slot + p.gathered_shard));
+    if (config.comm.quantize.params != QuantizeParams::none && partitions > 1 && sharded_groups > 0)
+      p.quant_gather_codes = partitions * optim::quantized_bytes(optim::QuantBits::int8, layout.largest_segment() / partitions);
+    add(MemoryCategory::buffers, p.quant_gather_codes);
   }
   plan_gather_runs(config, layout, dtype, p);
   add(MemoryCategory::buffers, p.gather_bucket);

@@ -132,6 +132,15 @@ struct MemoryPlan {
   // group's full parameters, this rank's slice of it among its host's ranks (params).
   int secondary_ranks = 0;               // ranks per host; 0 without a secondary partition
   std::size_t secondary_params = 0;
+  // comm.quantize.params (stage 3, several ranks): every rank's int8 records of the largest
+  // non-resident group's shard, the codes of one quantized all-gather.
+  std::size_t quant_gather_codes = 0;
+  // comm.quantize.grads (stages 1-3, several ranks): the most elements of one rank's piece of a
+  // reduction (a bucket's shards), the codes of every rank's piece (one buffer to send, one to
+  // receive, each this large) and the fp32 sums of one piece per host (buffers).
+  std::size_t quant_reduce_piece = 0;
+  std::size_t quant_reduce_codes = 0;
+  std::size_t quant_reduce_sums = 0;
   std::size_t gathered_slot = 0;         // stage 3: full parameters of one non-resident group
   std::size_t gathered_count = 0;
   std::size_t gathered_shard = 0;        // stage 3, offloaded parameters: per gathered buffer
@@ -167,7 +176,7 @@ ShardRange group_part(const Layout& layout, int g, ShardRange range);
 enum class SubGroups { sizes_only, listed };
 
 // The sizes for `config` over `layout` (partitions = 1 for stage 0, the world size otherwise), with
-// `host_ranks` ranks on each host (partition.secondary; 0: every rank on one). Time and memory grow
+// `host_ranks` ranks on each host (partition.secondary, comm.quantize.grads; 0: every rank on one). Time and memory grow
 // with the layout's groups and tensors, and with the sub-groups only when listed. Throws Error when
 // host_ranks does not divide the partitions.
 MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups = SubGroups::listed,

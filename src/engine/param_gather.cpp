@@ -17,7 +17,7 @@ ParamGatherOptions param_gather_options(const Config& config) {
 
 ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
                          const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
-                         std::shared_ptr<offload::Store> store, Communicator* host_comm)
+                         std::shared_ptr<offload::Store> store, Communicator* host_comm, QuantizedGather* quantized)
     : device_(device),
       comm_(comm),
       stream_(comm_stream),
@@ -30,6 +30,7 @@ ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Comm
       prefetch_bytes_(options.prefetch_bytes),
       gathered_("gathered-parameter", "release leases sooner, or raise stage3.max_live") {
   const auto groups = static_cast<std::size_t>(layout.group_count());
+  quantized_ = sharded() ? quantized : nullptr;
   shards_ = device.allocate(plan.param_shards, MemoryCategory::params);
   for (std::size_t size : plan.resident) resident_.push_back(device.allocate(size, MemoryCategory::params));
   full_params_ = device.allocate(plan.full_params, MemoryCategory::params);
@@ -119,7 +120,8 @@ void ParamGather::start_gather(int g) {
       offload_->fetch(g, s.shard.data(), static_cast<std::size_t>(slot), stream_);
       shard = s.shard.data();
     }
-    comm_.all_gather(shard, s.buffer.data(), place.shard, dtype_, stream_);
+    if (quantized_) quantized_->all_gather(shard, s.buffer.data(), place.shard, stream_);
+    else comm_.all_gather(shard, s.buffer.data(), place.shard, dtype_, stream_);
     if (host_comm_) {
       device_.copy_async(secondary, s.buffer.as<char>() + bytes(static_cast<std::size_t>(host_comm_->rank()) * slice),
                          bytes(slice), stream_);

@@ -13,6 +13,8 @@
 // shards changed spans every rank and leaves this rank's slice of the full group among its host's
 // ranks in a secondary copy; until the shards change again (the step, set_param, a load) the group's
 // gathers run over `host_comm`, each of the host's ranks giving its slice.
+// With comm.quantize.params (`quantized`) those stage-3 gathers over every rank send int8 codes
+// (QuantizedGather); the gathers after the step (gather_all) stay exact.
 // Threading: the engine's host thread; the work runs on the comm stream.
 #pragma once
 
@@ -25,6 +27,7 @@
 #include "engine/memory_plan.hpp"
 #include "engine/optimizer_states.hpp"
 #include "engine/param_offload.hpp"
+#include "engine/quantized_collectives.hpp"
 #include "engine/slot_pool.hpp"
 #include "offload/store.hpp"
 #include "zest/communicator.hpp"
@@ -46,10 +49,11 @@ class ParamGather {
   // Allocates the parameters, the gathered-parameter pool and the gather bucket (sizes from
   // `plan`), zeroed; `store` is the NVMe store for offload.param: nvme (null otherwise);
   // `host_comm`: the ranks of this rank's host, with plan.secondary_params (null otherwise; Error
-  // when it is missing or not plan.secondary_ranks large).
+  // when it is missing or not plan.secondary_ranks large); `quantized`: stage 3's gathers over
+  // every rank, with comm.quantize.params (null: exact). Both must outlive this.
   ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream, const Layout& layout,
               const MemoryPlan& plan, HostStaging& staging, std::shared_ptr<offload::Store> store,
-              Communicator* host_comm = nullptr);
+              Communicator* host_comm = nullptr, QuantizedGather* quantized = nullptr);
 
   // Before the group is used: stage 3 records the order, gathers the group unless it is resident or
   // prefetched, waits for it and prefetches the next ones. Counts a lease.
@@ -114,6 +118,7 @@ class ParamGather {
   DeviceBuffer gather_bucket_;           // every rank's shards of one run of groups
   std::unique_ptr<ParamOffload> offload_;
   Communicator* host_comm_ = nullptr;    // partition.secondary: host
+  QuantizedGather* quantized_ = nullptr;  // comm.quantize.params
   DeviceBuffer secondary_;               // this rank's slice of each non-resident group, in group order
   std::vector<std::size_t> secondary_at_;  // group -> its slice in secondary_, elements
   std::vector<bool> secondary_fresh_;    // group -> the slice holds the current parameters

@@ -13,11 +13,25 @@ std::unique_ptr<Communicator> Communicator::split_by_host() {
                   "partition.secondary: none");
 }
 
+std::unique_ptr<Communicator> Communicator::split_across_hosts() {
+  throw CommError("the " + backend_name() +
+                  " communicator cannot make a communicator across hosts; use the mpi or nccl backend, or "
+                  "comm.quantize.grads: none");
+}
+
 int Communicator::host_in(std::span<const int> hosts, int rank) const {
   if (rank < 0 || rank >= size())
     throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +
                     std::to_string(size()) + " ranks (0 to size() - 1)");
   return hosts.empty() ? 0 : hosts[static_cast<std::size_t>(rank)];
+}
+
+int Communicator::place_on_host(int rank) const {
+  const int host = host_of(rank);
+  int place = 0;
+  for (int r = 0; r < rank; ++r)
+    if (host_of(r) == host) ++place;
+  return place;
 }
 
 }  // namespace zest

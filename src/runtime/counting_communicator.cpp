@@ -60,6 +60,12 @@ void CountingCommunicator::all_gather(const void* send, void* recv, std::size_t 
   to_every_peer(Collective::all_gather, send_count * dtype_size(dtype));
 }
 
+void CountingCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
+                                      Stream& stream) {
+  inner_.all_to_all(send, recv, count, dtype, stream);
+  to_every_peer(Collective::all_to_all, count * dtype_size(dtype));
+}
+
 void CountingCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) {
   inner_.broadcast(buffer, count, dtype, root, stream);
   if (root == inner_.rank()) to_every_peer(Collective::broadcast, count * dtype_size(dtype));

@@ -31,11 +31,13 @@ class CountingCommunicator final : public Communicator {
   int host_of(int rank) const override { return inner_.host_of(rank); }
   // The inner communicator's, not counted: count it with a CountingCommunicator of its own.
   std::unique_ptr<Communicator> split_by_host() override { return inner_.split_by_host(); }
+  std::unique_ptr<Communicator> split_across_hosts() override { return inner_.split_across_hosts(); }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override;
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
                       Stream& stream) override;
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, Stream& stream) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
   void barrier() override { inner_.barrier(); }
   void all_reduce_host(std::span<double> values, ReduceOp op) override;

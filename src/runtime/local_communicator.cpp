@@ -35,6 +35,15 @@ class LocalCommunicator final : public Communicator {
                   Stream& stream) override {
     copy("all_gather", send, recv, send_count, dtype, stream);
   }
+  // The one block goes to this rank itself. No in-place form, as on the other backends: send and
+  // recv may not overlap at all.
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) override {
+    if (send != nullptr && recv != nullptr && overlap(send, recv, count * dtype_size(dtype))) {
+      throw CommError(
+          "all_to_all: send and recv overlap (an all-to-all has no in-place form); pass separate buffers");
+    }
+    copy("all_to_all", send, recv, count, dtype, stream);
+  }
   void broadcast(void* buffer, std::size_t count, DType /*dtype*/, int root,
                  Stream& /*stream*/) override {
     if (root != 0) {

@@ -141,16 +141,27 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
   }
 }
 
+// The splits run on the caller's thread's duplicate: the stream worker may be in a collective on
+// comm_.
 std::unique_ptr<Communicator> MpiCommunicator::split_by_host() {
   MPI_Comm host = MPI_COMM_NULL;
-  // On the caller's thread's duplicate: the stream worker may be in a collective on comm_.
   ZEST_MPI_CHECK(MPI_Comm_split_type(host_comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
+  return over_split(host);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split_across_hosts() {
+  MPI_Comm across = MPI_COMM_NULL;
+  ZEST_MPI_CHECK(MPI_Comm_split(host_comm_, place_on_host(rank_), host_of(rank_), &across));
+  return over_split(across);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::over_split(MPI_Comm split) {
   try {
-    auto made = std::make_unique<MpiCommunicator>(host, device_, max_chunk_, timeout_);  // duplicates `host`
-    MPI_Comm_free(&host);
+    auto made = std::make_unique<MpiCommunicator>(split, device_, max_chunk_, timeout_);  // duplicates `split`
+    MPI_Comm_free(&split);
     return made;
   } catch (...) {
-    MPI_Comm_free(&host);
+    MPI_Comm_free(&split);
     throw;
   }
 }
@@ -178,6 +189,8 @@ const char* MpiCommunicator::kind_name(Kind kind) {
       return "all_gather";
     case Kind::broadcast:
       return "broadcast";
+    case Kind::all_to_all:
+      return "all_to_all";
     case Kind::all_reduce_host_double:
       return "all_reduce_host(double)";
     case Kind::all_reduce_host_int64:
@@ -230,6 +243,19 @@ void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t send_
           "all_gather: send overlaps recv without being this rank's block of it "
           "(recv + rank() * send_count elements); pass separate buffers or that block";
   }
+  enqueue(std::move(call), stream);
+}
+
+void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
+                                 Stream& stream) {
+  Call call{Kind::all_to_all, send, recv, count, dtype, ReduceOp::sum, 0, {}};
+  const std::size_t bytes = static_cast<std::size_t>(size_) * count * dtype_size(dtype);
+  if (count != 0 && (send == nullptr || recv == nullptr))
+    call.invalid = null_buffer_message("all_to_all", count);
+  else if (overlap(send, bytes, recv, bytes))
+    call.invalid =
+        "all_to_all: send and recv overlap (an all-to-all has no in-place form: a rank's block would "
+        "be overwritten before it is sent); pass separate buffers";
   enqueue(std::move(call), stream);
 }
 
@@ -312,6 +338,9 @@ void MpiCommunicator::run(const Call& call, bool stream_failed) {
     case Kind::broadcast:
       run_broadcast(call);
       break;
+    case Kind::all_to_all:
+      run_all_to_all(call);
+      break;
     case Kind::all_reduce_host_double:
     case Kind::all_reduce_host_int64:
       break;  // never enqueued: run on the caller's thread by run_host_all_reduce
@@ -323,7 +352,8 @@ void MpiCommunicator::run(const Call& call, bool stream_failed) {
 void MpiCommunicator::agree(const Call& call, bool stream_failed, MPI_Comm comm,
                             const CollectiveWatchdog::Operation& operation, std::int64_t* extremes) {
   enum Field { kind, count, dtype, op, root, invalid_rank, failed_rank, kFields };
-  const bool reduces = call.kind != Kind::all_gather && call.kind != Kind::broadcast;
+  const bool reduces =
+      call.kind != Kind::all_gather && call.kind != Kind::broadcast && call.kind != Kind::all_to_all;
   std::int64_t signature[kFields] = {
       static_cast<std::int64_t>(call.kind),
       static_cast<std::int64_t>(call.count),
@@ -479,6 +509,39 @@ void MpiCommunicator::run_broadcast(const Call& call) {
     ZEST_MPI_CHECK(MPI_Ibcast(at(call.recv, offset, element), n, type, call.root, comm_, &request));
     mpi_calls_.fetch_add(1, std::memory_order_relaxed);
     wait(request);
+  });
+}
+
+void MpiCommunicator::run_all_to_all(const Call& call) {
+  const std::size_t element = dtype_size(call.dtype);
+  const std::size_t count = call.count;
+  const MPI_Datatype type = mpi_type(call.dtype);
+  if (count <= max_chunk_) {
+    const int n = static_cast<int>(count);
+    MPI_Request request = MPI_REQUEST_NULL;
+    ZEST_MPI_CHECK(MPI_Ialltoall(call.send, n, type, call.recv, n, type, comm_, &request));
+    mpi_calls_.fetch_add(1, std::memory_order_relaxed);
+    wait(request);
+    return;
+  }
+  // MPI_Ialltoall's count is per block, so a piece of every block would need a strided datatype;
+  // instead each piece goes straight to its peer (a receive and a send per peer), and this rank's
+  // own block is a copy. Every rank posts the same pieces in the same order, and messages between
+  // two ranks on one communicator and tag arrive in the order sent, so the pieces match.
+  const auto me = static_cast<std::size_t>(rank_);
+  std::memcpy(at(call.recv, me * count, element), at(call.send, me * count, element), count * element);
+  std::vector<MPI_Request> requests(2 * static_cast<std::size_t>(size_ - 1), MPI_REQUEST_NULL);
+  constexpr int kTag = 0;  // comm_ carries no other point-to-point traffic
+  for_each_chunk(count, max_chunk_, [&](std::size_t offset, int n) {
+    std::size_t next = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const std::size_t piece = static_cast<std::size_t>(r) * count + offset;
+      ZEST_MPI_CHECK(MPI_Irecv(at(call.recv, piece, element), n, type, r, kTag, comm_, &requests[next++]));
+      ZEST_MPI_CHECK(MPI_Isend(at(call.send, piece, element), n, type, r, kTag, comm_, &requests[next++]));
+      mpi_calls_.fetch_add(2, std::memory_order_relaxed);
+    }
+    for (MPI_Request& request : requests) wait(request);
   });
 }
 

@@ -68,6 +68,7 @@ class MpiCommunicator final : public Communicator {
   std::string backend_name() const override { return "mpi"; }
   int host_of(int rank) const override { return host_in(hosts_, rank); }
   std::unique_ptr<Communicator> split_by_host() override;
+  std::unique_ptr<Communicator> split_across_hosts() override;
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
@@ -75,6 +76,7 @@ class MpiCommunicator final : public Communicator {
                       ReduceOp op, Stream& stream) override;
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype,
                   Stream& stream) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) override;
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override;
   void barrier() override;
   void all_reduce_host(std::span<double> values, ReduceOp op) override;
@@ -89,6 +91,7 @@ class MpiCommunicator final : public Communicator {
     reduce_scatter,
     all_gather,
     broadcast,
+    all_to_all,
     all_reduce_host_double,
     all_reduce_host_int64
   };
@@ -118,6 +121,9 @@ class MpiCommunicator final : public Communicator {
   void run_reduce_scatter(const Call& call);
   void run_all_gather(const Call& call);
   void run_broadcast(const Call& call);
+  void run_all_to_all(const Call& call);
+  // A communicator over `split` (a split of host_comm_), which it duplicates; frees `split`.
+  std::unique_ptr<Communicator> over_split(MPI_Comm split);
   MPI_Datatype mpi_type(DType dtype) const;
   MPI_Op mpi_op(DType dtype, ReduceOp op) const;
   // Waits for a request of the collective running on the stream worker (`collective_`).

@@ -12,8 +12,11 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <source_location>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/cuda_check.hpp"
 #include "runtime/cuda_device.hpp"
@@ -127,21 +130,23 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
   int host_of(int rank) const override { return host_in(hosts_, rank); }
-  // ncclCommSplit by host: collective over this communicator.
+  // ncclCommSplit by host: collective over this communicator. Its ranks share one host.
   std::unique_ptr<Communicator> split_by_host() override {
-    if (hosts_.empty() && size_ > 1)
-      throw CommError(
-          "this nccl communicator was made from the program's ncclComm_t and does not know which ranks share "
-          "a host; use zest's nccl backend (comm.backend: nccl), or partition.secondary: none");
-    ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
-    ncclComm_t host = nullptr;
-    ZEST_NCCL_CHECK(ncclCommSplit(comm_, host_of(rank_), rank_, &host, nullptr));
-    try {
-      return std::make_unique<NcclCommunicator>(host, true, ordinal_, timeout_, std::vector<int>{});
-    } catch (...) {
-      static_cast<void>(ncclCommAbort(host));
-      throw;
-    }
+    check_hosts_known("partition.secondary: none");
+    return split(host_of(rank_), rank_, {});
+  }
+
+  // ncclCommSplit by place on the host, ranked by host: each of its ranks is on a host of its own.
+  std::unique_ptr<Communicator> split_across_hosts() override {
+    check_hosts_known("comm.quantize.grads: none");
+    const int place = place_on_host(rank_);
+    // The new communicator's ranks: one per host that has a rank at `place`.
+    std::vector<int> ranks_on(static_cast<std::size_t>(size_), 0);
+    for (int r = 0; r < size_; ++r) ++ranks_on[static_cast<std::size_t>(host_of(r))];
+    std::vector<int> hosts;
+    for (const int n : ranks_on)
+      if (n > place) hosts.push_back(static_cast<int>(hosts.size()));
+    return split(place, host_of(rank_), std::move(hosts));
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
@@ -162,6 +167,36 @@ class NcclCommunicator final : public Communicator {
                   Stream& stream) override {
     enqueue("all_gather", cuda_stream_handle(stream), [&](cudaStream_t handle) {
       ZEST_NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, handle));
+    });
+  }
+
+  // One group of a send and a receive per peer (and to itself), so NCCL runs them together.
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) override {
+    const std::size_t block = count * dtype_size(dtype);
+    const std::size_t bytes = static_cast<std::size_t>(size_) * block;
+    if (count != 0 && (send == nullptr || recv == nullptr))
+      throw CommError("all_to_all: a buffer is null while count is " + std::to_string(count) +
+                      " (pass device buffers, or count 0)");
+    const auto send0 = reinterpret_cast<std::uintptr_t>(send);
+    const auto recv0 = reinterpret_cast<std::uintptr_t>(recv);
+    if (bytes != 0 && send0 < recv0 + bytes && recv0 < send0 + bytes)
+      throw CommError(
+          "all_to_all: send and recv overlap (an all-to-all has no in-place form); pass separate buffers");
+    const ncclDataType_t type = nccl_type(dtype);
+    enqueue("all_to_all", cuda_stream_handle(stream), [&](cudaStream_t handle) {
+      ZEST_NCCL_CHECK(ncclGroupStart());
+      // The group ends whatever happens inside it, or NCCL stays in group mode on this thread.
+      ncclResult_t posted = ncclSuccess;
+      for (int r = 0; r < size_ && posted == ncclSuccess; ++r) {
+        const std::size_t at = static_cast<std::size_t>(r) * block;
+        posted = ncclSend(static_cast<const unsigned char*>(send) + at, count, type, r, comm_, handle);
+        if (posted == ncclSuccess)
+          posted = ncclRecv(static_cast<unsigned char*>(recv) + at, count, type, r, comm_, handle);
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      if (posted != ncclSuccess)
+        detail::throw_nccl_error("ncclSend/ncclRecv (all_to_all)", posted, std::source_location::current());
+      ZEST_NCCL_CHECK(ended);
     });
   }
 
@@ -192,6 +227,29 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // A program's ncclComm_t does not say which ranks share a host; `instead` is the config that
+  // needs no split.
+  void check_hosts_known(const char* instead) const {
+    if (hosts_.empty() && size_ > 1)
+      throw CommError(std::string("this nccl communicator was made from the program's ncclComm_t and does not "
+                                  "know which ranks share a host; use zest's nccl backend (comm.backend: nccl), or ")
+                          .append(instead));
+  }
+
+  // ncclCommSplit of this communicator (collective over it) into a zest communicator that owns the
+  // new one; `hosts`: its ranks' hosts, as host_of gives them.
+  std::unique_ptr<Communicator> split(int color, int key, std::vector<int> hosts) {
+    ZEST_CUDA_CHECK(cudaSetDevice(ordinal_));
+    ncclComm_t made = nullptr;
+    ZEST_NCCL_CHECK(ncclCommSplit(comm_, color, key, &made, nullptr));
+    try {
+      return std::make_unique<NcclCommunicator>(made, true, ordinal_, timeout_, std::move(hosts));
+    } catch (...) {
+      static_cast<void>(ncclCommAbort(made));
+      throw;
+    }
+  }
+
   // Launches one collective on `stream` and has the watchdog track it to completion (an event
   // recorded after it). Refuses once the watchdog aborted the communicator; the lock keeps the
   // abort from freeing the communicator under a collective being enqueued.
@@ -292,7 +350,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   int ordinal_;
-  std::chrono::milliseconds timeout_;  // split_by_host's
+  std::chrono::milliseconds timeout_;  // the splits'
   ncclComm_t comm_;
   bool owned_;
   std::vector<int> hosts_;

@@ -167,6 +167,22 @@ bad "unknown option '--bogus'" --params 100 --bogus 1
 bad "--nodes needs a value" --params 100 --nodes
 bad "usage: zest estimate" --params
 
+# --- wire bytes across nodes: ZeRO++'s three (hpZ, int8 parameters, int4 gradients) send at most
+# 0.3x stage 3's bytes between nodes (100M fp32 parameters in 12 layers, 2 nodes x 2 ranks).
+# bytes NAME: the row's "across nodes" figure in bytes (columns: total, inside, across, ...).
+bytes() {
+  awk -v name="$1" 'index($0, name) == 1 && substr($0, length(name) + 1) ~ /^ +[0-9]/ {
+    split(substr($0, length(name) + 1), f, " ")
+    m = f[6] == "B" ? 1 : f[6] == "KiB" ? 1024 : f[6] == "MiB" ? 1048576 : f[6] == "GiB" ? 1073741824 : -1
+    printf "%.0f\n", f[5] * m }' "$work/out"
+}
+run estimate --params 100000000 --layers 12 --ranks-per-node 2 --nodes 2 --dtype fp32
+expect_rc 0 "wire"
+plain=$(bytes "wire, stage 3") zpp=$(bytes "wire, stage 3, secondary host, params int8, grads int4")
+[ -n "$plain" ] && [ -n "$zpp" ] && [ "$plain" -gt 0 ] || fail "wire: no stage 3 rows ('$plain', '$zpp')"
+[ $((zpp * 10)) -le $((plain * 3)) ] || fail "wire: hpZ+qwZ+qgZ send $zpp bytes across nodes, more than 0.3x stage 3's $plain"
+[ -n "$(bytes "wire, stage 3, params int8, grads int4")" ] || fail "wire: no quantized stage 3 row"
+
 run estimate --params 100 --config "$data/config/cases/out_of_range.yaml"
 expect_rc 2 "invalid config"
 expect_text "$work/err" "out_of_range.yaml:1:8: stage: expected an integer from 0 to 3, found '4'" "invalid config"

@@ -97,6 +97,8 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.stage3.max_live_bytes, b.stage3.max_live_bytes);
   EXPECT_EQ(a.stage3.persistence_threshold_bytes, b.stage3.persistence_threshold_bytes);
   EXPECT_EQ(a.partition.secondary, b.partition.secondary);
+  EXPECT_EQ(a.comm.quantize.params, b.comm.quantize.params);
+  EXPECT_EQ(a.comm.quantize.grads, b.comm.quantize.grads);
   EXPECT_EQ(a.optimizer.type, b.optimizer.type);
   EXPECT_EQ(a.optimizer.lr, b.optimizer.lr);
   EXPECT_EQ(a.optimizer.beta1, b.optimizer.beta1);
@@ -200,6 +202,8 @@ TEST(ConfigValid, EveryKeyResolvesToTheValueWritten) {
   EXPECT_EQ(c.stage3.max_live_bytes, std::size_t{512} << 20);
   EXPECT_EQ(c.stage3.persistence_threshold_bytes, std::size_t{128} << 10);
   EXPECT_EQ(c.partition.secondary, SecondaryPartition::host);
+  EXPECT_EQ(c.comm.quantize.params, QuantizeParams::int8);
+  EXPECT_EQ(c.comm.quantize.grads, QuantizeGrads::int4);
   EXPECT_EQ(c.optimizer.type, OptimizerType::adam);
   EXPECT_EQ(c.optimizer.lr, 3e-4);
   EXPECT_EQ(c.optimizer.beta1, 0.8);
@@ -800,7 +804,7 @@ TEST(ConfigReference, SetsEveryKeyToYamlPrints) {
   collect_keys(YAML::LoadFile(path), "", documented);
   collect_keys(YAML::Load(to_yaml(Config{})), "", printed);
   EXPECT_EQ(documented, printed);
-  EXPECT_EQ(printed.size(), 59u);  // every key of the schema, sections included
+  EXPECT_EQ(printed.size(), 62u);  // every key of the schema, sections included
 }
 
 }  // namespace

@@ -80,6 +80,21 @@ const std::vector<Case>& cases() {
        "a secondary partition copies stage 3's parameter shards within each host, but stage is 2: below stage 3 "
        "every rank keeps the full parameters and gathers nothing during backward. Set stage: 3, or "
        "partition.secondary: none"},
+      {"quantized parameters below stage 3", "stage: 2\ncomm: {quantize: {params: int8}}",
+       [](Config& c) {
+         c.stage = 2;
+         c.comm.quantize.params = QuantizeParams::int8;
+       },
+       "quantized parameter all-gathers are stage 3's (each lease gathers the shards), but stage is 2: below "
+       "stage 3 every rank keeps full-precision parameters, gathered once after the step, and quantizing them "
+       "would leave the ranks' copies different. Set stage: 3, or comm.quantize.params: none"},
+      {"quantized gradients at stage 0", "stage: 0\ncomm: {quantize: {grads: int4}}",
+       [](Config& c) {
+         c.stage = 0;
+         c.comm.quantize.grads = QuantizeGrads::int4;
+       },
+       "a quantized gradient reduction leaves each rank the sum of its shard, but stage 0 all-reduces every "
+       "gradient in full. Set stage: 1 or higher, or comm.quantize.grads: none"},
       // offload.optimizer.overlap: stages 2-3 with the whole optimizer offloaded.
       {"overlap without offload", "stage: 2\noffload: {optimizer: {overlap: true}}",
        [](Config& c) {

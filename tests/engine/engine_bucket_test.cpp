@@ -3,7 +3,6 @@
 // after the step one all-gather; every stage still equals the reference Adam, and the buckets take
 // exactly the memory the plan (and `zest estimate`) says.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -11,8 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/host_communicators.hpp"
 #include "engine/reference_training.hpp"
-#include "runtime/mpi_communicator.hpp"
 #include "runtime/mpi_session.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
@@ -23,35 +22,8 @@ namespace {
 
 using namespace reference_training;
 
-// Every call passed to another communicator; the test communicators below change what they need.
-class Forwarding : public Communicator {
- public:
-  explicit Forwarding(Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string backend_name() const override { return inner_.backend_name(); }
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override {
-    inner_.all_reduce(send, recv, count, dtype, op, stream);
-  }
-  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
-                      Stream& stream) override {
-    inner_.reduce_scatter(send, recv, recv_count, dtype, op, stream);
-  }
-  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, Stream& stream) override {
-    inner_.all_gather(send, recv, send_count, dtype, stream);
-  }
-  void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
-    inner_.broadcast(buffer, count, dtype, root, stream);
-  }
-  void barrier() override { inner_.barrier(); }
-  void all_reduce_host(std::span<double> values, ReduceOp op) override { inner_.all_reduce_host(values, op); }
-  void all_reduce_host(std::span<std::int64_t> values, ReduceOp op) override {
-    inner_.all_reduce_host(values, op);
-  }
-
- private:
-  Communicator& inner_;
-};
+using test_hosts::Forwarding;
+using test_hosts::SimulatedHosts;
 
 // Counts the reductions (all-reduce and reduce-scatter) and the all-gathers.
 class CountingCommunicator final : public Forwarding {
@@ -420,29 +392,6 @@ TEST(WireBytes, EveryStageSendsZerosByteCount) {
   }
 }
 
-// The world's communicator, but with the ranks on hosts of two (ranks 0-1, 2-3, ...): host_of says
-// so, and split_by_host gives an MPI communicator over each pair, as two real hosts would.
-class PairsAsHosts final : public Forwarding {
- public:
-  // `world`: an MPI communicator over every rank, on `device`. `first_alone`: rank 0 on a host of
-  // its own and every other rank on another (hosts of unequal size).
-  PairsAsHosts(Communicator& world, Device& device, bool first_alone = false)
-      : Forwarding(world), device_(device), first_alone_(first_alone) {}
-  std::string backend_name() const override { return "mpi (pairs as hosts)"; }
-  int host_of(int rank) const override { return first_alone_ ? (rank == 0 ? 0 : 1) : rank / 2; }
-  std::unique_ptr<Communicator> split_by_host() override {
-    MPI_Comm pair = MPI_COMM_NULL;
-    MPI_Comm_split(MPI_COMM_WORLD, rank() / 2, rank(), &pair);
-    auto made = std::make_unique<MpiCommunicator>(pair, device_);
-    MPI_Comm_free(&pair);
-    return made;
-  }
-
- private:
-  Device& device_;
-  const bool first_alone_;
-};
-
 // partition.secondary: host (hpZ) on hosts of two ranks (np2: one host; np4: two), stage 3 with a
 // pool of two so backward gathers again, 2 micro-batches: the same parameters as plain stage 3 to
 // the bit; the secondary copy (half of every gathered group per rank) is the planned memory; only a
@@ -452,7 +401,7 @@ TEST(HierarchicalPartition, SameBitsFewerBytesAcrossHostsThePlannedMemory) {
   MpiSession session;
   auto device = make_cpu_device(std::size_t{256} << 20);
   auto world = make_mpi_communicator(session, *device);
-  PairsAsHosts comm(*world, *device);
+  SimulatedHosts comm(*world, *device);
   const int n = comm.size();
   if (n % 2 != 0) GTEST_SKIP() << "hosts of two ranks need an even rank count; this run has " << n;
   std::vector<ParamSpec> specs;
@@ -504,7 +453,7 @@ TEST(HierarchicalPartition, UnequalHostsAndDisagreeingRanksAreErrors) {
   o.secondary_host = true;
   if (session.size() == 4) {
     auto world = make_mpi_communicator(session, *device);
-    PairsAsHosts uneven(*world, *device, true);
+    SimulatedHosts uneven(*world, *device, 2, true);
     try {
       Engine engine(make_config(o), *device, uneven, o.specs);
       ADD_FAILURE() << "hosts of 1 and 3 ranks were accepted";
@@ -514,7 +463,7 @@ TEST(HierarchicalPartition, UnequalHostsAndDisagreeingRanksAreErrors) {
   }
   if (session.size() < 2) GTEST_SKIP() << "ranks can disagree only with two or more; this run has " << session.size();
   auto world = make_mpi_communicator(session, *device);
-  PairsAsHosts comm(*world, *device);
+  SimulatedHosts comm(*world, *device);
   o.secondary_host = comm.rank() == 0;
   try {
     Engine engine(make_config(o), *device, comm, o.specs);

@@ -71,6 +71,8 @@ struct Options {
   DType master = DType::f32;                      // optimizer.master
   int seed = 0;                                   // optimizer.seed
   bool secondary_host = false;                    // partition.secondary: host
+  QuantizeParams quantize_params = QuantizeParams::none;  // comm.quantize.params
+  QuantizeGrads quantize_grads = QuantizeGrads::none;     // comm.quantize.grads
 
   std::vector<std::string> nvme_paths() const { return nvme_dirs.empty() ? std::vector<std::string>{nvme_path} : nvme_dirs; }
 };
@@ -111,6 +113,8 @@ inline Config make_config(const Options& o) {
   c.optimizer.master = o.master;
   c.optimizer.seed = o.seed;
   if (o.secondary_host) c.partition.secondary = SecondaryPartition::host;
+  c.comm.quantize.params = o.quantize_params;
+  c.comm.quantize.grads = o.quantize_grads;
   return c;
 }
 

@@ -8,16 +8,20 @@
 // with every rank's engine alive, lists its NVMe offload directory (offload.optimizer.path; the
 // swap files are removed when the engine goes). Rank 0 prints one line per rank, in rank order:
 //
-//   rank R local L/S pinned BYTES nvme BYTES files NAME:SIZE,NAME:SIZE
+//   rank R local L/S pinned BYTES nvme BYTES files NAME:SIZE,NAME:SIZE across A/N sum W
 //
 // pinned is the device's pinned host memory peak (Device::pinned_stats), nvme EngineStats'
-// nvme_bytes; L/S the rank's local rank and the ranks on its host (Runtime).
+// nvme_bytes; L/S the rank's local rank and the ranks on its host (Runtime); A/N its rank and size
+// in the communicator across hosts (Communicator::split_across_hosts), W the sum of the world ranks
+// in it (an all-reduce over it).
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,10 +79,15 @@ int main(int argc, char** argv) {
     runtime.device().synchronize();
     MPI_Barrier(MPI_COMM_WORLD);  // every rank's swap file is there and written
     const zest::EngineStats stats = engine.stats();
+    // Collective over the world's communicator, none of whose collectives is in flight now.
+    const std::unique_ptr<zest::Communicator> across = runtime.comm().split_across_hosts();
+    std::int64_t members[1] = {rank};
+    across->all_reduce_host(members, zest::ReduceOp::sum);
     char line[1024];
-    std::snprintf(line, sizeof line, "rank %d local %d/%d pinned %zu nvme %zu files %s", rank, runtime.local_rank(),
-                  runtime.local_size(), runtime.device().pinned_stats().peak, stats.nvme_bytes,
-                  listing(config.offload.optimizer.paths.front()).c_str());
+    std::snprintf(line, sizeof line, "rank %d local %d/%d pinned %zu nvme %zu files %s across %d/%d sum %lld", rank,
+                  runtime.local_rank(), runtime.local_size(), runtime.device().pinned_stats().peak, stats.nvme_bytes,
+                  listing(config.offload.optimizer.paths.front()).c_str(), across->rank(), across->size(),
+                  static_cast<long long>(members[0]));
     std::vector<char> all(rank == 0 ? sizeof line * static_cast<std::size_t>(runtime.world_size()) : 0);
     MPI_Gather(line, sizeof line, MPI_CHAR, all.data(), sizeof line, MPI_CHAR, 0, MPI_COMM_WORLD);
     if (rank == 0)

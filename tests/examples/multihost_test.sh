@@ -10,6 +10,8 @@
 #     host and continues on the uninterrupted loss curve (within 1e-5);
 #   - per host, the pinned host memory and NVMe bytes the ranks measured match `zest estimate
 #     --nodes 2 --ranks-per-node 2`'s per-node figures.
+#   - Communicator::split_across_hosts gives each rank the ranks at its place on each host (0 and
+#     2, 1 and 3), ranked by host.
 # All traffic stays on the namespaces' addresses. Needs root and iproute2 (CI runs as root); exits
 # 77 (skipped), saying why, where namespaces cannot be made. Every mpirun is bounded (60 s).
 # usage: multihost_test.sh ZEST_TRAIN PROBE ZEST MPIRUN SOURCE_DIR
@@ -94,6 +96,25 @@ read -r _ _ hpz_across <<< "$(wire "$work/stage3-hpz.2x2.out")"
 [ -n "${hpz_across:-}" ] && [ "$hpz_across" -lt "${plain_across:-0}" ] ||
   fail "partition.secondary: host sent ${hpz_across:-?} bytes across hosts, plain stage 3 ${plain_across:-?}"
 
+# --- ZeRO++'s three (hpZ, int8 parameter gathers, int4 gradient reduction through the hosts'
+# all-to-alls): a loss curve near stage 3's (the last loss within 2%), at most 0.3x its bytes
+# across the hosts, and reductions that run as all-to-alls inside and across them.
+config stage3-zpp 3 "$(printf 'comm: {quantize: {params: int8, grads: int4}}\n%s' "$hpz")"
+if sim_two_hosts "$train" --config "@HOST@/stage3-zpp.yaml" --steps "$steps" > "$work/stage3-zpp.2x2.out" 2>&1; then
+  losses "$work/stage3-zpp.2x2.out" > "$work/stage3-zpp.2x2.loss"
+  exact=$(tail -n 1 "$work/stage3.2x2.loss" | cut -d' ' -f2) quantized=$(tail -n 1 "$work/stage3-zpp.2x2.loss" | cut -d' ' -f2)
+  [ "$(wc -l < "$work/stage3-zpp.2x2.loss")" -eq "$steps" ] &&
+    awk -v q="$quantized" -v e="$exact" 'BEGIN { d = (q - e) / e; exit !(d < 0.02 && d > -0.02) }' ||
+    fail "stage 3 with hpZ, qwZ and qgZ: last loss ${quantized:-?}, stage 3's ${exact:-?} (want within 2%)"
+  cmp -s "$work/stage3-zpp.2x2.loss" "$work/stage3.2x2.loss" && fail "the quantized run's loss curve equals stage 3's"
+  read -r _ zpp_inside zpp_across <<< "$(wire "$work/stage3-zpp.2x2.out")"
+  echo "stage 3 with hpZ, qwZ, qgZ: last loss $quantized (stage 3: $exact); bytes across hosts ${zpp_across:-?} (stage 3: ${plain_across:-?})"
+  [ -n "${zpp_across:-}" ] && [ "$((zpp_across * 10))" -le "$((${plain_across:-0} * 3))" ] && [ "${zpp_inside:-0}" -gt 0 ] ||
+    fail "stage 3 with hpZ, qwZ and qgZ sent ${zpp_across:-?} bytes across hosts (${zpp_inside:-?} inside), plain stage 3 ${plain_across:-?}"
+else
+  fail "stage 3 with hpZ, qwZ and qgZ on 2 hosts x 2 ranks"; cat "$work/stage3-zpp.2x2.out"
+fi
+
 # --- A checkpoint saved by 4 ranks across the hosts (stage 3, to shared/) loads on 2 ranks of host
 # B (stage 1) and continues on the uninterrupted curve (stage3.1x4 above).
 config ckpt-save 3
@@ -122,10 +143,13 @@ for rank in 0 1 2 3; do
   line=$(awk -v r="$rank" '$1 == "rank" && $2 == r' "$work/probe.out")
   [ -n "$line" ] || { fail "probe: no line for rank $rank"; cat "$work/probe.out"; continue; }
   # shellcheck disable=SC2086  # split into its fields:
-  set -- $line  # rank R local L/S pinned P nvme N files LIST
+  set -- $line  # rank R local L/S pinned P nvme N files LIST across A/N sum W
   host=$((rank / 2))
   first=$((host * 2))
   [ "$4" = "$((rank % 2))/2" ] || fail "rank $rank: local rank/size $4, expected $((rank % 2))/2"
+  # Across hosts: the ranks at this rank's place on each host (r % 2 and r % 2 + 2), ranked by host.
+  [ "${12}" = "$host/2" ] || fail "rank $rank: rank/size across hosts ${12}, expected $host/2"
+  [ "${14}" = "$((2 * (rank % 2) + 2))" ] || fail "rank $rank: across hosts with world ranks summing to ${14}, expected $((2 * (rank % 2) + 2))"
   [ "$8" -gt 0 ] || fail "rank $rank: no NVMe bytes"
   # Every rank sizes its swap file alike (uniform layers, equal shards); both ranks of the host.
   want="zest-rank$first.swap:$8,zest-rank$((first + 1)).swap:$8"

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "zest/device.hpp"
@@ -26,11 +27,18 @@ class TwoHosts final : public Communicator {
     calls.push_back(count);
   }
   void all_gather(const void*, void*, std::size_t count, DType, Stream&) override { calls.push_back(count); }
+  void all_to_all(const void*, void*, std::size_t count, DType, Stream&) override { calls.push_back(count); }
   void broadcast(void*, std::size_t count, DType, int, Stream&) override { calls.push_back(count); }
   void barrier() override {}
   void all_reduce_host(std::span<double> values, ReduceOp) override { calls.push_back(values.size()); }
   void all_reduce_host(std::span<std::int64_t> values, ReduceOp) override { calls.push_back(values.size()); }
+  // Records the split; the caller gets no communicator (none is needed to see the forwarding).
+  std::unique_ptr<Communicator> split_across_hosts() override {
+    ++splits_across;
+    return nullptr;
+  }
   std::vector<std::size_t> calls;
+  int splits_across = 0;
 };
 
 std::uint64_t inside(const WireBytes& w, Collective c) { return w.inside_host[static_cast<std::size_t>(c)]; }
@@ -57,8 +65,10 @@ TEST(CountingCommunicator, CountsWhatEachRankSendsInsideAndAcrossHosts) {
   // Host scalars count as an all-reduce: 2 int64 (blocks 1, 1, 0, 0).
   std::array<std::int64_t, 2> values{};
   comm.all_reduce_host(values, ReduceOp::sum);
+  // All-to-all of 6 fp16 per block: 12 bytes to each peer, its own block to none.
+  comm.all_to_all(nullptr, nullptr, 6, DType::f16, *stream);
 
-  EXPECT_EQ(inner.calls, (std::vector<std::size_t>{100, 10, 10, 5, 5, 2}));
+  EXPECT_EQ(inner.calls, (std::vector<std::size_t>{100, 10, 10, 5, 5, 2, 6}));
   const WireBytes w = comm.sent();
   EXPECT_EQ(inside(w, Collective::reduce_scatter), 400u);
   EXPECT_EQ(across(w, Collective::reduce_scatter), 800u);
@@ -68,10 +78,22 @@ TEST(CountingCommunicator, CountsWhatEachRankSendsInsideAndAcrossHosts) {
   EXPECT_EQ(across(w, Collective::all_reduce), 2 * (2u + 3u) * 4 + 2 * (0u + 1u) * 8);
   EXPECT_EQ(inside(w, Collective::broadcast), 20u);
   EXPECT_EQ(across(w, Collective::broadcast), 40u);
+  EXPECT_EQ(inside(w, Collective::all_to_all), 12u);
+  EXPECT_EQ(across(w, Collective::all_to_all), 24u);
   EXPECT_EQ(w.total(), w.inside() + w.across());
   EXPECT_EQ(w.of(Collective::reduce_scatter), 1200u);
   const WireBytes later = comm.sent();
   EXPECT_EQ((later - w).total(), 0u);
+}
+
+// The splits reach the inner communicator and move no bytes of this one's.
+TEST(CountingCommunicator, ForwardsTheSplitAcrossHostsUncounted) {
+  TwoHosts inner;
+  CountingCommunicator comm(inner);
+  EXPECT_EQ(comm.split_across_hosts(), nullptr);
+  EXPECT_EQ(inner.splits_across, 1);
+  EXPECT_EQ(comm.sent().total(), 0u);
+  EXPECT_TRUE(inner.calls.empty());
 }
 
 }  // namespace

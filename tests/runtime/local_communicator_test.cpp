@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "zest/error.hpp"
@@ -44,6 +45,34 @@ TEST_F(LocalCommunicatorTest, EveryCollectiveDeliversThisRanksDataOnTheStream) {
   EXPECT_EQ(reduced, send);
   EXPECT_EQ(scattered, send);
   EXPECT_EQ(gathered, send);
+}
+
+// The one block of an all-to-all is this rank's own: a copy. It has no in-place form, so any
+// overlap, the same buffer included, is refused as on the other backends.
+TEST_F(LocalCommunicatorTest, AllToAllCopiesTheOneBlockAndRefusesOverlap) {
+  const std::vector<float> send = iota(257, -3.0f);
+  std::vector<float> recv(257, -1.0f);
+  comm_->all_to_all(send.data(), recv.data(), send.size(), DType::f32, *stream_);
+  stream_->synchronize();
+  EXPECT_EQ(recv, send);
+  // 2-byte elements: the count is elements, not bytes.
+  std::vector<std::uint16_t> half_send(9, 0x3c00), half_recv(9, 0);
+  comm_->all_to_all(half_send.data(), half_recv.data(), 9, DType::bf16, *stream_);
+  stream_->synchronize();
+  EXPECT_EQ(half_recv, half_send);
+
+  std::vector<float> buffer(64);
+  try {
+    comm_->all_to_all(buffer.data(), buffer.data(), 16, DType::f32, *stream_);
+    ADD_FAILURE() << "all_to_all in place was accepted";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_to_all: send and recv overlap"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pass separate buffers"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(comm_->all_to_all(buffer.data(), buffer.data() + 8, 16, DType::f32, *stream_), CommError);
+  EXPECT_THROW(comm_->all_to_all(nullptr, buffer.data(), 16, DType::f32, *stream_), CommError);
+  EXPECT_NO_THROW(comm_->all_to_all(nullptr, nullptr, 0, DType::f32, *stream_));
+  stream_->synchronize();
 }
 
 TEST_F(LocalCommunicatorTest, InPlaceAndBroadcastLeaveTheBufferAsItIs) {

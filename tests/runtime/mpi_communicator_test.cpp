@@ -317,6 +317,154 @@ TEST_F(MpiCommunicatorTest, AllGatherEveryDType) {
       }
 }
 
+// Element i of the block rank `from` sends rank `to`: distinct for every (from, to) pair and
+// exact in fp16 and bf16 up to 4 ranks, so a block delivered to the wrong rank shows.
+float block_value(int from, int to, int ranks, std::size_t i) {
+  return static_cast<float>((from * ranks + to) * 16 + static_cast<int>(i % 16));
+}
+
+// Fills `send` with this rank's blocks for every rank, all_to_all's it through `comm`, and checks
+// that block r of recv is the one rank r sent here and that send is left as it was.
+testing::AssertionResult exchanges(Communicator& comm, Stream& stream, void* send, void* recv,
+                                   std::size_t count, DType dtype) {
+  const int ranks = comm.size();
+  const int me = comm.rank();
+  const auto total = static_cast<std::size_t>(ranks) * count;
+  const auto sent = [&](std::size_t i) { return block_value(me, static_cast<int>(i / count), ranks, i % count); };
+  fill(send, dtype, total, sent);
+  std::memset(recv, 0xab, total * dtype_size(dtype));
+  comm.all_to_all(send, recv, count, dtype, stream);
+  stream.synchronize();
+  testing::AssertionResult received = holds(recv, dtype, total, [&](std::size_t i) {
+    return block_value(static_cast<int>(i / count), me, ranks, i % count);
+  });
+  if (!received) return received << " (recv)";
+  testing::AssertionResult kept = holds(send, dtype, total, sent);
+  if (!kept) return kept << " (send must be left as it was)";
+  return testing::AssertionSuccess();
+}
+
+TEST_F(MpiCommunicatorTest, AllToAllEveryDType) {
+  const auto ranks = static_cast<std::size_t>(size_);
+  DeviceBuffer send = buffer(kMaxCount * ranks);
+  DeviceBuffer recv = buffer(kMaxCount * ranks);
+  for (DType dtype : kDTypes)
+    for (std::size_t count : block_counts(size_)) {
+      SCOPED_TRACE(label(dtype, ReduceOp::sum, false, count));
+      const std::uint64_t before = comm_->mpi_calls_issued();
+      EXPECT_TRUE(exchanges(*comm_, *stream_, send.data(), recv.data(), count, dtype));
+      EXPECT_EQ(comm_->mpi_calls_issued() - before, count == 0 ? 0u : 1u) << "one MPI_Ialltoall within the limit";
+    }
+}
+
+// Blocks past the chunk limit (3 elements here) go peer to peer in pieces: a receive and a send per
+// peer per piece, and this rank's own block copied. At the limit it is still one MPI_Ialltoall.
+TEST_F(MpiCommunicatorTest, AllToAllPastTheChunkLimitGoesPeerToPeerInPieces) {
+  MpiCommunicator chunked(session_->world(), *device_, 3);
+  const auto ranks = static_cast<std::size_t>(size_);
+  DeviceBuffer send = buffer(10 * ranks);
+  DeviceBuffer recv = buffer(10 * ranks);
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (std::size_t count : {std::size_t{3}, std::size_t{9}, std::size_t{10}}) {
+      SCOPED_TRACE(label(dtype, ReduceOp::sum, false, count));
+      const std::uint64_t pieces = (count + 2) / 3;
+      const std::uint64_t before = chunked.mpi_calls_issued();
+      EXPECT_TRUE(exchanges(chunked, *stream_, send.data(), recv.data(), count, dtype));
+      const std::uint64_t want = count <= 3 ? 1 : pieces * 2 * (ranks - 1);
+      EXPECT_EQ(chunked.mpi_calls_issued() - before, want);
+    }
+}
+
+// A count that differs between ranks, or one rank issuing another collective, is a CommError on
+// every rank before any data moves; the ranks stay in step and the next all_to_all works.
+TEST_F(MpiCommunicatorTest, MismatchedAllToAllIsAnErrorOnEveryRank) {
+  if (size_ == 1) GTEST_SKIP() << "needs two ranks to disagree";
+  const auto ranks = static_cast<std::size_t>(size_);
+  DeviceBuffer send = buffer(9 * ranks);
+  DeviceBuffer recv = buffer(9 * ranks);
+  const std::size_t count = rank_ == size_ - 1 ? 9 : 8;
+  std::string error = comm_error_of(*stream_, [&] {
+    comm_->all_to_all(send.data(), recv.data(), count, DType::f32, *stream_);
+  });
+  EXPECT_NE(error.find("all_to_all: ranks disagree on count: min 8, max 9"), std::string::npos) << error;
+  EXPECT_NE(error.find("pad in the caller"), std::string::npos) << error;
+
+  error = comm_error_of(*stream_, [&] {
+    if (rank_ == 0)
+      comm_->all_to_all(send.data(), recv.data(), 4, DType::f32, *stream_);
+    else
+      comm_->all_gather(send.data(), recv.data(), 4, DType::f32, *stream_);
+  });
+  EXPECT_NE(error.find("ranks disagree on the collective: all_gather on some ranks, all_to_all on others"),
+            std::string::npos)
+      << error;
+
+  error = comm_error_of(*stream_, [&] {
+    comm_->all_to_all(send.data(), recv.data(), 4, rank_ == 0 ? DType::bf16 : DType::f16, *stream_);
+  });
+  EXPECT_NE(error.find("all_to_all: ranks disagree on dtype"), std::string::npos) << error;
+
+  EXPECT_TRUE(exchanges(*comm_, *stream_, send.data(), recv.data(), 9, DType::f32));
+}
+
+// Overlapping buffers (the same one included: an all-to-all has no in-place form) and null
+// buffers on one rank fail that rank with its reason and every other rank naming it.
+TEST_F(MpiCommunicatorTest, AllToAllWithBadArgumentsOnOneRankFailsEveryRank) {
+  const auto ranks = static_cast<std::size_t>(size_);
+  DeviceBuffer data = buffer(16 * ranks + 8);
+  DeviceBuffer other = buffer(16 * ranks);
+  const int bad = size_ - 1;
+  const std::string others = "all_to_all: rank " + std::to_string(bad) +
+                             " passed invalid arguments (its own error says which); no rank moved data";
+  for (const std::size_t shift : {std::size_t{0}, std::size_t{5}}) {
+    SCOPED_TRACE("recv = send + " + std::to_string(shift) + " elements");
+    const std::string error = comm_error_of(*stream_, [&] {
+      float* send = data.as<float>();
+      float* recv = rank_ == bad ? send + shift : other.as<float>();
+      comm_->all_to_all(send, recv, 16, DType::f32, *stream_);
+    });
+    if (rank_ == bad) {
+      EXPECT_NE(error.find("all_to_all: send and recv overlap"), std::string::npos) << error;
+      EXPECT_NE(error.find("pass separate buffers"), std::string::npos) << error;
+    } else {
+      EXPECT_EQ(error, others);
+    }
+  }
+  const std::string error = comm_error_of(*stream_, [&] {
+    comm_->all_to_all(rank_ == bad ? nullptr : data.data(), other.data(), 1, DType::bf16, *stream_);
+  });
+  if (rank_ == bad)
+    EXPECT_NE(error.find("all_to_all: a buffer is null while count is 1"), std::string::npos) << error;
+  else
+    EXPECT_EQ(error, others);
+  // Count 0 needs no buffers and moves nothing.
+  const std::uint64_t before = comm_->mpi_calls_issued();
+  comm_->all_to_all(nullptr, nullptr, 0, DType::f16, *stream_);
+  EXPECT_NO_THROW(stream_->synchronize());
+  EXPECT_EQ(comm_->mpi_calls_issued(), before);
+}
+
+// Every rank of a test job is on this one host (see HostOfEveryRankIsThisHost): split_by_host
+// spans them all, in the same order, and split_across_hosts gives each rank a communicator of its
+// own (the one host's rank at its place), which works. (Two hosts: tests/examples/multihost_test.sh.)
+TEST_F(MpiCommunicatorTest, SplitsOnOneHostSpanItAndGiveEachRankItsOwnAcross) {
+  std::unique_ptr<Communicator> host = comm_->split_by_host();
+  EXPECT_EQ(host->size(), size_);
+  EXPECT_EQ(host->rank(), rank_);
+  std::unique_ptr<Communicator> across = comm_->split_across_hosts();
+  EXPECT_EQ(across->backend_name(), "mpi");
+  EXPECT_EQ(across->size(), 1);
+  EXPECT_EQ(across->rank(), 0);
+  EXPECT_EQ(across->host_of(0), 0);
+  DeviceBuffer send = buffer(5);
+  DeviceBuffer recv = buffer(5);
+  EXPECT_TRUE(exchanges(*across, *stream_, send.data(), recv.data(), 5, DType::f16));
+  std::vector<std::int64_t> one = {rank_ + 1};
+  across->all_reduce_host(one, ReduceOp::sum);
+  EXPECT_EQ(one[0], rank_ + 1) << "the across-hosts communicator reached another rank";
+  host->barrier();
+}
+
 TEST_F(MpiCommunicatorTest, BroadcastFromEveryRootEveryDType) {
   DeviceBuffer data = buffer(kMaxCount);
   for (DType dtype : kDTypes)

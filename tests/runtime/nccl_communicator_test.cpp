@@ -238,6 +238,54 @@ TEST_F(NcclCommunicatorTest, AllGatherInPlace) {
   }
 }
 
+// Element j of the block rank `from` sends rank `to`: small integers (exact in bf16) that differ
+// between the blocks of different senders to one rank.
+float block_value(int from, int to, std::size_t j) {
+  return static_cast<float>((static_cast<std::size_t>(from) * 3 + static_cast<std::size_t>(to) * 5 + j) % 11 + 1);
+}
+
+TEST_F(NcclCommunicatorTest, AllToAllEveryDtype) {
+  const int ranks = comm_->size();
+  const int me = comm_->rank();
+  for (const DType dtype : kDTypes) {
+    for (const std::size_t count : kCounts) {
+      const std::size_t total = count * static_cast<std::size_t>(ranks);
+      std::vector<float> blocks(total);
+      for (std::size_t i = 0; i < total; ++i) blocks[i] = block_value(me, static_cast<int>(i / count), i % count);
+      const DeviceBuffer send = to_device(encode(blocks, dtype), total * dtype_size(dtype));
+      const DeviceBuffer recv = to_device({}, total * dtype_size(dtype));
+      comm_->all_to_all(send.data(), recv.data(), count, dtype, *stream_);
+      const auto got = decode(to_host(recv, total * dtype_size(dtype)), dtype);
+      for (int from = 0; from < ranks; ++from) {
+        for (std::size_t j = 0; j < count; ++j) {
+          ASSERT_EQ(got[static_cast<std::size_t>(from) * count + j], block_value(from, me, j))
+              << label("all_to_all", dtype, count) << " block " << from << " at " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(NcclCommunicatorTest, AllToAllRefusesOverlappingBuffers) {
+  const DeviceBuffer buffer = to_device({}, 64 * static_cast<std::size_t>(comm_->size()) + 64);
+  try {
+    comm_->all_to_all(buffer.data(), buffer.as<unsigned char>() + 4, 16, DType::f32, *stream_);
+    FAIL() << "no CommError";
+  } catch (const CommError& error) {
+    EXPECT_NE(std::string(error.what()).find("pass separate buffers"), std::string::npos) << error.what();
+  }
+}
+
+// Every rank of a test run here is on one host: across hosts, each rank is alone.
+TEST_F(NcclCommunicatorTest, SplitAcrossHostsOnOneHostIsEachRankAlone) {
+  const std::unique_ptr<Communicator> across = comm_->split_across_hosts();
+  EXPECT_EQ(across->size(), 1);
+  EXPECT_EQ(across->rank(), 0);
+  std::vector<std::int64_t> value = {comm_->rank() + 1};
+  across->all_reduce_host(value, ReduceOp::sum);
+  EXPECT_EQ(value[0], comm_->rank() + 1);
+}
+
 TEST_F(NcclCommunicatorTest, BroadcastEveryDtypeFromTheLastRank) {
   const int root = comm_->size() - 1;
   for (const DType dtype : kDTypes) {

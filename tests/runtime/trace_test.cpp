@@ -39,6 +39,7 @@ class OneRank final : public Communicator {
   void all_reduce(const void*, void*, std::size_t, DType, ReduceOp, Stream&) override {}
   void reduce_scatter(const void*, void*, std::size_t, DType, ReduceOp, Stream&) override {}
   void all_gather(const void*, void*, std::size_t, DType, Stream&) override {}
+  void all_to_all(const void*, void*, std::size_t, DType, Stream&) override {}
   void broadcast(void*, std::size_t, DType, int, Stream&) override {}
   void barrier() override {}
   void all_reduce_host(std::span<double>, ReduceOp) override {}
