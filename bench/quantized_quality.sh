@@ -60,7 +60,7 @@ results=()
 for run in "${runs[@]}"; do
   name=${run%%|*} extra=${run#*|}
   # gpt-tiny with wider, deeper blocks and a slower schedule; `extra` sets comm (and partition).
-  { sed -e 's/^  embed: 32$/  embed: 64/' -e 's/^  layers: 2$/  layers: 4/' \
+  { sed -e 's/^  embed: 32$/  embed: 64/' -e 's/^  layers: 2$/  layers: 4/' -e 's/^  max_live: 256KiB .*/  max_live: 1MiB/' \
         -e "s/^  lr_step_size: 8 .*/  lr_step_size: $step_size/" -e 's/^  global_batch: 16 .*/  global_batch: 32/' \
         "$root/configs/gpt-tiny.yaml"
     printf '%s\n' "$extra"; } | sim_hosts_write "$name.yaml"

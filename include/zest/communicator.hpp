@@ -108,8 +108,10 @@ class Communicator {
                           Stream& stream) = 0;
   // send and recv hold size() * count elements each and do not overlap: block r of send goes to
   // rank r, block r of recv comes from rank r (its send's block rank()).
+  // The default throws CommError (a communicator written before this existed); every zest backend
+  // has one.
   virtual void all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
-                          Stream& stream) = 0;
+                          Stream& stream);
   // Every rank's buffer becomes root's.
   virtual void broadcast(void* buffer, std::size_t count, DType dtype, int root,
                          Stream& stream) = 0;

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -68,17 +67,25 @@ struct HostLevels {
 HostLevels host_levels(const Config& c, Communicator& comm) {
   if (comm.size() == 1) return {};
   // Every rank agrees first (a host collective, under comm.timeout), so a rank configured otherwise
-  // is an error here rather than a split its peers never join.
-  const std::int64_t secondary = c.stage == 3 && c.partition.secondary == SecondaryPartition::host ? 1 : 0;
-  const std::int64_t quantized = c.stage >= 1 && c.comm.quantize.grads != QuantizeGrads::none ? 1 : 0;
-  const std::int64_t wants = secondary + 2 * quantized;
-  std::array<std::int64_t, 2> agreed{wants, -wants};
+  // is an error here rather than a split its peers never join or collectives of other sizes.
+  const bool secondary = c.stage == 3 && c.partition.secondary == SecondaryPartition::host;
+  const bool quantized = engine::quantized_grad_bits(c).has_value();
+  const std::array<std::int64_t, 3> wants{secondary ? 1 : 0, quantized ? static_cast<std::int64_t>(c.comm.quantize.grads) : 0,
+                                          c.stage == 3 ? static_cast<std::int64_t>(c.comm.quantize.params) : 0};
+  std::array<std::int64_t, 6> agreed{};
+  for (std::size_t i = 0; i < wants.size(); ++i) {
+    agreed[i] = wants[i];
+    agreed[wants.size() + i] = -wants[i];
+  }
   comm.all_reduce_host(agreed, ReduceOp::max);
-  if (agreed[0] != -agreed[1])
-    throw Error("partition.secondary or comm.quantize.grads is set on some ranks and not on others (or their stage "
-                "differs); give every rank the same config");
-  if (wants == 0) return {};
-  const char* const fallback = quantized ? "comm.quantize.grads: none" : "partition.secondary: none";
+  for (std::size_t i = 0; i < wants.size(); ++i)
+    if (agreed[i] != -agreed[wants.size() + i])
+      throw Error(std::string(i == 0 ? "partition.secondary" : i == 1 ? "comm.quantize.grads" : "comm.quantize.params")
+                      .append(" differs between ranks (or their stage does); give every rank the same config"));
+  if (!secondary && !quantized) return {};
+  std::string fallback;  // the keys that need equal hosts
+  if (secondary) fallback = "partition.secondary: none";
+  if (quantized) fallback.append(secondary ? " and " : "").append("comm.quantize.grads: none");
   std::map<int, int> ranks_on;  // host -> its ranks
   for (int r = 0; r < comm.size(); ++r) ++ranks_on[comm.host_of(r)];
   for (const auto& [host, ranks] : ranks_on)
@@ -90,20 +97,13 @@ HostLevels host_levels(const Config& c, Communicator& comm) {
                       .append("; start the same number on each, or set ").append(fallback));
   HostLevels levels;
   levels.host = comm.split_by_host();
-  if (quantized) levels.across = comm.split_across_hosts();
+  // Across hosts only where there are several (every rank knows how many).
+  if (quantized && ranks_on.size() > 1) levels.across = comm.split_across_hosts();
+  if (!levels.host || (quantized && ranks_on.size() > 1 && !levels.across))
+    throw Error("the " + comm.backend_name() + " communicator's split_by_host or split_across_hosts returned nothing; "
+                "it must return a communicator or throw");
   return levels;
 }
-
-std::optional<optim::QuantBits> grad_bits(const Config& c) {
-  if (c.stage == 0) return std::nullopt;
-  switch (c.comm.quantize.grads) {
-    case QuantizeGrads::int8: return optim::QuantBits::int8;
-    case QuantizeGrads::int4: return optim::QuantBits::int4;
-    case QuantizeGrads::none: break;
-  }
-  return std::nullopt;
-}
-
 
 }  // namespace
 
@@ -234,7 +234,8 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     s.quantized_gather = std::make_unique<engine::QuantizedGather>(device, s.comm, *s.math, s.plan, config.precision.dtype);
   if (s.plan.quant_reduce_codes > 0)
     s.quantized_reduce = std::make_unique<engine::QuantizedReduceScatter>(
-        device, s.comm, *s.host_comm, *s.across_comm, *s.math, s.plan, *grad_bits(config), config.precision.dtype);
+        device, s.comm, *s.host_comm, s.across_comm.get(), *s.math, s.plan, *engine::quantized_grad_bits(config),
+        config.precision.dtype);
   s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, s.comm, stream, s.layout, s.plan, *s.staging,
                                                    std::move(param_store), s.host_comm.get(), s.quantized_gather.get());
   s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math, s.layout,

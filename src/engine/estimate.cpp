@@ -75,16 +75,15 @@ WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSp
   } else {
     const engine::MemoryPlan plan =
         engine::plan_memory(config, layout, engine::SubGroups::sizes_only, ranks_per_node);
-    const bool quantized_grads = config.comm.quantize.grads != QuantizeGrads::none;
-    const auto grad_bits = config.comm.quantize.grads == QuantizeGrads::int4 ? optim::QuantBits::int4 : optim::QuantBits::int8;
+    const auto grad_bits = engine::quantized_grad_bits(config);
     const std::uint64_t hosts = n / static_cast<std::uint64_t>(ranks_per_node);
     for (int g = 0; g < layout.group_count(); ++g) {
       const std::size_t shard_elements = layout.group(g).shard;
       const std::uint64_t shard = shard_elements * element;
-      if (quantized_grads) {
+      if (grad_bits) {
         // Each group's shard as a piece of its own: a bucket's pieces share their last block, so
         // the count may be a little lower.
-        const std::uint64_t codes = optim::quantized_bytes(grad_bits, shard_elements);
+        const std::uint64_t codes = optim::quantized_bytes(*grad_bits, shard_elements);
         reduce_inside += times(times(codes, hosts), inside);
         reduce_across += times(codes, hosts - 1);
       } else {

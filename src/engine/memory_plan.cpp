@@ -4,7 +4,6 @@
 #include <string>
 
 #include "engine/device_math.hpp"
-#include "optim/block_quant_math.hpp"
 #include "optim/states_layout.hpp"
 #include "zest/error.hpp"
 
@@ -139,6 +138,16 @@ void plan_gather_runs(const Config& config, const Layout& layout, DType dtype, M
 
 }  // namespace
 
+std::optional<optim::QuantBits> quantized_grad_bits(const Config& config) {
+  if (config.stage == 0) return std::nullopt;
+  switch (config.comm.quantize.grads) {
+    case QuantizeGrads::int8: return optim::QuantBits::int8;
+    case QuantizeGrads::int4: return optim::QuantBits::int4;
+    case QuantizeGrads::none: break;
+  }
+  return std::nullopt;
+}
+
 ShardRange group_part(const Layout& layout, int g, ShardRange range) {
   const auto& place = layout.group(g);
   const std::size_t begin = std::max(range.begin, place.shard_offset);
@@ -221,13 +230,12 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
     if (segments[0] + segments[1] <= p.bucket_fill) p.reduce_pack = bytes(p.bucket_fill);
   }
   add(MemoryCategory::buffers, p.reduce_pack);
-  if (config.comm.quantize.grads != QuantizeGrads::none && config.stage >= 1 && partitions > 1) {
-    const auto bits = config.comm.quantize.grads == QuantizeGrads::int4 ? optim::QuantBits::int4 : optim::QuantBits::int8;
+  if (const auto bits = quantized_grad_bits(config); bits && partitions > 1) {
     const auto per_host = static_cast<std::size_t>(ranks_per_host(layout, host_ranks, "comm.quantize.grads: none"));
     // A bucket's piece per rank: its groups' shards, at most a bucket (or the largest segment,
     // which fills one alone) over the ranks; segments are multiples of the partitions.
     p.quant_reduce_piece = p.bucket_elements / partitions;
-    p.quant_reduce_codes = partitions * optim::quantized_bytes(bits, p.quant_reduce_piece);
+    p.quant_reduce_codes = partitions * optim::quantized_bytes(*bits, p.quant_reduce_piece);
     p.quant_reduce_sums = partitions / per_host * p.quant_reduce_piece * sizeof(float);
     add(MemoryCategory::buffers, 2 * p.quant_reduce_codes + p.quant_reduce_sums);
   }

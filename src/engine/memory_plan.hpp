@@ -9,9 +9,11 @@
 
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "engine/layout.hpp"
+#include "optim/block_quant_math.hpp"
 #include "optim/states_layout.hpp"
 #include "zest/config.hpp"
 #include "zest/device.hpp"
@@ -167,6 +169,9 @@ struct MemoryPlan {
   std::size_t pinned_total = 0;  // engine + offload
   std::size_t nvme_total = 0;
 };
+
+// comm.quantize.grads' codes where the stage reduces quantized (stages 1-3), or none.
+std::optional<optim::QuantBits> quantized_grad_bits(const Config& config);
 
 // The part of group g's shard inside `range` (empty where they do not meet).
 ShardRange group_part(const Layout& layout, int g, ShardRange range);

@@ -42,14 +42,14 @@ void QuantizedGather::all_gather(const void* own, void* full, std::size_t shard,
 }
 
 QuantizedReduceScatter::QuantizedReduceScatter(Device& device, Communicator& world, Communicator& host,
-                                               Communicator& across, DeviceMath& math, const MemoryPlan& plan,
+                                               Communicator* across, DeviceMath& math, const MemoryPlan& plan,
                                                QuantBits bits, DType dtype)
     : host_(host),
       across_(across),
       math_(math),
       bits_(bits),
       dtype_(dtype),
-      hosts_(static_cast<std::size_t>(across.size())),
+      hosts_(across ? static_cast<std::size_t>(across->size()) : 1),
       per_host_(static_cast<std::size_t>(host.size())),
       capacity_(plan.quant_reduce_piece) {
   // The world's ranks by host and place: host k's ranks in world order, k numbered as host_of does.
@@ -63,7 +63,7 @@ QuantizedReduceScatter::QuantizedReduceScatter(Device& device, Communicator& wor
   }
   const auto me = static_cast<std::size_t>(world.host_of(world.rank()));
   if (!fits || rank_at_[me * per_host_ + static_cast<std::size_t>(host.rank())] != world.rank() ||
-      static_cast<std::size_t>(across.rank()) != me)
+      (across && static_cast<std::size_t>(across->rank()) != me))
     throw Error(std::string("comm.quantize.grads needs as many ranks on every host, and the host (")
                     .append(std::to_string(per_host_)).append(" ranks) and across-host (")
                     .append(std::to_string(hosts_)).append(" ranks) communicators to cover the ")
@@ -99,7 +99,7 @@ void QuantizedReduceScatter::reduce_scatter(const void* send, void* recv, std::s
     // every host's sum of this rank's piece.
     for (std::size_t k = 0; k < hosts_; ++k)
       math_.quantize(sums + k * piece, DType::f32, piece, bits_, at(send_codes_, k * record), stream);
-    across_.all_to_all(send_codes_.data(), recv_codes_.data(), words(record), DType::f32, stream);
+    across_->all_to_all(send_codes_.data(), recv_codes_.data(), words(record), DType::f32, stream);
     for (std::size_t k = 0; k < hosts_; ++k) {
       const char* const codes = at(recv_codes_, k * record);
       if (k == 0) math_.dequantize(codes, bits_, piece, sums, DType::f32, stream);

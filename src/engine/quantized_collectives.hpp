@@ -48,10 +48,10 @@ class QuantizedGather {
 class QuantizedReduceScatter {
  public:
   // `host`: this rank's host's ranks (Communicator::split_by_host), `across`: the ranks holding its
-  // place on every host (split_across_hosts); both over the same ranks as `world`, and every host
-  // holding as many ranks (Error otherwise). Buffers: plan.quant_reduce_codes (twice) and
-  // plan.quant_reduce_sums.
-  QuantizedReduceScatter(Device& device, Communicator& world, Communicator& host, Communicator& across,
+  // place on every host (split_across_hosts; null where there is one host); together over the
+  // ranks of `world`, every host holding as many (Error otherwise). Buffers:
+  // plan.quant_reduce_codes (twice) and plan.quant_reduce_sums.
+  QuantizedReduceScatter(Device& device, Communicator& world, Communicator& host, Communicator* across,
                          DeviceMath& math, const MemoryPlan& plan, optim::QuantBits bits, DType dtype);
 
   // send: world.size() pieces of `piece` elements of the working dtype, rank-major; recv: `piece`
@@ -61,7 +61,7 @@ class QuantizedReduceScatter {
 
  private:
   Communicator& host_;
-  Communicator& across_;
+  Communicator* across_;
   DeviceMath& math_;
   const optim::QuantBits bits_;
   const DType dtype_;

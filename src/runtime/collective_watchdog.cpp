@@ -75,8 +75,8 @@ std::string describe(const CollectiveWatchdog::RankState& state, CollectiveWatch
 
 }  // namespace
 
-CollectiveWatchdog::CollectiveWatchdog(MPI_Comm comm, std::chrono::milliseconds timeout)
-    : timeout_(timeout) {
+CollectiveWatchdog::CollectiveWatchdog(MPI_Comm comm, std::chrono::milliseconds timeout, Responder responder)
+    : timeout_(timeout), responder_mode_(responder) {
   ZEST_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   try {
     // A peer's death must come back as an error code, not abort this rank.
@@ -87,7 +87,8 @@ CollectiveWatchdog::CollectiveWatchdog(MPI_Comm comm, std::chrono::milliseconds 
     MPI_Comm_free(&comm_);
     throw;
   }
-  if (timeout_.count() > 0 && size_ > 1) responder_ = std::thread([this] { respond(); });
+  if (timeout_.count() > 0 && size_ > 1 && responder_mode_ == Responder::run)
+    responder_ = std::thread([this] { respond(); });
 }
 
 CollectiveWatchdog::~CollectiveWatchdog() {
@@ -215,6 +216,20 @@ void CollectiveWatchdog::fail(const Operation& operation, const std::string& cau
     std::lock_guard lock(mutex_);
     std::memcpy(name, state_.lanes[static_cast<std::size_t>(lane)].name, sizeof name);
     reply_tag += queries_++;
+  }
+
+  if (responder_mode_ == Responder::none) {
+    std::string message = operation_text(name, number) + " on rank " + std::to_string(rank_) + ": " + cause +
+                          ". This communicator was split from another (a host's ranks, or the ranks across "
+                          "hosts) and does not ask where its peers are; every rank must issue the same "
+                          "collectives in the same order, and a rank that died or hangs stops them. The "
+                          "operation cannot be cancelled, so this communicator is unusable now: end the process.";
+    std::lock_guard lock(mutex_);
+    if (broken_.empty()) {
+      broken_ = message;
+      std::snprintf(state_.failed, sizeof state_.failed, "%s", operation_text(name, number).c_str());
+    }
+    throw CommError(message);
   }
 
   // Ask every other rank where it is. The buffers are kept (never freed) for the process's life:

@@ -36,9 +36,16 @@ class CollectiveWatchdog {
   enum class Lane { collective, barrier };
   static constexpr int kLanes = 2;
 
+  // Whether this watchdog's ranks answer each other's queries. `none` is for a communicator split
+  // from another whose processes already run a responder (partition.secondary's host,
+  // comm.quantize.grads' ranks across hosts): every responder polls MPI, and with three per
+  // process Open MPI's TCP progress stalled collectives for hundreds of milliseconds (two
+  // simulated hosts, 4 ranks on 2 cores). Its timeout still raises, naming no peer's state.
+  enum class Responder { run, none };
+
   // Duplicates `comm` for its queries. `timeout` 0 turns the watchdog off: wait() is MPI_Wait and
-  // no responder thread runs (every rank must pass the same timeout).
-  CollectiveWatchdog(MPI_Comm comm, std::chrono::milliseconds timeout);
+  // no responder thread runs (every rank must pass the same timeout and responder).
+  CollectiveWatchdog(MPI_Comm comm, std::chrono::milliseconds timeout, Responder responder = Responder::run);
   ~CollectiveWatchdog();
   CollectiveWatchdog(const CollectiveWatchdog&) = delete;
   CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
@@ -91,6 +98,7 @@ class CollectiveWatchdog {
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_;
+  Responder responder_mode_;
 
   mutable std::mutex mutex_;
   RankState state_;

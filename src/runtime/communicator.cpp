@@ -19,6 +19,12 @@ std::unique_ptr<Communicator> Communicator::split_across_hosts() {
                   "comm.quantize.grads: none");
 }
 
+void Communicator::all_to_all(const void*, void*, std::size_t, DType, Stream&) {
+  throw CommError("the " + backend_name() +
+                  " communicator has no all_to_all, which comm.quantize.grads needs; implement it, use the mpi or nccl "
+                  "backend, or set comm.quantize.grads: none");
+}
+
 int Communicator::host_in(std::span<const int> hosts, int rank) const {
   if (rank < 0 || rank >= size())
     throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +

@@ -78,7 +78,7 @@ std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Device& device) {
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_chunk_elements,
-                                 std::chrono::milliseconds timeout)
+                                 std::chrono::milliseconds timeout, CollectiveWatchdog::Responder responder)
     : max_chunk_(max_chunk_elements), device_(device), timeout_(timeout) {
   int initialized = 0;
   ZEST_MPI_CHECK(MPI_Initialized(&initialized));
@@ -119,7 +119,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
   try {
     ZEST_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     ZEST_MPI_CHECK(MPI_Comm_dup(comm_, &host_comm_));
-    watchdog_ = std::make_unique<CollectiveWatchdog>(comm_, timeout);
+    watchdog_ = std::make_unique<CollectiveWatchdog>(comm_, timeout, responder);
     ZEST_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     ZEST_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     hosts_ = host_numbers(comm_);
@@ -157,7 +157,9 @@ std::unique_ptr<Communicator> MpiCommunicator::split_across_hosts() {
 
 std::unique_ptr<Communicator> MpiCommunicator::over_split(MPI_Comm split) {
   try {
-    auto made = std::make_unique<MpiCommunicator>(split, device_, max_chunk_, timeout_);  // duplicates `split`
+    // Its watchdog answers no queries: this one's responder already polls MPI for the process.
+    auto made = std::make_unique<MpiCommunicator>(split, device_, max_chunk_, timeout_,
+                                                  CollectiveWatchdog::Responder::none);  // duplicates `split`
     MPI_Comm_free(&split);
     return made;
   } catch (...) {

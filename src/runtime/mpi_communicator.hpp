@@ -55,10 +55,12 @@ class MpiCommunicator final : public Communicator {
 
   // Collective over `comm` (duplicated: the caller may free `comm` afterwards). MPI must provide
   // MPI_THREAD_MULTIPLE. `max_chunk_elements` (1..kMaxChunkElements) exists so tests can exercise
-  // the splitting. `timeout`: see make_mpi_communicator.
+  // the splitting. `timeout`: see make_mpi_communicator. `responder`: whether its watchdog answers
+  // the peers' queries (CollectiveWatchdog::Responder; the splits of this one do not).
   MpiCommunicator(MPI_Comm comm, Device& device,
                   std::size_t max_chunk_elements = kMaxChunkElements,
-                  std::chrono::milliseconds timeout = kDefaultCommTimeout);
+                  std::chrono::milliseconds timeout = kDefaultCommTimeout,
+                  CollectiveWatchdog::Responder responder = CollectiveWatchdog::Responder::run);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;

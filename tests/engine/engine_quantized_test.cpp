@@ -7,8 +7,9 @@
 //   block), within the codec's error of the exact sum, sending peers on the host a piece per host
 //   and peers on other hosts one piece;
 // - the engine with both at stage 3 (and qgZ at stages 1 and 2) trains close to the reference
-//   Adam, not equal to the exact run, and sends what estimate_wire_bytes says: across hosts at most
-//   0.3x plain stage 3's bytes, with the planned memory.
+//   Adam (in the typical element), not equal to the exact run, and sends what estimate_wire_bytes
+//   says: across hosts at most 0.3x plain stage 3's bytes, with the planned memory;
+// - ranks that set either key differently are refused, naming it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -140,7 +141,8 @@ TEST(QuantizedReduceScatter, TheTwoLevelSumBitForBitOnEveryHostShape) {
         plan.quant_reduce_piece = kPiece;
         plan.quant_reduce_codes = static_cast<std::size_t>(n) * quantized_bytes(bits, kPiece);
         plan.quant_reduce_sums = static_cast<std::size_t>(host_count) * kPiece * sizeof(float);
-        engine::QuantizedReduceScatter reduce(*rig.device, hosts, host_counted, across, *rig.math, plan, bits, dtype);
+        engine::QuantizedReduceScatter reduce(*rig.device, hosts, host_counted, host_count > 1 ? &across : nullptr,
+                                              *rig.math, plan, bits, dtype);
         const WireBytes before = host_counted.sent() + across.sent();
         const std::vector<std::byte> send = fill(me, static_cast<std::size_t>(n) * kPiece, dtype);
         std::vector<std::byte> recv(kPiece * dtype_size(dtype));
@@ -271,6 +273,30 @@ TEST(QuantizedEngine, Stages1And2ReduceQuantizedInBuckets) {
       }
       EXPECT_EQ(q.stats.wire_last_step.of(Collective::reduce_scatter), 0u);
     }
+}
+
+// Ranks that disagree on either key (their collectives would differ in size) are refused on every
+// rank, naming the key, before anything is split or sent.
+TEST(QuantizedEngine, RanksThatDisagreeAreRefusedNamingTheKey) {
+  MpiSession session;
+  if (session.size() < 2) GTEST_SKIP() << "ranks can disagree only with two or more; this run has " << session.size();
+  auto device = make_cpu_device(std::size_t{64} << 20);
+  auto world = make_mpi_communicator(session, *device);
+  SimulatedHosts comm(*world, *device, session.size() % 2 == 0 ? 2 : 1);
+  for (const char* key : {"comm.quantize.params", "comm.quantize.grads"}) {
+    Options o;
+    o.stage = 3;
+    o.specs = layers();
+    const bool first = comm.rank() == 0;
+    if (std::string(key) == "comm.quantize.params") o.quantize_params = first ? QuantizeParams::int8 : QuantizeParams::none;
+    else o.quantize_grads = first ? QuantizeGrads::int4 : QuantizeGrads::int8;
+    try {
+      Engine engine(make_config(o), *device, comm, o.specs);
+      ADD_FAILURE() << key << " set differently on rank 0 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(key) + " differs between ranks"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

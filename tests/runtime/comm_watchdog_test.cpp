@@ -181,6 +181,24 @@ TEST_F(CommWatchdogTest, AMismatchIsStillReportedAtOnce) {
   EXPECT_NO_THROW(stream_->synchronize());
 }
 
+// A communicator split from this one (split_by_host: every rank here) keeps the timeout but runs no
+// responder of its own (the world's one polls MPI for the process): the last rank skips an
+// all_reduce on it, and the others raise after the timeout without asking where it is.
+TEST_F(CommWatchdogTest, ASplitCommunicatorStillTimesOutWithoutQueryingItsPeers) {
+  std::unique_ptr<Communicator> host = comm_->split_by_host();
+  ASSERT_EQ(host->size(), size_);
+  const int skipper = size_ - 1;
+  if (rank_ != skipper) {
+    host->all_reduce(buffer_.data(), buffer_.data(), 4, DType::f32, ReduceOp::sum, *stream_);
+    const std::string error = error_of([&] { stream_->synchronize(); });
+    expect_has(error, "all_reduce #1 on rank " + std::to_string(rank_) + ": not complete after 2 s");
+    expect_has(error, "split from another");
+    EXPECT_EQ(error.find("behind"), std::string::npos) << error;
+  }
+  // Every rank is past the failure before the split communicator goes (its destruction is local).
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST(CommWatchdog, ANegativeTimeoutIsRefused) {
   MpiSession session;
   auto device = make_cpu_device(std::size_t{1} << 20);
