@@ -7,8 +7,9 @@
 #
 #   bench/quantized_quality.sh BUILD_DIR [--steps N] [--window W] [--timeout S] [--mpirun PATH]
 #
-# The model is configs/gpt-tiny.yaml made larger (4 blocks of width 64: 209k parameters), trained
-# --steps steps (default 400) with the learning rate halved every steps/4. Needs root (network
+# The model is configs/gpt-tiny.yaml made larger (4 blocks of width 64: 211,840 parameters, global
+# batch 32, stage3.max_live 1MiB), trained --steps steps (default 400) with the learning rate
+# halved every steps/4. Needs root (network
 # namespaces; exits 77 saying why otherwise) and iproute2, as bench/slow_link.sh.
 set -euo pipefail
 
@@ -80,7 +81,7 @@ done
 
 exact=$(awk '{ print $2 }' <<< "${results[0]}")
 echo
-echo "zest-gpt (configs/gpt-tiny.yaml with embed 64, 4 layers, global batch 32), stage 3, 2 hosts x 2 ranks,"
+echo "zest-gpt (configs/gpt-tiny.yaml with embed 64, 4 layers, global batch 32, max_live 1MiB), stage 3, 2 hosts x 2 ranks,"
 echo "$steps steps (lr halved every $step_size); final loss = mean of the last $window steps' losses"
 echo
 echo "| run | final loss | vs exact | seconds |"

@@ -17,7 +17,7 @@
 #   NAME=YAML               the base with YAML's top-level keys set, each replacing the base's
 #                           whole section of that key; `;` separates keys, e.g.
 #                           'stage3-host=stage: 3; partition: {secondary: host}'
-#                           'stage2-int8=stage: 2; comm: {quantize: {params: int8}}'
+#                           'stage3-int8=stage: 3; comm: {quantize: {params: int8}}'
 #                           (@HOST@ in YAML is each host's own directory, e.g. an nvme path)
 #
 # Per rate, config and repeat, zest-train runs twice, --steps W and --steps W+N (W = 3 warm-up
