@@ -81,7 +81,8 @@ HostLevels host_levels(const Config& c, Communicator& comm) {
   for (std::size_t i = 0; i < wants.size(); ++i)
     if (agreed[i] != -agreed[wants.size() + i])
       throw Error(std::string(i == 0 ? "partition.secondary" : i == 1 ? "comm.quantize.grads" : "comm.quantize.params")
-                      .append(" differs between ranks (or their stage does); give every rank the same config"));
+                      .append(" differs between ranks (or their stage makes it apply on some only); give every rank "
+                              "the same config"));
   if (!secondary && !quantized) return {};
   std::string fallback;  // the keys that need equal hosts
   if (secondary) fallback = "partition.secondary: none";
@@ -97,11 +98,16 @@ HostLevels host_levels(const Config& c, Communicator& comm) {
                       .append("; start the same number on each, or set ").append(fallback));
   HostLevels levels;
   levels.host = comm.split_by_host();
+  if (!levels.host)
+    throw Error("the " + comm.backend_name() + " communicator's split_by_host returned nothing; it must return a "
+                "communicator or throw");
   // Across hosts only where there are several (every rank knows how many).
-  if (quantized && ranks_on.size() > 1) levels.across = comm.split_across_hosts();
-  if (!levels.host || (quantized && ranks_on.size() > 1 && !levels.across))
-    throw Error("the " + comm.backend_name() + " communicator's split_by_host or split_across_hosts returned nothing; "
-                "it must return a communicator or throw");
+  if (quantized && ranks_on.size() > 1) {
+    levels.across = comm.split_across_hosts();
+    if (!levels.across)
+      throw Error("the " + comm.backend_name() + " communicator's split_across_hosts returned nothing; it must "
+                  "return a communicator or throw");
+  }
   return levels;
 }
 

@@ -211,25 +211,29 @@ void CollectiveWatchdog::fail(const Operation& operation, const std::string& cau
   const Lane lane = operation.lane_;
   const auto number = static_cast<std::int64_t>(operation.number_);
   char name[sizeof(LaneState::name)];
-  int reply_tag = kFirstReplyTag;
   {
     std::lock_guard lock(mutex_);
     std::memcpy(name, state_.lanes[static_cast<std::size_t>(lane)].name, sizeof name);
-    reply_tag += queries_++;
   }
-
   if (responder_mode_ == Responder::none) {
     std::string message = operation_text(name, number) + " on rank " + std::to_string(rank_) + ": " + cause +
                           ". This communicator was split from another (a host's ranks, or the ranks across "
                           "hosts) and does not ask where its peers are; every rank must issue the same "
-                          "collectives in the same order, and a rank that died or hangs stops them. The "
-                          "operation cannot be cancelled, so this communicator is unusable now: end the process.";
+                          "collectives in the same order; a rank that is slow needs a larger comm.timeout, one that "
+                          "died or hangs stops them. The operation cannot be cancelled, so this communicator is "
+                          "unusable now: end the process.";
     std::lock_guard lock(mutex_);
     if (broken_.empty()) {
       broken_ = message;
       std::snprintf(state_.failed, sizeof state_.failed, "%s", operation_text(name, number).c_str());
     }
     throw CommError(message);
+  }
+
+  int reply_tag = kFirstReplyTag;
+  {
+    std::lock_guard lock(mutex_);
+    reply_tag += queries_++;
   }
 
   // Ask every other rank where it is. The buffers are kept (never freed) for the process's life:

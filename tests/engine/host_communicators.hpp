@@ -77,7 +77,9 @@ class SimulatedHosts final : public Forwarding {
   std::unique_ptr<Communicator> split(int color, int key) {
     MPI_Comm part = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, color, key, &part);
-    auto made = std::make_unique<MpiCommunicator>(part, device_);
+    // As zest's own splits are made: no watchdog responder beside the world's.
+    auto made = std::make_unique<MpiCommunicator>(part, device_, MpiCommunicator::kMaxChunkElements,
+                                                  kDefaultCommTimeout, CollectiveWatchdog::Responder::none);
     MPI_Comm_free(&part);
     return made;
   }
