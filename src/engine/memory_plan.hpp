@@ -134,8 +134,9 @@ struct MemoryPlan {
   // group's full parameters, this rank's slice of it among its host's ranks (params).
   int secondary_ranks = 0;               // ranks per host; 0 without a secondary partition
   std::size_t secondary_params = 0;
-  // comm.quantize.params (stage 3, several ranks): every rank's int8 records of the largest
-  // non-resident group's shard, the codes of one quantized all-gather.
+  // comm.quantize.params (stage 3, several ranks, some group not resident): every rank's int8
+  // records of the largest group's shard (as gathered_slot, sized by the largest segment), the
+  // codes of one quantized all-gather.
   std::size_t quant_gather_codes = 0;
   // comm.quantize.grads (stages 1-3, several ranks): the most elements of one rank's piece of a
   // reduction (a bucket's shards), the codes of every rank's piece (one buffer to send, one to
