@@ -172,6 +172,20 @@ class Stream {
 
 class MemoryLedger;
 
+// Where a cuda Device's memory comes from: zest's own cache over cudaMalloc by default. A program
+// whose framework already manages the GPU's memory gives its allocator instead (zest::torch gives
+// torch's CUDA caching allocator), so that one allocator governs the GPU and the framework's
+// counters and limits include zest's bytes. The Device still counts every byte by category under
+// its budget. allocate returns nullptr when the GPU has no memory left for the request (the Device
+// then throws OutOfDeviceMemory); any other failure throws. free gets what allocate gave, after
+// zest's streams stopped using it. Both may be called from any thread.
+class DeviceMemorySource {
+ public:
+  virtual ~DeviceMemorySource() = default;
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void free(void* data, std::size_t bytes) noexcept = 0;
+};
+
 class Device {
  public:
   virtual ~Device();
@@ -192,6 +206,11 @@ class Device {
 
   virtual std::unique_ptr<Stream> create_stream() = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
+  // A Stream over a stream the program made and keeps (cuda: a cudaStream_t, such as torch's current
+  // stream), so that zest can order its work against the program's with events
+  // (Engine::set_compute_stream). zest never destroys it, and submits no host task to it. Throws
+  // Error on a backend without native streams (cpu) and for a null handle.
+  virtual std::unique_ptr<Stream> borrow_stream(void* native_stream);
   // Any direction between device and host memory; both ranges must stay valid until completion.
   virtual void copy_async(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   virtual void memset_async(void* dst, int value, std::size_t bytes, Stream& stream) = 0;
@@ -235,9 +254,10 @@ class Device {
 // Device::host_cpus (its streams' workers run there).
 std::unique_ptr<Device> make_cpu_device(std::size_t budget, std::vector<int> host_cpus = {});
 // The cuda backend on GPU `ordinal` modulo the number of visible GPUs (so a rank may pass its local
-// rank); `budget` 0 = what the GPU has. Throws SystemError when zest was built without CUDA or no
-// GPU is visible.
-std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::vector<int> host_cpus = {});
+// rank); `budget` 0 = what the GPU has. `memory`: where its device memory comes from (null: zest's
+// cache over cudaMalloc). Throws SystemError when zest was built without CUDA or no GPU is visible.
+std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::vector<int> host_cpus = {},
+                                         std::shared_ptr<DeviceMemorySource> memory = nullptr);
 // True when zest was built with CUDA and at least one GPU is visible.
 bool cuda_device_available();
 

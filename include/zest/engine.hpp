@@ -52,9 +52,11 @@
 //
 // Backends: the engine runs on any Device (its math sits behind an internal interface). The views
 // lease.param() and grad() hand out are device memory: on cpu the trainer reads and writes them directly; on cuda
-// its kernels do, and it must have finished writing a group's gradients (its stream synchronized)
-// before grads_ready(), because the engine reduces them on its own stream. When acquire() and
-// step() return, the parameters they make available are complete on the device.
+// its kernels do. The engine works on streams of its own, so it must know when the trainer's
+// device work is done: either the trainer finishes it before each call (its stream synchronized
+// before grads_ready(), a lease's end and step()), or it names its stream with
+// set_compute_stream() and the engine orders itself after that stream with events. When acquire()
+// and step() return, the parameters they make available are complete on the device.
 #pragma once
 
 #include <cstddef>
@@ -238,6 +240,16 @@ class Engine {
   // Collective. Throws Error, changing nothing, when a group's grad() was asked for without its
   // grads_ready, and IoError when the offload's swap file fails (see Offload above).
   StepResult step();
+
+  // The stream the trainer computes on when that work runs asynchronously to the host (cuda: e.g.
+  // torch's current stream, through Device::borrow_stream); null (the default): the trainer's
+  // device work is finished when it calls the engine. With a stream, the engine's work that reads or
+  // rewrites the trainer's memory waits for what was submitted to that stream before the call
+  // (recorded there as an event the engine's streams wait on; the host does not wait):
+  // grads_ready() before reducing the group's gradients, the end of a stage-3 lease before its
+  // gathered buffer is reused, step(), set_param(), save() and load() before they write parameters.
+  // The stream must outlive its use here; set another (or null) whenever the trainer's changes.
+  void set_compute_stream(Stream* stream);
 
   // The factor the trainer multiplies its loss by before backward (1 unless fp16 loss scaling).
   double loss_scale() const;

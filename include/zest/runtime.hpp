@@ -20,6 +20,18 @@ namespace zest {
 
 class World;
 
+// What a program may choose for its rank instead of zest (Runtime(config, options)).
+struct RuntimeOptions {
+  // The cpus this rank's host threads run on (each once, among those the process may use); empty:
+  // Topology::cpus_for_rank.
+  std::vector<int> cpus;
+  // device.type cuda: the GPU (e.g. the one the program's tensors are on); -1: the local rank.
+  int cuda_ordinal = -1;
+  // device.type cuda: where device memory comes from (zest::torch: torch's caching allocator);
+  // null: zest's own cache over cudaMalloc.
+  std::shared_ptr<DeviceMemorySource> device_memory;
+};
+
 class Runtime {
  public:
   // Initializes MPI (unless the program already did; then it is left to the program to finalize),
@@ -31,6 +43,8 @@ class Runtime {
   // The same with this rank's cpus chosen by the program (its own placement) instead of
   // Topology::cpus_for_rank. Throws zest::Error for an empty list.
   Runtime(const Config& config, std::vector<int> cpus);
+  // The same with any of RuntimeOptions chosen (an empty cpus list: zest chooses them).
+  Runtime(const Config& config, RuntimeOptions options);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -49,7 +63,6 @@ class Runtime {
   const std::vector<int>& cpus() const { return cpus_; }
 
  private:
-  Runtime(const Config& config, const std::vector<int>* chosen_cpus);
 
   std::unique_ptr<World> world_;
   Topology topology_;

@@ -4,13 +4,15 @@
     # was: opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     opt = zest.torch.Optimizer(model, "zest.yaml")
 
-Launch with ``mpirun -np N python train.py``: zest takes ranks from MPI. See zest.torch.Optimizer.
+Launch with ``mpirun -np N python train.py``: zest takes ranks from MPI. The module may be on the
+cpu or on one CUDA GPU per rank (``model.cuda()`` before building the optimizer). See
+zest.torch.Optimizer.
 """
 
 # torch first: zest._C is linked against torch's libraries, which this import loads.
 import torch as _torch  # noqa: F401
 
-from zest._C import ConfigError, Error
+from zest._C import ConfigError, Error, OutOfMemoryError
 
-__all__ = ["Error", "ConfigError"]
+__all__ = ["Error", "ConfigError", "OutOfMemoryError"]
 __version__ = "0.1.0"

@@ -189,7 +189,11 @@ class Optimizer(torch.optim.Optimizer):
     module, to hook it); every rank builds it with the same values (same seed). The parameters that
     require a gradient are trained, in this order; consecutive ones of one module form a
     communication group (a layer). Build the optimizer after moving the module to its dtype and
-    device (cpu); anything that later replaces a parameter's data breaks the sharing with zest.
+    device: the cpu, or one CUDA GPU per rank (``model.cuda()``; zest then runs there: the config's
+    ``device.type`` follows the parameters, its device memory comes from torch's caching allocator,
+    so ``torch.cuda.memory_allocated()`` counts it and running out raises ``zest.OutOfMemoryError``,
+    a ``torch.cuda.OutOfMemoryError``, and its streams wait for torch's current stream with events).
+    Anything that later replaces a parameter's data (``model.to(...)``) breaks the sharing with zest.
 
     ``config`` is a zest YAML file or a dict with the same keys (configs/reference.yaml): stage,
     optimizer (type, lr, betas, eps, weight_decay, param_groups), gradient_clipping,
@@ -356,9 +360,9 @@ class Optimizer(torch.optim.Optimizer):
         return LoadResult(int(steps), list(changes))
 
     def full_parameters(self) -> "dict[str, torch.Tensor]":
-        """Copies of the trained parameters' full values (in their dtype), by name, on every rank:
-        what to torch.save for inference, since at stage 3 model.state_dict() holds released
-        tensors. Collective; call between steps."""
+        """Copies of the trained parameters' full values (in their dtype, on the cpu whatever the
+        module's device), by name, on every rank: what to torch.save for inference, since at stage
+        3 model.state_dict() holds released tensors. Collective; call between steps."""
         return dict(self._c.full_parameters())
 
     def close(self) -> None:

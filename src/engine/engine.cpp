@@ -193,6 +193,27 @@ struct Engine::State {
   std::int64_t steps = 0, skipped = 0;
   double last_norm = 0;
   std::unique_ptr<AheadOfStep> ahead;  // overlap only
+  Stream* compute = nullptr;             // set_compute_stream: the trainer's stream, or null
+  std::unique_ptr<Event> compute_mark;   // made with the first compute stream
+
+  // The comm stream's next work waits for what the trainer has submitted to its stream so far: an
+  // event, so neither the host nor the trainer's stream waits.
+  void after_compute() {
+    if (!compute) return;
+    compute->record(*compute_mark);
+    comm_stream->wait(*compute_mark);
+  }
+  // Ends a lease; at stage 3 its gathered buffer may be rewritten by the next gather, on the comm
+  // stream, after the trainer's reads of it.
+  void release(int group) noexcept {
+    if (!params->release(group)) return;
+    try {
+      after_compute();
+    } catch (...) {
+      // Destructors end leases. Without the wait the next gather may overwrite what the trainer
+      // still reads; the stream's failure resurfaces at its next checked call (cuda: sticky).
+    }
+  }
 
   // Throws Error naming `operation` for an index past the last tensor.
   const ParamSpec& tensor(std::size_t t, const char* operation) const {
@@ -213,10 +234,11 @@ struct Engine::State {
   }
   std::size_t shard_begin(int g) const { return layout.shard_begin(g, comm.rank()); }
   // Checkpoints: collective, between steps (no gradient accumulated, no lease held).
-  void require_between_steps(const char* operation) const {
+  void require_between_steps(const char* operation) {
     if (grads->any_grad() || params->any_leased())
       throw Error(std::string(operation).append(": called inside a step (a gradient is accumulated or a lease held); "
                                                 "call it after step() and with every lease released"));
+    after_compute();
     comm_stream->synchronize();
   }
   engine::CheckpointParts parts() {
@@ -310,6 +332,7 @@ static void require_numel(const ParamSpec& spec, std::size_t given, const char* 
 void Engine::set_param(std::size_t tensor, std::span<const float> given) {
   State& s = *state_;
   require_numel(s.tensor(tensor, "Engine::set_param"), given.size(), "Engine::set_param");
+  s.after_compute();
   const float* const values = given.data();
   const auto& t = s.layout.tensor(tensor);
   // The tensor's part of this rank's shard goes to the master weights in one call, so each NVMe
@@ -409,7 +432,7 @@ Engine::GroupLease::GroupLease(GroupLease&& other) noexcept
 
 Engine::GroupLease& Engine::GroupLease::operator=(GroupLease&& other) noexcept {
   if (this != &other) {
-    if (engine_) engine_->state_->params->release(group_);
+    if (engine_) engine_->state_->release(group_);
     engine_ = std::exchange(other.engine_, nullptr);
     group_ = other.group_;
   }
@@ -417,7 +440,7 @@ Engine::GroupLease& Engine::GroupLease::operator=(GroupLease&& other) noexcept {
 }
 
 Engine::GroupLease::~GroupLease() {
-  if (engine_) engine_->state_->params->release(group_);
+  if (engine_) engine_->state_->release(group_);
 }
 
 TensorView Engine::GroupLease::param(std::size_t tensor) const {
@@ -449,7 +472,14 @@ void Engine::grads_ready(int group) {
     throw Error(std::string("Engine::grads_ready(").append(std::to_string(group))
                     .append("): no gradient of this group was requested through a lease's grad() since its last "
                             "grads_ready"));
+  s.after_compute();
   s.grads->ready(group);
+}
+
+void Engine::set_compute_stream(Stream* stream) {
+  State& s = *state_;
+  if (stream && !s.compute_mark) s.compute_mark = s.device.create_event();
+  s.compute = stream;
 }
 
 StepResult Engine::step() {
@@ -468,6 +498,10 @@ StepResult Engine::step() {
   Stream& stream = *s.comm_stream;
   const engine::Layout& layout = s.layout;
   trace::Span wait_span("wait for reductions", trace::Lane::host);
+  // Everything the step writes (parameters, in place or gathered) waits for the trainer's last
+  // reads of them: the comm stream directly, the offloaded optimizer's uploads through the host's
+  // wait for the statistics below.
+  s.after_compute();
   s.grads->flush();
   const std::int64_t taken = s.steps - s.skipped;  // Adam steps before this one
   ++s.steps;

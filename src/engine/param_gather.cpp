@@ -86,16 +86,17 @@ void ParamGather::acquire(int g) {
   ++leases_[i];
 }
 
-void ParamGather::release(int g) {
+bool ParamGather::release(int g) {
   const auto i = static_cast<std::size_t>(g);
   // Engine's leases release once, from destructors (which must not throw); a release without a
   // lease changes nothing, where it once made the count negative and a later lease look like none.
-  if (leases_[i] == 0) return;
-  if (--leases_[i] > 0 || !sharded()) return;
+  if (leases_[i] == 0) return false;
+  if (--leases_[i] > 0 || !sharded()) return false;
   const int slot = gathered_of_[i];
-  if (slot < 0) return;
+  if (slot < 0) return false;
   gathered_.give_back(slot);  // the gather's event already passed
   gathered_of_[i] = -1;
+  return true;
 }
 
 bool ParamGather::any_leased() const {

@@ -58,7 +58,9 @@ class ParamGather {
   // Before the group is used: stage 3 records the order, gathers the group unless it is resident or
   // prefetched, waits for it and prefetches the next ones. Counts a lease.
   void acquire(int g);
-  void release(int g);
+  // Ends a lease. Returns whether the group's gathered buffer went back to the pool (stage 3, its
+  // last lease): the next gather may then rewrite it.
+  bool release(int g);
   bool any_leased() const;
   // The group's full parameters, where they exist now (stage 3: resident or gathered); throws Error
   // when a stage-3 group is not gathered.

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -88,6 +89,20 @@ PYBIND11_MODULE(_C, m) {
   // first, so the subclass goes second.
   const auto& error = py::register_exception<zest::Error>(m, "Error", PyExc_RuntimeError);
   py::register_exception<zest::ConfigError>(m, "ConfigError", error.ptr());
+  // Out of device memory is both zest's error (it names zest's budget and categories) and torch's
+  // (torch.cuda.OutOfMemoryError), so code written for torch's catches it as it would torch's own.
+  static PyObject* out_of_memory = nullptr;
+  const py::tuple bases = py::make_tuple(error, py::module_::import("torch").attr("OutOfMemoryError"));
+  out_of_memory = PyErr_NewException("zest._C.OutOfMemoryError", bases.ptr(), nullptr);
+  if (out_of_memory == nullptr) throw py::error_already_set();
+  m.attr("OutOfMemoryError") = py::handle(out_of_memory);
+  py::register_exception_translator([](std::exception_ptr raised) {
+    try {
+      if (raised) std::rethrow_exception(raised);
+    } catch (const zest::OutOfDeviceMemory& e) {
+      PyErr_SetString(out_of_memory, e.what());
+    }
+  });
 
   py::class_<zest::Config>(m, "Config")
       .def_readonly("stage", &zest::Config::stage)

@@ -15,7 +15,8 @@ constexpr const char* kRebuildHint =
 
 }  // namespace
 
-std::unique_ptr<Device> make_cuda_device(int /*ordinal*/, std::size_t /*budget*/, std::vector<int> /*host_cpus*/) {
+std::unique_ptr<Device> make_cuda_device(int /*ordinal*/, std::size_t /*budget*/, std::vector<int> /*host_cpus*/,
+                                         std::shared_ptr<DeviceMemorySource> /*memory*/) {
   throw SystemError(kRebuildHint);
 }
 

@@ -192,9 +192,13 @@ class CudaStream final : public Stream {
     // (or a library it uses) may be launching on.
     ZEST_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
+  // The program's stream (Device::borrow_stream): used, never destroyed.
+  CudaStream(int ordinal, cudaStream_t borrowed) : ordinal_(ordinal), stream_(borrowed), borrowed_(true) {}
   // Waits for the submitted work first, as the cpu backend's worker is joined: host tasks may
-  // refer to objects their submitter destroys right after the stream.
+  // refer to objects their submitter destroys right after the stream. A borrowed stream is the
+  // program's: zest queued no host task there, and its other work is the program's to wait for.
   ~CudaStream() override {
+    if (borrowed_) return;
     set_device_quietly(ordinal_);
     static_cast<void>(cudaStreamSynchronize(stream_));
     static_cast<void>(cudaStreamDestroy(stream_));
@@ -239,13 +243,15 @@ class CudaStream final : public Stream {
 
   int ordinal_;
   cudaStream_t stream_ = nullptr;
+  bool borrowed_ = false;
   std::shared_ptr<StreamErrors> errors_ = std::make_shared<StreamErrors>();
 };
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, std::size_t budget, std::string gpu_name, std::vector<int> host_cpus)
-      : Device(budget, std::move(host_cpus)), ordinal_(ordinal), name_(device_label(ordinal)) {
+  CudaDevice(int ordinal, std::size_t budget, std::string gpu_name, std::vector<int> host_cpus,
+             std::shared_ptr<DeviceMemorySource> memory)
+      : Device(budget, std::move(host_cpus)), ordinal_(ordinal), name_(device_label(ordinal)), memory_(std::move(memory)) {
     name_.append(" (").append(gpu_name).append(")");
   }
 
@@ -269,6 +275,15 @@ class CudaDevice final : public Device {
     return stream;
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
+
+  std::unique_ptr<Stream> borrow_stream(void* native_stream) override {
+    // cudaStreamLegacy and cudaStreamPerThread are handles too, but not null: a null handle is
+    // the legacy default stream only by accident of the caller, so it is refused.
+    if (native_stream == nullptr)
+      throw Error("Device::borrow_stream on " + name_ +
+                  ": the stream handle is null; pass the cudaStream_t the program computes on");
+    return std::make_unique<CudaStream>(ordinal_, static_cast<cudaStream_t>(native_stream));
+  }
 
   void copy_async(void* dst, const void* src, std::size_t bytes, Stream& stream) override {
     const cudaStream_t handle = own_stream(stream, "copy_async");
@@ -305,6 +320,10 @@ class CudaDevice final : public Device {
 
  protected:
   void* allocate_bytes(std::size_t bytes) override {
+    if (memory_) {
+      set_device(ordinal_);
+      return memory_->allocate(bytes);
+    }
     const std::size_t rounded = BlockCache::rounded_size(bytes);
     std::lock_guard lock(cache_mutex_);
     if (void* block = cache_.take(rounded)) return block;
@@ -330,6 +349,11 @@ class CudaDevice final : public Device {
   }
 
   void free_bytes(void* data, std::size_t bytes) noexcept override {
+    if (memory_) {
+      set_device_quietly(ordinal_);
+      memory_->free(data, bytes);
+      return;
+    }
     const std::size_t rounded = BlockCache::rounded_size(bytes);
     std::lock_guard lock(cache_mutex_);
     try {
@@ -403,6 +427,7 @@ class CudaDevice final : public Device {
 
   int ordinal_;
   std::string name_;
+  std::shared_ptr<DeviceMemorySource> memory_;  // the program's allocator, or null: cache_ over cudaMalloc
   std::mutex cache_mutex_;
   BlockCache cache_;
   // The streams this device made, held weakly: a destroyed stream has drained already.
@@ -438,7 +463,8 @@ bool cuda_device_available() {
   return count > 0;
 }
 
-std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::vector<int> host_cpus) {
+std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::vector<int> host_cpus,
+                                         std::shared_ptr<DeviceMemorySource> memory) {
   if (ordinal < 0) {
     throw SystemError(std::string("cuda device ordinal ")
                           .append(std::to_string(ordinal))
@@ -462,7 +488,7 @@ std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::v
   cudaDeviceProp properties{};
   ZEST_CUDA_CHECK(cudaGetDeviceProperties(&properties, chosen));
   const std::size_t resolved_budget = budget == 0 ? properties.totalGlobalMem : budget;
-  return std::make_unique<CudaDevice>(chosen, resolved_budget, properties.name, std::move(host_cpus));
+  return std::make_unique<CudaDevice>(chosen, resolved_budget, properties.name, std::move(host_cpus), std::move(memory));
 }
 
 }  // namespace zest

@@ -26,6 +26,12 @@ Device::Device(std::size_t budget, std::vector<int> host_cpus)
 
 Device::~Device() = default;
 
+std::unique_ptr<Stream> Device::borrow_stream(void* /*native_stream*/) {
+  throw Error("Device::borrow_stream: the " + name() +
+              " device has no native streams to borrow (its work is ordered by the host); order against it "
+              "without a compute stream");
+}
+
 // A request of 0 bytes gives an empty buffer: nothing to count, nothing to free.
 DeviceBuffer Device::allocate(std::size_t bytes, MemoryCategory category) {
   if (bytes == 0) return DeviceBuffer();

@@ -33,20 +33,22 @@ void check_rank_cpus(const std::vector<int>& cpus) {
 
 }  // namespace
 
-Runtime::Runtime(const Config& config) : Runtime(config, nullptr) {}
+Runtime::Runtime(const Config& config) : Runtime(config, RuntimeOptions{}) {}
 
-Runtime::Runtime(const Config& config, std::vector<int> cpus) : Runtime(config, &cpus) {}
+Runtime::Runtime(const Config& config, std::vector<int> cpus)
+    : Runtime(config, (check_rank_cpus(cpus), RuntimeOptions{std::move(cpus), -1, nullptr})) {}
 
-Runtime::Runtime(const Config& config, const std::vector<int>* chosen_cpus)
-    : world_(make_world()), topology_(Topology::detect()) {
-  const int ordinal = world_->local_rank();
-  if (chosen_cpus) check_rank_cpus(*chosen_cpus);
-  cpus_ = chosen_cpus ? *chosen_cpus
-                      : topology_.cpus_for_rank(config.device.type, ordinal, world_->local_rank(), world_->local_size());
+Runtime::Runtime(const Config& config, RuntimeOptions options) : world_(make_world()), topology_(Topology::detect()) {
+  const int ordinal = options.cuda_ordinal >= 0 ? options.cuda_ordinal : world_->local_rank();
+  if (!options.cpus.empty()) check_rank_cpus(options.cpus);
+  cpus_ = !options.cpus.empty()
+              ? std::move(options.cpus)
+              : topology_.cpus_for_rank(config.device.type, ordinal, world_->local_rank(), world_->local_size());
   // The device carries the rank's cpus to every host thread zest starts for it (its streams, and
   // the engine's CPU Adam and offload workers: Device::host_cpus).
-  device_ = config.device.type == DeviceType::cuda ? make_cuda_device(ordinal, config.device.memory, cpus_)
-                                                   : make_cpu_device(config.device.memory, cpus_);
+  device_ = config.device.type == DeviceType::cuda
+                ? make_cuda_device(ordinal, config.device.memory, cpus_, std::move(options.device_memory))
+                : make_cpu_device(config.device.memory, cpus_);
   comm_ = resolve_backend(config) == CommBackend::nccl ? world_->make_nccl_communicator(*device_, config.comm.timeout)
                                                        : world_->make_host_communicator(*device_, config.comm.timeout);
 }

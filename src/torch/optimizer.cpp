@@ -15,6 +15,7 @@
 #include <string>
 
 #include "base/trace.hpp"
+#include "torch/cuda_tensors.hpp"
 #include "torch/param_residency.hpp"
 #include "zest/error.hpp"
 #include "zest/torch.hpp"
@@ -78,7 +79,7 @@ bool share_memory(const ::torch::Tensor& a, const ::torch::Tensor& b) {
 std::int64_t values_hash(const std::vector<::torch::Tensor>& tensors) {
   std::uint64_t hash = 1469598103934665603ull;
   for (const ::torch::Tensor& t : tensors) {
-    const ::torch::Tensor bytes = t.detach().contiguous();
+    const ::torch::Tensor bytes = t.detach().to(::torch::kCPU).contiguous();
     const auto* p = static_cast<const unsigned char*>(bytes.data_ptr());
     for (std::size_t i = 0; i < bytes.nbytes(); ++i) hash = (hash ^ p[i]) * 1099511628211ull;
   }
@@ -123,6 +124,7 @@ struct Optimizer::Impl {
   std::vector<::torch::Tensor> grad_placeholders;
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators;  // autograd holds them weakly
   std::vector<int> zest_group;                    // torch param group -> engine optimizer group
+  std::unique_ptr<detail::TorchComputeStream> compute;  // cuda: torch's current stream, the engine's compute stream
   std::unique_ptr<detail::ParamResidency> residency;  // stage 3
   StepResult last;
   std::size_t peak_grad_bytes = 0;
@@ -222,7 +224,7 @@ void Optimizer::Impl::give_parameters_back() noexcept {
       for (std::size_t t = 0; t < tensors.size(); ++t) {
         ::torch::Tensor values = ::torch::empty(tensors[t].sizes(), ::torch::kFloat);
         engine->get_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
-        tensors[t].set_data(values.to(tensors[t].scalar_type()));
+        tensors[t].set_data(values.to(tensors[t].device(), tensors[t].scalar_type()));
       }
     } else {
       for (::torch::Tensor& tensor : tensors) tensor.set_data(tensor.detach().clone());
@@ -259,6 +261,9 @@ void Optimizer::Impl::clear_placeholder(std::size_t t) {
 }
 
 void Optimizer::Impl::group_ready(int group) {
+  // On cuda the copies into the bucket were queued on this thread's current stream (autograd's
+  // device thread in backward): the reduction waits for them there.
+  compute->follow();
   engine->grads_ready(group);
   const auto& tensors_of = members[static_cast<std::size_t>(group)];
   for (std::size_t t : tensors_of) handed[t] = 0;
@@ -285,7 +290,7 @@ void Optimizer::Impl::finish_backward() {
     for (std::size_t t : members[g]) {
       if (handed[t]) continue;
       const TensorView view = engine->grad(t);
-      std::memset(view.data, 0, view.numel * dtype_size(view.dtype));
+      ::torch::from_blob(view.data, tensors[t].sizes(), tensors[t].options().requires_grad(false)).zero_();
     }
     group_ready(static_cast<int>(g));
   }
@@ -302,11 +307,6 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   Impl& s = *impl_;
   s.owner = this;
   validate(config);
-  if (!runtime) {
-    s.owned_runtime = std::make_unique<Runtime>(config);
-    runtime = s.owned_runtime.get();
-  }
-  s.runtime = runtime;
 
   // The trained tensors (frozen ones stay torch's) in the module's order. A tensor listed twice
   // (tied weights: libtorch's named_parameters() lists a shared module's tensors under each name) is
@@ -328,23 +328,46 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
       throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is " + std::string(dtype_name(dtype)) +
                   " but precision.dtype is " + std::string(dtype_name(config.precision.dtype)) +
                   ": convert the module (module->to(...)) before building the optimizer, or change precision.dtype");
-    // On cuda the hooks run on autograd's device threads and the copies into zest's buckets must be
-    // ordered after torch's current stream: not written yet (Debian's libtorch has no CUDA).
-    if (!item.value().is_cpu())
+    if (!item.value().is_cpu() && !item.value().is_cuda())
       throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is on " + item.value().device().str() +
-                  "; this zest-torch trains cpu tensors only (CUDA tensors need an adapter built and tested "
-                  "against a CUDA libtorch, which is not done yet): keep the module on the cpu");
-    if (config.device.type != DeviceType::cpu)
-      throw Error("zest::torch::Optimizer: device.type must be cpu for cpu tensors");
+                  "; zest trains cpu and cuda tensors: move the module to one of them before building the optimizer");
+    if (!s.tensors.empty() && item.value().device() != s.tensors.front().device())
+      throw Error("zest::torch::Optimizer: parameter '" + names.front() + "' is on " +
+                  s.tensors.front().device().str() + " but '" + item.key() + "' is on " + item.value().device().str() +
+                  "; zest trains one device per rank: move the whole module to one device (one GPU per rank)");
     names.push_back(item.key());
     s.tensors.push_back(item.value());
   }
   if (s.tensors.empty()) throw Error("zest::torch::Optimizer: no parameter requires a gradient; nothing to train");
+  // The engine runs where the parameters are: the config's device.type follows them.
+  const ::torch::Device where = s.tensors.front().device();
+  Config engine_config = config;
+  engine_config.device.type = where.is_cuda() ? DeviceType::cuda : DeviceType::cpu;
+  if (where.is_cuda() && !detail::cuda_tensors_unavailable().empty())
+    throw Error("zest::torch::Optimizer: parameter '" + names.front() + "' is on " + where.str() + ", but " +
+                detail::cuda_tensors_unavailable());
+  if (!runtime) {
+    RuntimeOptions options;
+    if (where.is_cuda()) {
+      options.cuda_ordinal = where.index();
+      options.device_memory = detail::torch_cuda_memory(where.index());
+    }
+    s.owned_runtime = std::make_unique<Runtime>(engine_config, std::move(options));
+    runtime = s.owned_runtime.get();
+  } else {
+    const Device& device = runtime->device();
+    const bool same = where.is_cuda() ? detail::cuda_ordinal(device) == where.index() : device.type() == DeviceType::cpu;
+    if (!same)
+      throw Error("zest::torch::Optimizer: the parameters are on " + where.str() + " but the Runtime given runs on " +
+                  device.name() + "; build the Runtime with device.type " + (where.is_cuda() ? "cuda" : "cpu") +
+                  (where.is_cuda() ? " and RuntimeOptions::cuda_ordinal " + std::to_string(where.index()) : std::string()) +
+                  ", or let the optimizer make its own");
+  }
+  s.runtime = runtime;
   claim(s.tensors, names);
   s.claimed = true;
 
   // Optimizer groups: the config's, or one per torch group matching exactly its tensors' names.
-  Config engine_config = config;
   const bool torch_groups = !groups.empty();
   if (torch_groups) {
     std::map<const void*, std::string> name_of;
@@ -395,14 +418,15 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
 
   s.engine = std::make_unique<Engine>(engine_config, runtime->device(), comm, std::move(specs));
   Engine& engine = *s.engine;
+  s.compute = std::make_unique<detail::TorchComputeStream>(engine, runtime->device());
   for (std::size_t t = 0; t < s.tensors.size(); ++t) {
-    const ::torch::Tensor values = s.tensors[t].detach().to(::torch::kFloat).contiguous();
+    const ::torch::Tensor values = s.tensors[t].detach().to(::torch::kCPU, ::torch::kFloat).contiguous();
     engine.set_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
   }
 
   // Parameters: aliased to the engine's (stages 0-2), or released until gathered (stage 3).
   if (config.stage == 3) {
-    s.residency = std::make_unique<detail::ParamResidency>(engine, s.tensors, layer);
+    s.residency = std::make_unique<detail::ParamResidency>(engine, *s.compute, s.tensors, layer);
   } else {
     ::torch::NoGradGuard no_grad;
     for (int g = 0; g < engine.group_count(); ++g) {
@@ -455,6 +479,7 @@ Optimizer::~Optimizer() = default;
   s.finish_backward();
   if (s.residency) s.residency->drop_all();
   s.apply_group_options();
+  s.compute->follow();
   s.last = s.engine->step();
   return loss;
 }
@@ -484,12 +509,14 @@ double Optimizer::grad_scale() const { return impl_->grad_scale; }
 void Optimizer::save(const std::string& dir) {
   if (impl_->residency) impl_->residency->drop_all();
   impl_->apply_group_options();
+  impl_->compute->follow();
   impl_->engine->save(dir);
 }
 
 LoadResult Optimizer::load(const std::string& dir, ::torch::optim::LRScheduler* scheduler) {
   Impl& s = *impl_;
   if (s.residency) s.residency->drop_all();
+  s.compute->follow();
   LoadResult result = s.engine->load(dir);
   // The scheduler's own position is its count of step() calls, which only step() changes: it is
   // stepped to the checkpoint's step count, and the learning rates it set on the way are then

@@ -47,8 +47,9 @@ std::size_t bytes_held(const ::torch::Tensor& tensor) {
   return storage->_mutable_data_ptr_no_checks().get() ? storage->nbytes() : 0;
 }
 
-ParamResidency::ParamResidency(Engine& engine, std::vector<::torch::Tensor> tensors, std::vector<int> group_of)
-    : engine_(engine), tensors_(std::move(tensors)) {
+ParamResidency::ParamResidency(Engine& engine, TorchComputeStream& compute, std::vector<::torch::Tensor> tensors,
+                               std::vector<int> group_of)
+    : engine_(engine), compute_(compute), tensors_(std::move(tensors)) {
   members_.resize(static_cast<std::size_t>(engine.group_count()));
   holds_.resize(members_.size());
   ::torch::NoGradGuard no_grad;
@@ -115,6 +116,7 @@ void ParamResidency::release_if_unheld(int group) {
     point_storage(gathered_[t], nullptr, 0);
     tensors_[t].set_data(released_[t]);
   }
+  compute_.follow();
   hold.lease.reset();
 }
 

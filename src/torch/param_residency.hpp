@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "torch/cuda_tensors.hpp"
 #include "zest/engine.hpp"
 
 namespace zest::torch::detail {
@@ -34,8 +35,10 @@ class ParamResidency {
  public:
   // `tensors` in engine order, `group_of` their communication groups. Releases every tensor's
   // storage (torch's copy of the values is freed; the engine already holds them). Registers the
-  // tensors so that of() finds this residency.
-  ParamResidency(Engine& engine, std::vector<::torch::Tensor> tensors, std::vector<int> group_of);
+  // tensors so that of() finds this residency. `compute` is followed before a lease ends: the
+  // engine reuses the gathered memory only after what torch queued on its stream so far (cuda).
+  ParamResidency(Engine& engine, TorchComputeStream& compute, std::vector<::torch::Tensor> tensors,
+                 std::vector<int> group_of);
   ~ParamResidency();
   ParamResidency(const ParamResidency&) = delete;
   ParamResidency& operator=(const ParamResidency&) = delete;
@@ -63,6 +66,7 @@ class ParamResidency {
   void release_if_unheld(int group);
 
   Engine& engine_;
+  TorchComputeStream& compute_;
   std::vector<::torch::Tensor> tensors_;
   std::vector<::torch::Tensor> gathered_;  // per tensor: the storage pointed at the lease
   std::vector<::torch::Tensor> released_;  // per tensor: the storage that raises

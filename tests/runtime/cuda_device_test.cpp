@@ -253,6 +253,82 @@ TEST(CudaDevice, CacheIsEmptiedWhenTheGpuRunsOut) {
   EXPECT_EQ(device->memory_stats().current_total, second_size);
 }
 
+// A program's allocator (zest::torch gives torch's caching allocator): every device byte comes
+// from it and goes back to it, still counted by category and held to the budget by the Device.
+class CountingSource final : public DeviceMemorySource {
+ public:
+  void* allocate(std::size_t bytes) override {
+    void* data = nullptr;
+    if (cudaMalloc(&data, bytes) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      return nullptr;
+    }
+    held += bytes;
+    return data;
+  }
+  void free(void* data, std::size_t bytes) noexcept override {
+    static_cast<void>(cudaFree(data));
+    held -= bytes;
+  }
+  std::size_t held = 0;
+};
+
+TEST(CudaDevice, AProgramsAllocatorGivesEveryByte) {
+  SKIP_WITHOUT_GPU();
+  auto source = std::make_shared<CountingSource>();
+  auto device = make_cuda_device(0, 4 * kMiB, {}, source);
+  {
+    DeviceBuffer params = device->allocate(kMiB, MemoryCategory::params);
+    DeviceBuffer buffers = device->allocate(kMiB + 7, MemoryCategory::buffers);
+    EXPECT_EQ(source->held, 2 * kMiB + 7);  // exact sizes: the program's allocator rounds, not zest
+    EXPECT_EQ(device->memory_stats().current_of(MemoryCategory::params), kMiB);
+    EXPECT_THROW(static_cast<void>(device->allocate(3 * kMiB, MemoryCategory::params)), OutOfDeviceMemory);
+  }
+  EXPECT_EQ(source->held, 0u);  // no cache of zest's keeps anything back
+  const auto huge = make_cuda_device(0, std::numeric_limits<std::size_t>::max() / 4, {}, source);
+  EXPECT_THROW(static_cast<void>(huge->allocate(2 * driver_total_memory(), MemoryCategory::params)), OutOfDeviceMemory);
+}
+
+// A program's stream (torch's current stream) is borrowed, ordered against zest's with events, and
+// left alive when the borrowed Stream goes.
+TEST(CudaDevice, ABorrowedStreamOrdersWorkAndStaysThePrograms) {
+  SKIP_WITHOUT_GPU();
+  auto device = make_cuda_device(0, 0);
+  EXPECT_THROW(static_cast<void>(device->borrow_stream(nullptr)), Error);
+  cudaStream_t program = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&program, cudaStreamNonBlocking), cudaSuccess);
+  constexpr std::size_t n = 1 << 22;
+  DeviceBuffer buffer = device->allocate(n, MemoryCategory::buffers);
+  std::vector<unsigned char> host(n, 0);
+  {
+    auto borrowed = device->borrow_stream(program);
+    auto zest_stream = device->create_stream();
+    auto written = device->create_event();
+    // The program's stream writes 0x5a only once the host opens its gate; zest's stream copies
+    // after the event, so it must see 0x5a, never the zeros before.
+    ASSERT_EQ(cudaMemset(buffer.data(), 0, n), cudaSuccess);
+    std::atomic<bool> open{false};
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  program,
+                  [](void* gate) {
+                    while (!static_cast<std::atomic<bool>*>(gate)->load())
+                      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                  },
+                  &open),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(buffer.data(), 0x5a, n, program), cudaSuccess);
+    borrowed->record(*written);
+    zest_stream->wait(*written);
+    device->copy_async(host.data(), buffer.data(), n, *zest_stream);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    open = true;
+    zest_stream->synchronize();
+  }
+  EXPECT_EQ(host, std::vector<unsigned char>(n, 0x5a));
+  EXPECT_EQ(cudaStreamQuery(program), cudaSuccess) << "the program's stream did not survive its borrowing";
+  EXPECT_EQ(cudaStreamDestroy(program), cudaSuccess);
+}
+
 TEST(CudaDevice, MemsetAndCopiesRoundTrip) {
   SKIP_WITHOUT_GPU();
   auto device = make_cuda_device(0, 0);

@@ -468,4 +468,67 @@ TEST(TorchOptimizer, TwoParametersOverTheSameMemoryAreRefusedByName) {
   EXPECT_NE(message.find("parameters 'view' and 'fc1.weight'"), std::string::npos) << message;
 }
 
+// A parameter on a device zest does not train (here torch's meta device: shapes, no memory) is
+// refused by name; so is a module split over two devices (cpu and cuda here where a GPU is).
+TEST(TorchOptimizer, ParametersOnAnotherDeviceOrOnTwoDevicesAreRefusedByName) {
+  Runtime runtime(config_for(2));
+  {
+    Net net = make_net();
+    net->register_parameter("shapes_only", ::torch::empty({3}, ::torch::kMeta));
+    const std::string message =
+        message_of([&] { zest::torch::Optimizer opt(net->named_parameters(), config_for(2), &runtime); });
+    EXPECT_NE(message.find("parameter 'shapes_only' is on meta"), std::string::npos) << message;
+  }
+  if (!::torch::cuda::is_available()) return;
+  Net net = make_net();
+  net->fc2->to(::torch::kCUDA);
+  const std::string message = message_of([&] { zest::torch::Optimizer opt(net->named_parameters(), config_for(2)); });
+  EXPECT_NE(message.find("'fc1.weight' is on cpu but 'fc2.weight' is on cuda:0"), std::string::npos) << message;
+}
+
+// CUDA tensors (issue 33): where a GPU is visible and zest-torch has CUDA, the module trains on
+// it, the engine on the same GPU (the optimizer makes its Runtime there: device.type follows the
+// parameters), equal to torch::optim::AdamW on the same GPU within 1e-5 relative at every stage.
+// A world of one: one GPU per rank, and the GPU machines have one.
+class CudaTensors : public testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!::torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU visible (torch::cuda::is_available() is false)";
+    if (Runtime(config_for(0)).world_size() > 1) GTEST_SKIP() << "the cuda cases run in a world of one (one GPU per rank)";
+  }
+};
+
+TEST_P(CudaTensors, EqualAdamWOnTheSameGpu) {
+  const int stage = GetParam();
+  const ::torch::Device gpu(::torch::kCUDA, 0);
+  Net ours = make_net(), theirs = make_net();
+  ours->to(gpu);
+  theirs->to(gpu);
+  Config config = config_for(stage);
+  config.device.memory = 0;  // what the GPU has
+  zest::torch::Optimizer zest_opt(ours->named_parameters(), decay_and_bias_groups(ours, 1e-2), config);
+  EXPECT_EQ(zest_opt.runtime().device().type(), zest::DeviceType::cuda);
+  ::torch::optim::AdamW torch_opt(decay_and_bias_groups(theirs, 1e-2), ::torch::optim::AdamWOptions(1e-2));
+  for (int step = 1; step <= 6; ++step) {
+    ::torch::manual_seed(100 + step);
+    const auto x = ::torch::randn({6, 8}).to(gpu);
+    const auto y = ::torch::randn({6, 4}).to(gpu);
+    ::torch::mse_loss(ours(x), y).backward();
+    zest_opt.step();
+    ::torch::mse_loss(theirs(x), y).backward();
+    torch_opt.step();
+    torch_opt.zero_grad();
+  }
+  const auto got = zest_opt.full_parameters();
+  for (const auto& item : theirs->named_parameters()) {
+    const auto expected = item.value().detach().cpu();
+    EXPECT_TRUE(got[item.key()].device().is_cpu());
+    EXPECT_LT(((got[item.key()] - expected).abs() / expected.abs().clamp_min(1e-3)).max().item<float>(), 1e-5)
+        << item.key();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, CudaTensors, testing::Values(0, 1, 2, 3),
+                         [](const testing::TestParamInfo<int>& info) { return "stage" + std::to_string(info.param); });
+
 }  // namespace
