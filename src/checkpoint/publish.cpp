@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint/format.hpp"
+#include "offload/checksum.hpp"
 #include "zest/checkpoint.hpp"
 #include "zest/error.hpp"
 
@@ -138,6 +141,10 @@ TempDir create_temp_dir(const std::string& target, std::uint32_t first) {
       throw Error(std::string(kWhat).append(": the directory ").append(path)
                       .append(" it created was replaced by another before it was opened (someone who can write its "
                               "parent moved it); save again, or to a directory only you can write"));
+    // Held while the save runs (the handle lives as long as the save), so a cleanup of crashed
+    // saves' leftovers can tell a live one: `flock -n DIR.tmp-N rm -r DIR.tmp-N` skips it.
+    if (::flock(made.dir.fd(), LOCK_EX | LOCK_NB) != 0)
+      throw IoError(std::string(kWhat).append(": cannot lock the temporary directory it created"), path, 0, 0, errno);
     return made;
   }
   throw IoError(std::string(kWhat).append(": 1000 temporary directories beside the target exist already (left by crashed "
@@ -161,7 +168,41 @@ Directory open_temp_dir(const std::string& path, std::uint64_t inode) {
   }
 }
 
-void publish(const Directory& temp, const std::string& target) {
+std::vector<std::string> check_saved_files(const Directory& dir, std::span<const StateFile> files,
+                                           std::uint64_t chunk_bytes, bool checksums) {
+  std::vector<std::string> problems;
+  std::vector<char> chunk;
+  for (const StateFile& file : files) {
+    const std::string path = dir.path_of(file.name);
+    const int fd = ::openat(dir.fd(), file.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      problems.push_back(path + (errno == ENOENT ? ": missing" : std::string(": cannot be opened (") + std::strerror(errno) + ")"));
+      continue;
+    }
+    struct stat info {};
+    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+      problems.push_back(path + ": not a regular file");
+    } else if (static_cast<std::uint64_t>(info.st_size) != file.bytes) {
+      problems.push_back(path + ": " + std::to_string(info.st_size) + " bytes, the manifest says " + std::to_string(file.bytes));
+    } else if (checksums) {
+      chunk.resize(static_cast<std::size_t>(chunk_bytes));
+      for (std::size_t c = 0; c < file.chunk_crcs.size(); ++c) {
+        const std::uint64_t at = c * chunk_bytes;
+        const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, file.bytes - at));
+        const ssize_t got = ::pread(fd, chunk.data(), length, static_cast<off_t>(at));
+        if (got != static_cast<ssize_t>(length) || offload::crc32c(chunk.data(), length) != file.chunk_crcs[c]) {
+          problems.push_back(path + ": chunk " + std::to_string(c) + " at byte " + std::to_string(at) +
+                             (got == static_cast<ssize_t>(length) ? " does not match its checksum" : " cannot be read back"));
+          break;
+        }
+      }
+    }
+    ::close(fd);
+  }
+  return problems;
+}
+
+void publish(const Directory& temp, const std::string& target, std::span<const StateFile> files) {
   if (!path_names(temp.path(), temp.identity()))
     throw Error(std::string(kWhat).append(": the temporary directory ").append(temp.path())
                     .append(" was moved away while the save ran (by someone who can write its parent); the new checkpoint "
@@ -171,8 +212,23 @@ void publish(const Directory& temp, const std::string& target) {
   if (!existing.dir) {
     rename_noreplace(temp.path(), target, std::string(kWhat).append(": cannot rename the new checkpoint into place"));
     check_moved(temp, target, existing, temp.path());
+    if (const auto problems = check_saved_files(temp, files, 0, false); !problems.empty())
+      throw Error(std::string(kWhat).append(": the new checkpoint at ").append(target)
+                      .append(" lost a file as it was published (").append(problems.front())
+                      .append("; removed by someone while the save ran?): it is damaged; save again"));
   } else if (::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
     check_moved(temp, target, existing, temp.path());  // temp's path now names the previous checkpoint
+    if (const auto problems = check_saved_files(temp, files, 0, false); !problems.empty()) {
+      // Put the previous checkpoint back, the new one aside, and say where both are.
+      const bool back = ::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0;
+      throw Error(std::string(kWhat).append(": the new checkpoint lost a file as it was published (")
+                      .append(problems.front()).append("; removed by someone while the save ran?): ")
+                      .append(back ? std::string("the previous checkpoint is back at ").append(target)
+                                         .append(", the damaged new one at ").append(temp.path())
+                                   : std::string("the damaged new one is at ").append(target)
+                                         .append(" and the previous checkpoint at ").append(temp.path()))
+                      .append("; nothing was deleted: save again"));
+    }
     remove_replaced(existing, temp.path());
   } else {
     // No atomic exchange here: the previous checkpoint moves aside onto an empty directory this
@@ -190,6 +246,11 @@ void publish(const Directory& temp, const std::string& target) {
       throw IoError(std::string(kWhat).append(": cannot rename the new checkpoint into place (the previous one is at ")
                         .append(aside).append(")"), target, 0, 0, errno);
     check_moved(temp, target, existing, aside);
+    if (const auto problems = check_saved_files(temp, files, 0, false); !problems.empty())
+      throw Error(std::string(kWhat).append(": the new checkpoint at ").append(target)
+                      .append(" lost a file as it was published (").append(problems.front())
+                      .append("; removed by someone while the save ran?); the previous checkpoint is at ").append(aside)
+                      .append(" and nothing was deleted: move it back, or save again"));
     remove_replaced(existing, aside);
   }
   fsync_directory(parent_of(target));

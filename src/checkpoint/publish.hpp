@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "checkpoint/format.hpp"
 
@@ -46,10 +48,21 @@ TempDir create_temp_dir(const std::string& target, std::uint32_t first);
 // unless it is a directory (not a link) of this user with inode `inode`, the one rank 0 holds.
 Directory open_temp_dir(const std::string& path, std::uint64_t inode);
 
-// Publishes `temp` (a complete checkpoint, synced) as `target`, checking the target again first,
-// then deletes the files of the checkpoint it replaced and fsyncs the parent directory. A crash at
-// any moment leaves the previous or the new checkpoint at `target`. Should anything be put at
-// either path meanwhile, nothing is deleted and Error says what is where. Throws Error or IoError.
-void publish(const Directory& temp, const std::string& target);
+// What is wrong with `files` in `dir`, looked at through its handle (so a directory swapped in at
+// its path is not what is checked): one line per file missing, not a regular file, of another size
+// than listed, or (with `checksums`, chunks of `chunk_bytes`) holding a chunk whose CRC32C differs.
+// Empty: every file is there and intact.
+std::vector<std::string> check_saved_files(const Directory& dir, std::span<const StateFile> files,
+                                           std::uint64_t chunk_bytes, bool checksums);
+
+// Publishes `temp` (a complete checkpoint, synced and checked) as `target`, checking the target
+// again first, then checks `files` (every file its manifest lists) in the published directory again (existence and
+// sizes: something may have removed one from the temporary directory meanwhile), and only then
+// deletes the files of the checkpoint it replaced and fsyncs the parent directory. A crash at any
+// moment leaves the previous or the new checkpoint at `target`. Should anything be put at either
+// path meanwhile, or the published files not check out, nothing is deleted (where the file system
+// exchanges directories atomically the previous checkpoint goes back to `target`) and Error says
+// what is where. Throws Error or IoError.
+void publish(const Directory& temp, const std::string& target, std::span<const StateFile> files);
 
 }  // namespace zest::checkpoint

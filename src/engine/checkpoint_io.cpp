@@ -299,6 +299,11 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
       w.finish();
       mine.files[static_cast<std::size_t>(k)] = {state_file_name(rank, StateKind(k)), w.bytes(), w.chunk_crcs()};
     }
+    // Read back through the held handle (synced: what a crash would leave): only a checkpoint whose
+    // every byte checks out is published, and the previous one is kept otherwise.
+    if (const auto problems = check_saved_files(*held, mine.files, kChunkBytes, true); !problems.empty())
+      throw Error(std::string(op).append(": rank ").append(std::to_string(rank)).append("'s file does not read back as written: ")
+                      .append(problems.front()).append("; ").append(target).append(" is unchanged: save again"));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -312,6 +317,7 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
   const std::size_t most = *std::max_element(counts.begin(), counts.end());
   crcs.resize(most);
   const auto all_crcs = gather_words(e.device, e.comm, stream, crcs);
+  std::vector<StateFile> every_file;  // rank 0: what the manifest lists, checked again once published
   if (rank == 0) {
     try {
       Manifest m;
@@ -342,6 +348,12 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
       const std::string text = serialize(m);
       write_file_synced(*held, kManifestName, text.data(), text.size());
       held->sync();
+      // Every rank checked its own files' bytes; each one must still be there as the manifest says.
+      for (const RankEntry& entry : m.ranks) every_file.insert(every_file.end(), entry.files.begin(), entry.files.end());
+      if (const auto problems = check_saved_files(*held, every_file, m.chunk_bytes, false); !problems.empty())
+        throw Error(std::string(op).append(": a file of the new checkpoint is gone before it was published (")
+                        .append(problems.front()).append("; removed by someone while the save ran?); ").append(target)
+                        .append(" is unchanged: save again"));
     } catch (...) {
       failure = std::current_exception();
     }
@@ -353,7 +365,7 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
     const std::string kept = std::string("; the new checkpoint is complete in ").append(temp)
                                  .append(": move it into place yourself, or save again");
     try {
-      publish(*held, target);
+      publish(*held, target, every_file);
     } catch (const Error& error) {
       failure = std::make_exception_ptr(Error(std::string(error.what()).append(kept)));
     } catch (const std::exception& error) {  // std::filesystem's

@@ -27,6 +27,7 @@
 #include "engine/offloaded_optimizer.hpp"
 #include "engine/optimizer_groups.hpp"
 #include "engine/param_gather.hpp"
+#include "engine/shared_settings.hpp"
 #include "engine/quantized_collectives.hpp"
 #include "engine/speculative_updates.hpp"
 #include "engine/split_optimizer_states.hpp"
@@ -66,23 +67,9 @@ struct HostLevels {
 
 HostLevels host_levels(const Config& c, Communicator& comm) {
   if (comm.size() == 1) return {};
-  // Every rank agrees first (a host collective, under comm.timeout), so a rank configured otherwise
-  // is an error here rather than a split its peers never join or collectives of other sizes.
+  // Every rank has the same config here (settings_ranks_share, checked before).
   const bool secondary = c.stage == 3 && c.partition.secondary == SecondaryPartition::host;
   const bool quantized = engine::quantized_grad_bits(c).has_value();
-  const std::array<std::int64_t, 3> wants{secondary ? 1 : 0, quantized ? static_cast<std::int64_t>(c.comm.quantize.grads) : 0,
-                                          c.stage == 3 ? static_cast<std::int64_t>(c.comm.quantize.params) : 0};
-  std::array<std::int64_t, 6> agreed{};
-  for (std::size_t i = 0; i < wants.size(); ++i) {
-    agreed[i] = wants[i];
-    agreed[wants.size() + i] = -wants[i];
-  }
-  comm.all_reduce_host(agreed, ReduceOp::max);
-  for (std::size_t i = 0; i < wants.size(); ++i)
-    if (agreed[i] != -agreed[wants.size() + i])
-      throw Error(std::string(i == 0 ? "partition.secondary" : i == 1 ? "comm.quantize.grads" : "comm.quantize.params")
-                      .append(" differs between ranks (or their stage makes it apply on some only); give every rank "
-                              "the same config"));
   if (!secondary && !quantized) return {};
   std::string fallback;  // the keys that need equal hosts
   if (secondary) fallback = "partition.secondary: none";
@@ -130,7 +117,10 @@ struct Engine::State {
       : config((validate(c), c)),
         device(d),
         comm(k),
-        levels(host_levels(c, k)),
+        // Every rank must share the settings that decide its collectives and its update, and the
+        // model: one collective says which differ before any collective could hang or a shard be
+        // updated otherwise.
+        levels((require_same_on_ranks(k, engine::settings_ranks_share(c, p), "Engine"), host_levels(c, k))),
         host_comm(levels.host ? std::make_unique<CountingCommunicator>(*levels.host) : nullptr),
         across_comm(levels.across ? std::make_unique<CountingCommunicator>(*levels.across) : nullptr),
         specs(std::move(p)),
