@@ -239,8 +239,10 @@ Manifest parse(const std::string& text, const std::string& path) {
     check(f, "loss scaler state");
     char* end = nullptr;
     m.loss_scale = std::strtod(scale.c_str(), &end);
-    if (*end != '\0' || !std::isfinite(m.loss_scale) || m.loss_scale <= 0)
-      out_of_range("loss scale", scale, "a finite number above 0");
+    // The step multiplies fp32 gradients by 1 / scale: a scale outside float's normal range (a
+    // subnormal, 0x1p-1074) makes that infinite, which no save writes.
+    if (*end != '\0' || !std::isnormal(m.loss_scale) || m.loss_scale < 0x1p-126 || m.loss_scale > 0x1p+127)
+      out_of_range("loss scale", scale, "a number from 2^-126 to 2^127");
     if (m.clean_steps < 0) out_of_range("loss scaler clean steps", std::to_string(m.clean_steps), "0 or more");
     if (m.hysteresis_left < 0) out_of_range("loss scaler hysteresis", std::to_string(m.hysteresis_left), "0 or more");
   }

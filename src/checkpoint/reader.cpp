@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 
@@ -29,7 +30,7 @@ Reader::Reader(std::string dir) : dir_(std::move(dir)) {
     std::uint64_t at = 0, block_at = 0;
     const std::uint64_t codes = manifest_.ranks[r].elements();
     for (const Range& range : manifest_.ranks[r].ranges) {
-      pieces_[range.tensor].push_back({static_cast<int>(r), range.lo, range.hi, at, block_at, codes});
+      pieces_[range.tensor].push_back({static_cast<int>(r), range.tensor, range.lo, range.hi, at, block_at, codes});
       at += range.hi - range.lo;
       block_at += int8_blocks(range.hi - range.lo);
     }
@@ -124,15 +125,39 @@ void Reader::read_bytes(int rank, StateKind state, std::uint64_t offset, std::si
 }
 
 void Reader::read(StateKind state, std::size_t tensor, std::size_t a, std::size_t b, float* out) {
+  if (!out) {
+    // Verified all the same, values included, a slice at a time through a bounded buffer.
+    constexpr std::size_t kSlice = std::size_t{1} << 16;
+    values_.resize(std::min(kSlice, b > a ? b - a : 0));
+    for (std::size_t x = a; x < b; x += kSlice) read(state, tensor, x, std::min(b, x + kSlice), values_.data());
+    return;
+  }
   const bool compact = state != StateKind::master && manifest_.states != StatesFormat::f32;
   for (const Piece& p : pieces_.at(tensor)) {
     const std::size_t lo = std::max(a, p.lo), hi = std::min(b, p.hi);
     if (lo >= hi) continue;
     if (compact)
-      read_compact(state, p, lo, hi, out ? out + (lo - a) : nullptr);
+      read_compact(state, p, lo, hi, out + (lo - a));
     else
       read_bytes(p.rank, state, (p.at + (lo - p.lo)) * sizeof(float), (hi - lo) * sizeof(float),
-                 out ? reinterpret_cast<char*>(out + (lo - a)) : nullptr);
+                 reinterpret_cast<char*>(out + (lo - a)));
+    check_values(state, p.rank, tensor, lo, out + (lo - a), hi - lo);
+  }
+}
+
+// What no save writes: the master weights and m are finite, v finite and not negative (NaN
+// appears in them only when training had already failed, and a step refuses to make it).
+void Reader::check_values(StateKind state, int rank, std::size_t tensor, std::size_t first, const float* values,
+                          std::size_t n) const {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = values[i];
+    if (std::isfinite(x) && !(state == StateKind::v && x < 0)) continue;
+    throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(path(rank, state))
+                    .append(" holds ").append(state_name(state)).append(" = ").append(std::to_string(x))
+                    .append(" for element ").append(std::to_string(first + i)).append(" of tensor '")
+                    .append(manifest_.tensors[tensor].name).append("', which no save writes (")
+                    .append(state == StateKind::v ? "v is finite and not negative" : "it is finite")
+                    .append("): the checkpoint was altered after it was saved; load another checkpoint"));
   }
 }
 
@@ -154,6 +179,15 @@ void Reader::read_compact(StateKind state, const Piece& p, std::size_t lo, std::
                  static_cast<std::size_t>(last - first + 1) * sizeof(float),
                  out ? reinterpret_cast<char*>(scales_.data()) : nullptr);
     if (!out) continue;
+    if (int8)
+      for (std::uint64_t block = 0; block <= last - first; ++block)
+        if (!std::isfinite(scales_[block]) || std::signbit(scales_[block]))
+          throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(path(p.rank, state))
+                          .append(" holds the int8 scale ").append(std::to_string(scales_[block]))
+                          .append(" for elements from ").append(std::to_string(p.lo + (first + block) * optim::kInt8Block))
+                          .append(" of tensor '").append(manifest_.tensors[p.tensor].name)
+                          .append("', which no save writes (a block's largest magnitude: finite, not negative): the "
+                                  "checkpoint was altered after it was saved; load another checkpoint"));
     float* const into = out + (x - lo);
     if (!int8) {
       for (std::size_t i = 0; i < n; ++i) {
@@ -199,6 +233,17 @@ std::vector<std::string> Reader::verify_all() {
       }
     }
   }
+  if (!problems.empty()) return problems;
+  // Every byte is as saved; the values must also be what a save writes (a checksum recomputed after
+  // an edit would pass above): the first such value of each tensor's state.
+  for (std::size_t t = 0; t < manifest_.tensors.size(); ++t)
+    for (int k = 0; k < kStates; ++k) {
+      try {
+        read(static_cast<StateKind>(k), t, 0, manifest_.tensors[t].numel, nullptr);
+      } catch (const std::exception& e) {
+        problems.push_back(e.what());
+      }
+    }
   return problems;
 }
 

@@ -37,7 +37,9 @@ class Reader {
   // widened: bf16 exactly, int8 as code value times its block's scale); with out null, only
   // verified. Reads the chunks holding them and checks each one's CRC32C before using it: throws
   // Error naming the file, the chunk and its offset on a mismatch, IoError when a read fails or the
-  // file is short.
+  // file is short. Checks the values too, as no save writes otherwise (a checksum recomputed after
+  // an edit passes): master and m finite, v finite and not negative, int8 scales finite and not
+  // negative; Error names the file, the tensor and the element.
   void read(StateKind state, std::size_t tensor, std::size_t a, std::size_t b, float* out);
 
   // Checks every file's size and every chunk's CRC32C, all of them: one line per problem found
@@ -49,11 +51,14 @@ class Reader {
   // their scales from scale `block_at` on, after the rank's `codes` code bytes.
   struct Piece {
     int rank = 0;
+    std::size_t tensor = 0;
     std::size_t lo = 0, hi = 0;
     std::uint64_t at = 0;
     std::uint64_t block_at = 0;
     std::uint64_t codes = 0;
   };
+  void check_values(StateKind state, int rank, std::size_t tensor, std::size_t first, const float* values,
+                    std::size_t n) const;
   // Elements [lo, hi) of piece p, compact (bf16 or int8 m or v), widened into out (null: verified).
   void read_compact(StateKind state, const Piece& p, std::size_t lo, std::size_t hi, float* out);
   int fd(int rank, StateKind state);
@@ -69,6 +74,7 @@ class Reader {
   std::vector<char> chunk_;                 // the last chunk read through it, verified
   std::vector<char> raw_;                   // compact values on their way to fp32, a slice at a time
   std::vector<float> scales_;               // the int8 scales of that slice
+  std::vector<float> values_;               // a slice of values read only to be verified
   int chunk_rank_ = -1, chunk_state_ = -1;
   std::size_t chunk_index_ = 0, chunk_length_ = 0;
 };

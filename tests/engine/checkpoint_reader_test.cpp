@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -139,6 +141,61 @@ TEST_F(ReaderTest, AFlippedByteFailsOnlyTheReadsOfItsChunk) {
   const auto problems = reader.verify_all();
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("rank1.v.bin chunk 1"), std::string::npos) << problems[0];
+}
+
+// Values no save writes, with every checksum recomputed after the edit (issue 34 item 2): the
+// reader refuses them where it reads them and verify_all (zest checkpoint inspect) reports them,
+// naming the file, the tensor and the element, instead of a resume that trains to NaN.
+class TamperedValues : public ReaderTest {
+ protected:
+  // Rewrites `rank`'s file of `state` with element `at` of the file (in range order) set to x,
+  // through the format's writer (fresh chunk checksums) and into the manifest.
+  void reseal(int rank, StateKind state, std::size_t at, float x) {
+    const std::string name = state_file_name(rank, state);
+    const std::string path = (fs::path(dir) / name).string();
+    std::string bytes = read_regular_file(path, 1 << 20, "test");
+    std::memcpy(bytes.data() + at * sizeof(float), &x, sizeof x);
+    fs::remove(path);
+    FileWriter writer(path, kChunk);
+    writer.append(bytes.data(), bytes.size());
+    writer.finish();
+    m.ranks[static_cast<std::size_t>(rank)].files[static_cast<std::size_t>(state)] = {name, writer.bytes(), writer.chunk_crcs()};
+    write_manifest();
+  }
+  void expect_refused_value(const std::string& words) {
+    Reader reader(dir);
+    std::vector<float> out(100);
+    try {
+      for (int k = 0; k < kStates; ++k)
+        for (std::size_t t = 0; t < 2; ++t) reader.read(StateKind(k), t, 0, m.tensors[t].numel, out.data());
+      ADD_FAILURE() << "read a value no save writes: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    const auto problems = Reader(dir).verify_all();
+    ASSERT_EQ(problems.size(), 1u);
+    EXPECT_NE(problems[0].find(words), std::string::npos) << problems[0];
+  }
+};
+
+TEST_F(TamperedValues, ANanMasterWeightIsRefused) {
+  reseal(1, StateKind::master, 40, std::nanf(""));  // rank 1's element 40: tensor 1's element 1
+  expect_refused_value("rank1.master.bin holds master = nan for element 1 of tensor 'b'");
+}
+
+TEST_F(TamperedValues, AnInfiniteMomentIsRefused) {
+  reseal(0, StateKind::m, 5, -INFINITY);
+  expect_refused_value("rank0.m.bin holds m = -inf for element 5 of tensor 'a'");
+}
+
+TEST_F(TamperedValues, ANegativeSecondMomentIsRefused) {
+  reseal(1, StateKind::v, 0, -2.0f);
+  expect_refused_value("rank1.v.bin holds v = -2.000000 for element 61 of tensor 'a', which no save writes (v is finite and not negative)");
+}
+
+TEST_F(TamperedValues, ASubnormalLossScaleIsRefused) {
+  write_edited_manifest("loss_scaler 0x1p+0", "loss_scaler 0x1p-1074");
+  expect_refused("loss scale");
 }
 
 TEST_F(ReaderTest, ATruncatedFileIsRefusedBeforeReading) {
