@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -73,7 +74,9 @@ SwapFile::SwapFile(const std::string& directory, int rank, bool want_direct, con
 }
 
 // The directory zest owns inside the shared one: a name no one has (mkdirat fails on anything that
-// exists, a symlink included), opened without following a symlink, checked to be ours, locked.
+// exists, a symlink included), opened without following a symlink, checked to be ours, locked. It
+// is made under a hidden name and takes its zest- name only once locked, so another job's scan for
+// stale directories (report_stale_directories) never sees it unlocked.
 void SwapFile::make_own_directory(const std::string& directory) {
   parent_fd_ = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (parent_fd_ < 0) {
@@ -84,31 +87,35 @@ void SwapFile::make_own_directory(const std::string& directory) {
                   directory, 0, 0, error);
   }
   const std::string stem = std::string(kPrefix) + host_name() + "-" + std::to_string(::getpid()) + "-";
-  for (int attempt = 0; own_name_.empty(); ++attempt) {
-    const std::string name = stem + random_suffix();
-    if (::mkdirat(parent_fd_, name.c_str(), 0700) == 0) {
-      own_name_ = name;
-      break;
-    }
-    const int error = errno;
-    if (error != EEXIST || attempt >= 100) {
-      if (error == EACCES || error == EPERM || error == EROFS)
-        throw IoError("cannot create zest's directory in the offload directory: it is not writable; choose a "
-                      "writable directory for offload.*.path", directory, 0, 0, error);
-      throw IoError("cannot create zest's directory in the offload directory", directory + "/" + name, 0, 0, error);
-    }
+  std::string making;
+  const auto refuse = [&](const char* what, const std::string& name, int error) {
+    if (error == EACCES || error == EPERM || error == EROFS)
+      throw IoError("cannot create zest's directory in the offload directory: it is not writable; choose a "
+                    "writable directory for offload.*.path", directory, 0, 0, error);
+    throw IoError(what, directory + "/" + name, 0, 0, error);
+  };
+  for (int attempt = 0; making.empty(); ++attempt) {
+    const std::string name = "." + stem + random_suffix();
+    if (::mkdirat(parent_fd_, name.c_str(), 0700) == 0) making = name;
+    else if (errno != EEXIST || attempt >= 100) refuse("cannot create zest's directory in the offload directory", name, errno);
   }
-  own_path_ = directory + (directory.empty() || directory.back() == '/' ? "" : "/") + own_name_;
-  own_dir_fd_ = ::openat(parent_fd_, own_name_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (own_dir_fd_ < 0) throw IoError("cannot open the directory zest just created", own_path_, 0, 0, errno);
+  own_dir_fd_ = ::openat(parent_fd_, making.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (own_dir_fd_ < 0) throw IoError("cannot open the directory zest just created", directory + "/" + making, 0, 0, errno);
   struct stat info {};
-  if (::fstat(own_dir_fd_, &info) != 0) throw IoError("cannot stat the directory zest just created", own_path_, 0, 0, errno);
+  if (::fstat(own_dir_fd_, &info) != 0)
+    throw IoError("cannot stat the directory zest just created", directory + "/" + making, 0, 0, errno);
   if (info.st_uid != ::geteuid() || (info.st_mode & 077) != 0)
     throw IoError("the directory zest just created is not this user's alone (someone replaced it?); zest does not "
-                  "write there", own_path_, 0, 0, EPERM);
+                  "write there", directory + "/" + making, 0, 0, EPERM);
   // Held for the SwapFile's life: a later job tells a live directory from a stale one by it.
   if (::flock(own_dir_fd_, LOCK_EX | LOCK_NB) != 0)
-    throw IoError("cannot lock the directory zest just created", own_path_, 0, 0, errno);
+    throw IoError("cannot lock the directory zest just created", directory + "/" + making, 0, 0, errno);
+  for (int attempt = 0; own_name_.empty(); ++attempt) {
+    const std::string name = stem + random_suffix();
+    if (::renameat2(parent_fd_, making.c_str(), parent_fd_, name.c_str(), RENAME_NOREPLACE) == 0) own_name_ = name;
+    else if (errno != EEXIST || attempt >= 100) refuse("cannot name zest's directory in the offload directory", name, errno);
+  }
+  own_path_ = directory + (directory.empty() || directory.back() == '/' ? "" : "/") + own_name_;
 }
 
 // Directories named like zest's, owned by this user, that no live process holds locked: left by a
@@ -131,7 +138,10 @@ void SwapFile::report_stale_directories(const std::string& directory) const {
     const int fd = ::openat(parent_fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) continue;
     struct stat info {};
-    if (::fstat(fd, &info) == 0 && info.st_uid == ::geteuid() && ::flock(fd, LOCK_SH | LOCK_NB) == 0)
+    // Unlocked and still there: a job that ends removes its directory before it lets go of the
+    // lock, so one removed while this scan looked at it has no links left by the time it is free.
+    if (::fstat(fd, &info) == 0 && info.st_uid == ::geteuid() && ::flock(fd, LOCK_SH | LOCK_NB) == 0 &&
+        ::fstat(fd, &info) == 0 && info.st_nlink > 0)
       stale.push_back(name);
     ::close(fd);
   }
@@ -142,7 +152,8 @@ void SwapFile::report_stale_directories(const std::string& directory) const {
                         " of jobs that are gone (no live process holds them):";
   for (std::size_t i = 0; i < stale.size() && i < 8; ++i) message += " " + stale[i];
   if (stale.size() > 8) message += " ...";
-  warn_(message + ". zest leaves them alone; remove them to free their space once you know no job uses them.");
+  warn_(message + ". zest leaves them alone. A running job holds a lock on its directory: "
+        "`flock -n " + directory + "/NAME rm -r " + directory + "/NAME` removes one only if no job holds it.");
 }
 
 // Opens (creates) the file inside zest's own directory. Returns false only when `direct` is
