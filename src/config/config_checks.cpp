@@ -235,8 +235,13 @@ void check_compact_states(const Config& c, ProblemSink& sink) {
                 "fp16 master weights would overflow and underflow where Adam's updates live; use fp32 or bf16 "
                 "(bf16 keeps fp32's range and is rounded stochastically so small updates are not lost)");
   }
-  // A bf16 master comes with compact moments (the CPU Adam's compact path rounds it), and working
-  // parameters of 16 bits (fp32 ones would be the bf16 master widened: no precision gained).
+  // A bf16 master comes with compact moments (the compact Adam rounds it), and working parameters
+  // of 16 bits (fp32 ones would be the bf16 master widened: no precision gained). Where the states
+  // stay on a CUDA device the CUDA Adam updates them: its compact kernels keep an fp32 master; the
+  // CPU Adam of an offloaded optimizer has a bf16 one.
+  const bool states_on_gpu = sink.valid("device.type") && sink.valid("offload.optimizer.device") &&
+                             sink.valid("offload.optimizer.ratio") && c.device.type == DeviceType::cuda &&
+                             (c.offload.optimizer.device == OffloadDevice::none || c.offload.optimizer_ratio < 1.0);
   if (sink.valid("optimizer.master") && sink.valid("optimizer.states") && sink.valid("precision.dtype") &&
       c.optimizer.master == DType::bf16) {
     if (c.optimizer.states == StatesFormat::f32)
@@ -244,25 +249,19 @@ void check_compact_states(const Config& c, ProblemSink& sink) {
                   "a bf16 master needs compact moments: set optimizer.states to bf16 or int8 (6 or 4.125 bytes per "
                   "parameter with the master), or use optimizer.master: fp32",
                   {"optimizer.master", "optimizer.states"});
+    else if (states_on_gpu)
+      sink.report("optimizer.master",
+                  "a bf16 master on a cuda device is not implemented yet: the GPU's compact Adam keeps an fp32 "
+                  "master. Use optimizer.master: fp32 (optimizer.states " +
+                      std::string(states_format_name(c.optimizer.states)) +
+                      " stays compact on the GPU), or offload the optimizer (offload.optimizer.device: cpu or nvme, "
+                      "ratio 1), where the CPU Adam keeps a bf16 master",
+                  {"optimizer.master", "device.type", "offload.optimizer.device", "offload.optimizer.ratio"});
     else if (c.precision.dtype == DType::f32)
       sink.report("optimizer.master",
                   "a bf16 master with fp32 parameters gains nothing: the parameters would be the bf16 master widened. "
                   "Use precision.dtype: bf16, or optimizer.master: fp32",
                   {"optimizer.master", "precision.dtype"});
-  }
-  // Where m and v stay on a CUDA device the CUDA Adam updates them, and it has no compact kernels
-  // yet; the CPU Adam of an offloaded optimizer has them.
-  const bool states_on_gpu = c.offload.optimizer.device == OffloadDevice::none || c.offload.optimizer_ratio < 1.0;
-  if (sink.valid("optimizer.states") && sink.valid("device.type") && sink.valid("offload.optimizer.device") &&
-      sink.valid("offload.optimizer.ratio") && c.optimizer.states != StatesFormat::f32 &&
-      c.device.type == DeviceType::cuda && states_on_gpu) {
-    std::string message = std::string(states_format_name(c.optimizer.states));
-    message.append(
-        " states on a cuda device are not implemented yet: the GPU's fused Adam updates fp32 states only. "
-        "Offload them (offload.optimizer.device: cpu or nvme, ratio 1), where the CPU Adam keeps them compact, "
-        "or use optimizer.states: fp32");
-    sink.report("optimizer.states", std::move(message),
-                {"optimizer.states", "device.type", "offload.optimizer.device", "offload.optimizer.ratio"});
   }
 }
 

@@ -1,7 +1,7 @@
-// The engine's math on the cuda backend: the fused multi-tensor Adam and gradient statistics of
-// kernels/adam.hpp, plus the accumulation and packing kernels, queued on the stream's CUDA stream.
-// Each call packs its spans into a table reserved at construction (the kernels copy it into their
-// launch parameters), so a step allocates nothing.
+// The engine's math on the cuda backend: the fused multi-tensor Adam (fp32 or compact states) and
+// gradient statistics of kernels/adam.hpp, plus the accumulation and packing kernels, queued on the
+// stream's CUDA stream. Each call packs its spans into a table reserved at construction (the
+// kernels copy it into their launch parameters), so a step allocates nothing.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -15,6 +15,7 @@
 #include "kernels/block_quant.hpp"
 #include "kernels/cast.hpp"
 #include "kernels/grad_stats_pack.hpp"
+#include "optim/compact_math.hpp"
 #include "runtime/cuda_check.hpp"
 #include "runtime/cuda_device.hpp"
 #include "zest/error.hpp"
@@ -31,6 +32,7 @@ class CudaDeviceMath final : public DeviceMath {
                             .append(device.name()).append("'"));
     grad_table_.reserve(max_spans);
     adam_table_.reserve(max_spans);
+    compact_table_.reserve(max_spans);
   }
 
   void accumulate(void* dst, const void* src, std::size_t count, DType dtype, bool first,
@@ -61,25 +63,44 @@ class CudaDeviceMath final : public DeviceMath {
     const cudaStream_t s = handle(stream);
     check_span_count(shards.size(), "adam_step");
     for (const AdamShard& a : shards)
-      if (a.compact.format != StatesFormat::f32)
-        throw Error("cuda Adam: compact optimizer states (optimizer.states bf16 or int8) have no CUDA kernels yet; "
-                    "offload them (offload.optimizer.device: cpu or nvme) or use optimizer.states: fp32");
+      if (a.bf16_master != nullptr)
+        throw Error("cuda Adam: a bf16 master (optimizer.master: bf16) has no CUDA kernel yet; use "
+                    "optimizer.master: fp32 (bf16 or int8 optimizer.states stay compact on the GPU), or offload "
+                    "the optimizer (offload.optimizer.device: cpu or nvme, ratio 1)");
     const bool low_precision = out_dtype != DType::f32;
-    // One launch per run of shards sharing their optimizer parameter group's hyper-parameters.
+    // One launch per run of shards sharing their optimizer parameter group's hyper-parameters and
+    // the form of their states (and, compact, the rounding seed: one key per launch).
+    const auto same_launch = [](const AdamShard& a, const AdamShard& b) {
+      return a.hyper == b.hyper && a.compact.format == b.compact.format &&
+             (a.compact.format == StatesFormat::f32 || a.rounding.seed == b.rounding.seed);
+    };
     for (std::size_t first = 0; first < shards.size();) {
-      const optim::AdamHyperParams* hyper = shards[first].hyper;
+      const AdamShard& head = shards[first];
       std::size_t last = first + 1;
-      while (last < shards.size() && shards[last].hyper == hyper) ++last;
+      while (last < shards.size() && same_launch(shards[last], head)) ++last;
       const optim::AdamCoefficients c =
-          optim::make_adam_coefficients(hyper ? *hyper : hyper_, args.step, args.grad_scale, args.clip_coef);
-      adam_table_.clear();
-      for (std::size_t i = first; i < last; ++i) {
-        const AdamShard& a = shards[i];
-        adam_table_.push_back(kernels::CudaAdamTensor{a.master, a.m, a.v, a.grad, low_precision ? a.out : nullptr,
-                                                      static_cast<std::int64_t>(a.count)});
-      }
+          optim::make_adam_coefficients(head.hyper ? *head.hyper : hyper_, args.step, args.grad_scale, args.clip_coef);
       // The step was already skipped on the host when a gradient overflowed: no device flag.
-      kernels::launch_multi_tensor_adam(adam_table_, grad_dtype, low_precision, out_dtype, c, nullptr, s);
+      if (head.compact.format == StatesFormat::f32) {
+        adam_table_.clear();
+        for (std::size_t i = first; i < last; ++i) {
+          const AdamShard& a = shards[i];
+          adam_table_.push_back(kernels::CudaAdamTensor{a.master, a.m, a.v, a.grad, low_precision ? a.out : nullptr,
+                                                        static_cast<std::int64_t>(a.count)});
+        }
+        kernels::launch_multi_tensor_adam(adam_table_, grad_dtype, low_precision, out_dtype, c, nullptr, s);
+      } else {
+        compact_table_.clear();
+        for (std::size_t i = first; i < last; ++i) {
+          const AdamShard& a = shards[i];
+          compact_table_.push_back(kernels::CudaCompactAdamTensor{
+              a.master, a.compact.m, a.compact.v, a.compact.m_scale, a.compact.v_scale, a.grad,
+              low_precision ? a.out : nullptr, static_cast<std::int64_t>(a.count), a.rounding.first_index});
+        }
+        kernels::launch_multi_tensor_adam_compact(compact_table_, head.compact.format, grad_dtype, low_precision,
+                                                  out_dtype, c, optim::rounding_key(head.rounding.seed, args.step),
+                                                  nullptr, s);
+      }
       first = last;
     }
     if (!low_precision) {
@@ -128,6 +149,7 @@ class CudaDeviceMath final : public DeviceMath {
   std::size_t max_spans_;
   std::vector<kernels::CudaGradTensor> grad_table_;
   std::vector<kernels::CudaAdamTensor> adam_table_;
+  std::vector<kernels::CudaCompactAdamTensor> compact_table_;
 };
 
 }  // namespace

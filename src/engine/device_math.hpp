@@ -42,10 +42,12 @@ struct AdamShard {
   std::size_t count = 0;
   const optim::AdamHyperParams* hyper = nullptr;
   // Compact states (optimizer.states bf16 or int8; m and v above unused): where they are and how
-  // bf16's are rounded. The cpu backend only; the cuda one refuses them.
+  // bf16's are rounded. Every backend gives the CPU Adam's bits (step_compact).
   optim::CpuAdam::CompactStates compact{StatesFormat::f32};
   optim::CpuAdam::CompactRounding rounding{};
-  std::uint16_t* bf16_master = nullptr;  // optimizer.master bf16 (compact only; `master` unused)
+  // optimizer.master bf16 (compact only; `master` unused). The cpu backend only: the CUDA kernels
+  // keep an fp32 master, and the cuda backend refuses one.
+  std::uint16_t* bf16_master = nullptr;
 };
 
 // The gradient statistics of one step, in device memory. `reduced` comes first so the ranks can

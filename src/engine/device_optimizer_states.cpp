@@ -21,10 +21,17 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       range_(plan.device_states),
       options_(states),
       layout_of_states_(states.form(), plan.device_states.count()) {
-  if (!layout_of_states_.form().plain() && !device.host_accessible())
-    throw Error(std::string(states_format_name(states.format))
-                    .append(" optimizer states on this device are not implemented: its Adam updates fp32 states "
-                            "only. Offload them (offload.optimizer.device: cpu or nvme) or use optimizer.states: fp32"));
+  if (states.master == DType::bf16 && !device.host_accessible())
+    throw Error("a bf16 master (optimizer.master: bf16) on this device is not implemented: its Adam keeps an fp32 "
+                "master. Use optimizer.master: fp32 (bf16 or int8 optimizer.states stay compact on the device), or "
+                "offload the optimizer (offload.optimizer.device: cpu or nvme, ratio 1)");
+  if (!layout_of_states_.form().plain() && !device.host_accessible() &&
+      staging_.elements() * sizeof(float) < optim::StatesLayout::bytes(layout_of_states_.form(), optim::kInt8Block))
+    throw Error(std::string("device optimizer states: the engine's staging holds ")
+                    .append(std::to_string(staging_.elements())).append(" floats, less than one block of ")
+                    .append(states_format_name(states.format))
+                    .append(" states, which pass through it; this is a zest bug: MemoryPlan::staging_elements "
+                            "must hold a block"));
   states_ = device.allocate(plan.device_states_bytes, MemoryCategory::optimizer_states);
   if (plan.offload_params) update_out_ = device.allocate(plan.update_out, MemoryCategory::buffers);
   shards_.reserve(static_cast<std::size_t>(layout.group_count()) + runs.size());
@@ -75,7 +82,8 @@ void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, 
                                          const StatesVisit& visit) {
   check_range(offset, count);
   if (!layout_of_states_.form().plain()) {
-    // Host-accessible memory (the constructor's check): visited in place once the stream is idle.
+    if (!device_.host_accessible()) return visit_staged(offset - range_.begin, count, write_back, visit);
+    // Host memory: visited in place once the stream is idle.
     stream_.synchronize();
     visit_laid_out(layout_of_states_, states_.as<char>(), offset - range_.begin, count, 0, write_back, visit,
                    visit_scratch_);
@@ -92,6 +100,52 @@ void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, 
     if (!write_back) continue;
     for (int k = 0; k < 3; ++k) device_.copy_async(at(k, offset + first), host[k], n * sizeof(float), stream_);
     stream_.synchronize();
+  }
+}
+
+void DeviceOptimizerStates::visit_staged(std::size_t at, std::size_t count, bool write_back,
+                                         const StatesVisit& visit) {
+  const optim::StatesForm form = layout_of_states_.form();
+  // Whole int8 blocks at a time, so that each is narrowed back with the scale of all its elements.
+  const std::size_t chunk = staging_.elements() * sizeof(float) / optim::StatesLayout::bytes(form, optim::kInt8Block) *
+                            optim::kInt8Block;
+  char* const host = reinterpret_cast<char*>(staging_.f32());
+  const std::size_t end = at + count;
+  for (std::size_t lo = at / optim::kInt8Block * optim::kInt8Block; lo < end; lo += chunk) {
+    const optim::StatesLayout piece(form, std::min(lo + chunk, layout_of_states_.count()) - lo);
+    copy_piece(piece, host, lo, true);
+    stream_.synchronize();
+    const std::size_t from = std::max(lo, at), to = std::min(lo + piece.count(), end);
+    visit_laid_out(piece, host, from - lo, to - from, from - at, write_back, visit, visit_scratch_);
+    if (!write_back) continue;
+    copy_piece(piece, host, lo, false);
+    stream_.synchronize();  // the staging is refilled next
+  }
+}
+
+void DeviceOptimizerStates::copy_piece(const optim::StatesLayout& piece, char* host, std::size_t lo, bool to_host) {
+  const optim::StatesLayout& whole = layout_of_states_;
+  char* const device = states_.as<char>();
+  const std::size_t master = dtype_size(whole.form().master), state = optim::state_bytes(whole.format());
+  const std::size_t scales = optim::StatesLayout::blocks(whole.format(), piece.count()) * sizeof(float);
+  const auto bytes_of = [](float* f) { return reinterpret_cast<char*>(f); };
+  struct Region {
+    char* device;
+    char* host;
+    std::size_t bytes;
+  };
+  const Region regions[] = {
+      {device + lo * master, host, piece.count() * master},
+      {whole.m(device) + lo * state, piece.m(host), piece.count() * state},
+      {whole.v(device) + lo * state, piece.v(host), piece.count() * state},
+      {bytes_of(whole.m_scales(device) + lo / optim::kInt8Block), bytes_of(piece.m_scales(host)), scales},
+      {bytes_of(whole.v_scales(device) + lo / optim::kInt8Block), bytes_of(piece.v_scales(host)), scales}};
+  for (const Region& r : regions) {
+    if (r.bytes == 0) continue;
+    if (to_host)
+      device_.copy_async(r.host, r.device, r.bytes, stream_);
+    else
+      device_.copy_async(r.device, r.host, r.bytes, stream_);
   }
 }
 

@@ -2,8 +2,9 @@
 // plan.device_states, the part a partial offload keeps on the device) in one device buffer laid out
 // by optim::StatesLayout (m and v in optimizer.states' format), stepped by the device's Adam
 // (DeviceMath) on the comm stream. Host access (set_param, get_param, checkpoints) goes through the
-// engine's pinned staging in chunks; compact states, which only the cpu backend's Adam steps, are
-// visited in place. Offsets are of the shard buffer and must lie in plan.device_states.
+// engine's pinned staging in chunks; compact states are visited in place where the device is host
+// memory (cpu), and elsewhere a chunk of whole int8 blocks at a time, laid out in the staging as a
+// piece of their own. Offsets are of the shard buffer and must lie in plan.device_states.
 #pragma once
 
 #include <vector>
@@ -21,8 +22,8 @@ class DeviceOptimizerStates final : public OptimizerStates {
  public:
   // Allocates the states of plan.device_states (plan.device_states_bytes, zeroed) and, where
   // stage 3's parameters are offloaded, the buffer their updates pass through (plan.update_out).
-  // `states`: the format and rounding of m and v (kept by the caller); compact ones need a
-  // host-accessible device (Error otherwise: the CUDA Adam has no compact kernels yet).
+  // `states`: the format and rounding of m and v (kept by the caller); a bf16 master needs a
+  // host-accessible device (Error otherwise: the CUDA Adam keeps an fp32 master).
   DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout, const MemoryPlan& plan,
                         DType dtype, HostStaging& staging, const HyperRuns& runs, const StatesOptions& states);
 
@@ -37,6 +38,12 @@ class DeviceOptimizerStates final : public OptimizerStates {
   // Appends `part` (of group g's shard, in range_) to shards_, one piece per optimizer parameter
   // group in it; `grad` and `out` hold the part's first element.
   void add_shard(int g, ShardRange part, const char* grad, char* out);
+  // visit_states of compact states the host cannot read: [at, at + count) of the states' buffer
+  // through the staging.
+  void visit_staged(std::size_t at, std::size_t count, bool write_back, const StatesVisit& visit);
+  // Copies the states' elements [lo, lo + piece.count()) (lo starts an int8 block) between the
+  // device buffer and `host`, laid out there by `piece`; queued on the stream.
+  void copy_piece(const optim::StatesLayout& piece, char* host, std::size_t lo, bool to_host);
   // Throws Error unless [offset, offset + count) lies in range_.
   void check_range(std::size_t offset, std::size_t count) const;
   // State k (0 master, 1 m, 2 v) of shard element `offset`, fp32 states only.

@@ -270,8 +270,13 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
 
   std::size_t largest_tensor = 0;
   for (std::size_t t = 0; t < layout.tensor_count(); ++t) largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
-  // At least 3: the device-resident states pass through it for checkpoints a third each.
-  p.staging_elements = std::min(std::max(largest_tensor, std::size_t{3}), kStagingElements);
+  // At least 3: the device-resident states pass through it for checkpoints a third each; compact
+  // ones, on a device the host cannot read, a whole int8 block at least at a time.
+  const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
+  const std::size_t least = form.plain() || p.device_states.count() == 0
+                                ? 3
+                                : optim::StatesLayout::bytes(form, optim::kInt8Block) / sizeof(float);
+  p.staging_elements = std::min(std::max(largest_tensor, least), kStagingElements);
   const std::size_t low_bytes = dtype == DType::f32 ? 0 : bytes(p.staging_elements);
   p.engine_pinned = kScalarsBytes + p.staging_elements * sizeof(float) + low_bytes;
 

@@ -712,16 +712,30 @@ TEST(ConfigCombinations, LossScalingOnlyForFp16) {
                  16, {"32 is above the initial scale 2^4 = 16"});
 }
 
-TEST(ConfigCombinations, CompactStatesOnlyWhereTheCpuAdamUpdatesThem) {
+TEST(ConfigCombinations, CompactStatesOnlyWhereAnAdamUpdatesThem) {
   const auto problems = problems_in("compact_states_refused.yaml");
-  ASSERT_EQ(problems.size(), 2u) << dump(problems);
-  expect_problem(problems, "optimizer.states", 5, 11,
-                 {"bf16 states on a cuda device are not implemented", "offload.optimizer.device: cpu or nvme"});
-  expect_problem(problems, "optimizer.master", 6, 11, {"a bf16 master with fp32 parameters gains nothing"});
+  ASSERT_EQ(problems.size(), 1u) << dump(problems);
+  expect_problem(problems, "optimizer.master", 6, 11,
+                 {"a bf16 master on a cuda device is not implemented", "optimizer.master: fp32",
+                  "optimizer.states bf16 stays compact", "offload.optimizer.device: cpu or nvme"});
+  // Kept on the GPU in part (ratio < 1): refused too.
+  EXPECT_THROW(parse_config("stage: 2\ndevice:\n  type: cuda\noptimizer:\n  states: int8\n  master: bf16\n"
+                            "precision:\n  dtype: bf16\noffload:\n  optimizer:\n    device: cpu\n    ratio: 0.5\n"),
+               ConfigError);
+  // Offloaded whole, the CPU Adam keeps a bf16 master: accepted.
+  EXPECT_NO_THROW(parse_config("stage: 2\ndevice:\n  type: cuda\noptimizer:\n  states: int8\n  master: bf16\n"
+                               "precision:\n  dtype: bf16\noffload:\n  optimizer:\n    device: cpu\n"));
+  expect_problem(problems_in_text("optimizer:\n  states: bf16\n  master: bf16\n"), "optimizer.master", 3, 11,
+                 {"a bf16 master with fp32 parameters gains nothing"});
   EXPECT_THROW(parse_config("optimizer:\n  master: bf16\nprecision:\n  dtype: bf16\n"), ConfigError);  // fp32 states
   EXPECT_THROW(parse_config("optimizer:\n  master: fp16\n  states: bf16\nprecision:\n  dtype: bf16\n"), ConfigError);
   EXPECT_NO_THROW(parse_config("optimizer:\n  master: bf16\n  states: int8\nprecision:\n  dtype: bf16\n"));
-  // Offloaded whole, the CPU Adam keeps them: accepted.
+  // Compact moments with an fp32 master: the CUDA Adam's compact kernels on a cuda device, whole or
+  // in part, the CPU Adam offloaded and on the cpu device.
+  EXPECT_NO_THROW(parse_config("device:\n  type: cuda\noptimizer:\n  states: bf16\n"));
+  EXPECT_NO_THROW(parse_config("stage: 3\ndevice:\n  type: cuda\noptimizer:\n  states: int8\nprecision:\n  dtype: bf16\n"));
+  EXPECT_NO_THROW(parse_config("stage: 2\ndevice:\n  type: cuda\noptimizer:\n  states: int8\n"
+                               "offload:\n  optimizer:\n    device: cpu\n    ratio: 0.5\n"));
   EXPECT_NO_THROW(parse_config("stage: 2\ndevice:\n  type: cuda\noptimizer:\n  states: int8\n"
                                "offload:\n  optimizer:\n    device: cpu\n"));
   EXPECT_NO_THROW(parse_config("optimizer:\n  states: int8\n"));  // the cpu device's Adam

@@ -9,12 +9,15 @@
 // ISA variant bit-identical, src/optim/meson.build); nvcc contracts a*b+c into FMA by default, so
 // cuda and cpu may differ by an ulp per operation. Equal results are asserted only within one
 // backend (ranks, stages, offload: engine_offload_test); across backends, 1e-6 relative to the
-// double reference in fp32 (about 8 ulp of the parameters after 12 steps), 2e-3 in fp16.
+// double reference in fp32 (about 8 ulp of the parameters after 12 steps), 2e-3 in fp16. Compact
+// states are the exception: their CUDA kernels are built without contraction, so a cuda run
+// equals the cpu device's bit for bit (CompactStatesOnCuda).
 #include "zest/engine.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -148,6 +151,88 @@ INSTANTIATE_TEST_SUITE_P(Backends, EveryStage,
                            return std::string(std::get<0>(info.param) == Backend::cpu ? "cpu" : "cuda") + "_stage" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// Compact states (optimizer.states bf16 and int8) kept on a cuda device: CudaDeviceMath's compact
+// kernels (built without FMA contraction) give the CPU Adam's bits, and the staged host access to
+// the states (set_param, get_param) their values, so the cuda run equals the cpu device's bit for
+// bit; at ratio 0.5 half the states are the CPU Adam's, offloaded.
+struct CompactCase {
+  const char* name;
+  StatesFormat states;
+  DType dtype;  // of the parameters
+  int stage;
+  double ratio = 1;  // offload.optimizer.ratio (to the host)
+};
+
+class CompactStatesOnCuda : public testing::TestWithParam<CompactCase> {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA GPU: the compact kernels run where one is present";
+    if (make_world()->size() > 1) GTEST_SKIP() << "the cuda cases run in a world of one (one GPU per rank)";
+  }
+  Options options() const {
+    const CompactCase& c = GetParam();
+    Options o;
+    o.stage = c.stage;
+    o.states = c.states;
+    o.dtype = c.dtype;
+    o.seed = 12345;
+    if (c.ratio < 1) {
+      o.offload_optimizer = OffloadDevice::cpu;
+      o.offload_ratio = c.ratio;
+    }
+    // Two optimizer groups: a run of shards per group, one launch each.
+    o.param_groups = {{{"w2"}, 0.02, std::nullopt, 0.99, std::nullopt, 0.0}};
+    return o;
+  }
+};
+
+bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t t = 0; t < a.size(); ++t)
+    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
+  return true;
+}
+
+TEST_P(CompactStatesOnCuda, TrainToTheBitsOfTheCpuDevice) {
+  const Options o = options();
+  const auto cuda = train_with_engine(o, kSteps, nullptr, Backend::cuda);
+  EXPECT_TRUE(identical(cuda, train_with_engine(o, kSteps, nullptr, Backend::cpu)));
+  Options fp32 = o;
+  fp32.states = StatesFormat::f32;
+  EXPECT_GT(max_relative_error(cuda, train_reference(fp32, kSteps)), 1e-7) << "the states were not compact";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Compact, CompactStatesOnCuda,
+    testing::Values(CompactCase{"bf16_states_fp32_params_stage0", StatesFormat::bf16, DType::f32, 0},
+                    CompactCase{"int8_states_fp32_params_stage0", StatesFormat::int8, DType::f32, 0},
+                    CompactCase{"bf16_states_bf16_params_stage0", StatesFormat::bf16, DType::bf16, 0},
+                    CompactCase{"int8_states_bf16_params_stage0", StatesFormat::int8, DType::bf16, 0},
+                    CompactCase{"bf16_states_fp32_params_stage3", StatesFormat::bf16, DType::f32, 3},
+                    CompactCase{"int8_states_bf16_params_stage3", StatesFormat::int8, DType::bf16, 3},
+                    CompactCase{"int8_states_fp32_params_stage2_ratio_half", StatesFormat::int8, DType::f32, 2, 0.5},
+                    CompactCase{"bf16_states_bf16_params_stage2_ratio_half", StatesFormat::bf16, DType::bf16, 2, 0.5}),
+    [](const testing::TestParamInfo<CompactCase>& info) { return std::string(info.param.name); });
+
+// The CUDA kernels keep an fp32 master: a bf16 one on the device is refused, naming the key.
+TEST(CompactStatesOnCudaRefused, ABf16MasterOnTheDevice) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA GPU: the cuda device is not made here";
+  if (make_world()->size() > 1) GTEST_SKIP() << "the cuda cases run in a world of one (one GPU per rank)";
+  Options o;
+  o.states = StatesFormat::int8;
+  o.master = DType::bf16;
+  o.dtype = DType::bf16;
+  const std::unique_ptr<World> world = make_world();
+  auto device = make_cuda_device(0, std::size_t{256} << 20);
+  auto comm = world->make_nccl_communicator(*device);
+  try {
+    Engine engine(make_config(o), *device, *comm, model());
+    ADD_FAILURE() << "a bf16 master on a cuda device was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.master: fp32"), std::string::npos) << e.what();
+  }
+}
 
 TEST(Stage3, TrainsWithOnlyTwoGroupsLiveAtOnce) {
   Options o;

@@ -4,6 +4,9 @@
 //   parameters written to the device are the master weights; visit_states reads what it wrote back;
 //   with the parameters going to a HostParamSink (stage 3 offloaded parameters), each group is
 //   begun and ended once and holds its updated part;
+// - compact states on a device the host cannot read (a stand-in: host memory that says so) pass
+//   through the staging in whole blocks: writes, steps, reads and visits give the same values as on
+//   the cpu device, where they are visited in place;
 // - split states: the part below the boundary on the device, the rest offloaded, stepped at once:
 //   the whole shard equals the reference, master weights read across the boundary are whole, and
 //   the group the boundary cuts is begun once and ended once, after both parts wrote it;
@@ -13,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -53,12 +57,46 @@ class RecordingSink final : public HostParamSink {
   std::vector<std::vector<float>> shards;
 };
 
+// Host memory behind a device that says the host cannot read it (as on cuda); streams and copies
+// are a cpu device's.
+class OpaqueDevice final : public Device {
+ public:
+  OpaqueDevice() : Device(std::size_t{64} << 20), inner_(make_cpu_device(std::size_t{64} << 20)) {}
+
+  DeviceType type() const override { return DeviceType::cpu; }
+  std::string name() const override { return "opaque (test)"; }
+  bool host_accessible() const override { return false; }
+  std::unique_ptr<Stream> create_stream() override { return inner_->create_stream(); }
+  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
+  void copy_async(void* dst, const void* src, std::size_t bytes, Stream& stream) override {
+    inner_->copy_async(dst, src, bytes, stream);
+  }
+  void memset_async(void* dst, int value, std::size_t bytes, Stream& stream) override {
+    inner_->memset_async(dst, value, bytes, stream);
+  }
+  void synchronize() override { inner_->synchronize(); }
+
+ protected:
+  void* allocate_bytes(std::size_t bytes) override { return std::aligned_alloc(256, round(bytes, 256)); }
+  void free_bytes(void* data, std::size_t) noexcept override { std::free(data); }
+  void* allocate_pinned_bytes(std::size_t bytes, bool& locked) override {
+    locked = false;
+    return std::aligned_alloc(4096, round(bytes, 4096));
+  }
+  void free_pinned_bytes(void* data, std::size_t) noexcept override { std::free(data); }
+
+ private:
+  static std::size_t round(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+  std::unique_ptr<Device> inner_;
+};
+
 // `ratio` < 1: split states (cpu offload of the rest); `sink`: stage 3 with offloaded parameters,
-// so the updated parameters go to a HostParamSink.
+// so the updated parameters go to a HostParamSink; `form`: optimizer.states and optimizer.master;
+// `on`: the device (null: a cpu device).
 struct Rig {
-  Rig(double ratio, bool sink)
-      : config(make_config(ratio, sink)),
-        device(make_cpu_device(std::size_t{64} << 20)),
+  Rig(double ratio, bool sink, optim::StatesForm form = {}, std::unique_ptr<Device> on = nullptr)
+      : config(make_config(ratio, sink, form)),
+        device(on ? std::move(on) : make_cpu_device(std::size_t{64} << 20)),
         stream(device->create_stream()),
         layout(kModel, 1),
         plan(plan_memory(config, layout)),
@@ -86,11 +124,14 @@ struct Rig {
   }
   ~Rig() { stream->synchronize(); }
 
-  static Config make_config(double ratio, bool sink) {
+  static Config make_config(double ratio, bool sink, optim::StatesForm form) {
     Config c;
     c.stage = sink ? 3 : 2;
     c.optimizer.lr = 1e-2;
     c.optimizer.weight_decay = 0.01;
+    c.optimizer.states = form.moments;
+    c.optimizer.master = form.master;
+    c.optimizer.seed = 7;
     if (sink) c.offload.param.device = OffloadDevice::cpu;
     if (ratio < 1) {
       c.offload.optimizer.device = OffloadDevice::cpu;
@@ -190,6 +231,47 @@ TEST(DeviceOptimizerStates, RangesOutsideTheStatesAreRefused) {
   std::vector<float> values(8);
   EXPECT_THROW(rig.states->read_master(rig.n - 4, values.data(), 8), Error);
   EXPECT_THROW(rig.states->write_master(rig.n + 1, values.data(), 0), Error);
+}
+
+// Every state of [offset, offset + count), widened: master, then m, then v.
+std::vector<float> all_states(OptimizerStates& states, std::size_t offset, std::size_t count) {
+  std::vector<float> values(3 * count);
+  states.visit_states(offset, count, false, [&](float* master, float* m, float* v, std::size_t first, std::size_t k) {
+    std::memcpy(values.data() + first, master, k * sizeof(float));
+    std::memcpy(values.data() + count + first, m, k * sizeof(float));
+    std::memcpy(values.data() + 2 * count + first, v, k * sizeof(float));
+  });
+  return values;
+}
+
+TEST(DeviceOptimizerStates, CompactStatesTheHostCannotReadPassThroughTheStagingUnchanged) {
+  for (const StatesFormat format : {StatesFormat::bf16, StatesFormat::int8}) {
+    SCOPED_TRACE(states_format_name(format));
+    const optim::StatesForm form{format, DType::f32};
+    Rig cpu(1.0, false, form);
+    Rig opaque(1.0, false, form, std::make_unique<OpaqueDevice>());
+    // The shard is several chunks of the staging, whose size is not a multiple of a block.
+    ASSERT_GT(opaque.n, 2 * opaque.staging.elements());
+    ASSERT_NE(opaque.staging.elements() % optim::kInt8Block, 0u);
+    for (const optim::AdamStepArgs& a : {optim::AdamStepArgs{1, 0.5, 1.0}, optim::AdamStepArgs{2, 0.5, 0.75}}) {
+      cpu.step(a, nullptr);
+      opaque.step(a, nullptr);
+    }
+    const std::vector<float> want = all_states(*cpu.states, 0, cpu.n);
+    EXPECT_EQ(all_states(*opaque.states, 0, opaque.n), want);
+    EXPECT_EQ(opaque.master(), cpu.master());
+    EXPECT_NE(std::vector<float>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(cpu.n)), cpu.init);
+    // A range that starts and ends inside blocks: written back, with its blocks narrowed whole.
+    for (Rig* rig : {&cpu, &opaque})
+      rig->states->visit_states(10, 1500, true, [](float* master, float* m, float*, std::size_t first, std::size_t k) {
+        for (std::size_t i = 0; i < k; ++i) {
+          master[i] = static_cast<float>(first + i);
+          m[i] *= 0.5f;
+        }
+      });
+    EXPECT_EQ(all_states(*opaque.states, 0, opaque.n), all_states(*cpu.states, 0, cpu.n));
+    EXPECT_EQ(all_states(*opaque.states, 5, 700), all_states(*cpu.states, 5, 700));
+  }
 }
 
 TEST(CompactStatesLayout, PiecesAreVisitedInsideThemAndInt8InWholeBlocks) {
