@@ -283,6 +283,7 @@ int run(int argc, char** argv) {
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (flags.config_path.empty()) throw args::UsageError("--config FILE is required");
+    args::check_distinct_outputs({{"--save", flags.save_dir}, {"--trace", flags.trace_path}, {"--dump", flags.dump_path}});
     if (flags.reference && (!flags.save_dir.empty() || !flags.load_dir.empty()))
       throw args::UsageError("--reference trains with torch alone: it takes no --save or --load");
     if (flags.reference && !flags.trace_path.empty())

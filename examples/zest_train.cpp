@@ -48,6 +48,7 @@ int run(int argc, char** argv) {
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (config_path.empty()) throw args::UsageError("--config FILE is required");
+    args::check_distinct_outputs({{"--save", save_dir}, {"--trace", trace_path}});
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest-train: %s\n%s", error.what(), kUsage);
     return 2;

@@ -24,8 +24,10 @@
 // backward goes on. p.grad() then holds a placeholder of the parameter's shape and no bytes: any
 // read of it (torch::nn::utils::clip_grad_norm_, p.grad().norm()) raises a c10::Error naming
 // where the gradient went and the config's gradient_clipping, instead of finding no gradient and
-// doing nothing. Call backward once per micro-batch (gradients of micro-batches add up); the loss
-// must already be divided by the global number of examples and multiplied by loss_scale().
+// doing nothing. Call backward once per micro-batch, gradient_accumulation_steps times per step()
+// (gradients of micro-batches add up; another count makes step() throw Error); the loss must
+// already be divided by the global number of examples and multiplied by loss_scale(). A sparse
+// gradient (an embedding with sparse=True) is refused by name during backward.
 // A parameter that gets no gradient in a whole step makes step() throw Error (torch's AdamW would
 // skip it; zest updates every parameter). A tensor listed twice (tied weights) is one parameter,
 // as in torch; two tensors over the same memory are refused.
@@ -92,8 +94,9 @@ class Optimizer : public ::torch::optim::Optimizer {
   // steps once per optimizer step resumes where it was; the learning rates are the checkpoint's.
   void save(const std::string& dir);
   LoadResult load(const std::string& dir, ::torch::optim::LRScheduler* scheduler = nullptr);
-  // Every trained parameter's full values (a copy, in its own dtype), by name: what a stage-3 model
-  // cannot give by itself between uses. Collective.
+  // Every trained parameter's full values (a copy on the cpu, in its own dtype), by every name
+  // `params` gave it (a tied tensor under each): what a stage-3 model cannot give by itself between
+  // uses. Collective.
   NamedParameters full_parameters();
   // torch's archives cannot hold a sharded optimizer: these throw Error, pointing at save(dir).
   void save(::torch::serialize::OutputArchive& archive) const override;

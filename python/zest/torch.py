@@ -58,6 +58,9 @@ def _load_config(config):
         # JSON is YAML: the same keys and checks as a YAML file, reported against "<dict>".
         return _C.parse_config(json.dumps(config, default=path_or_refuse), "<dict>")
     if isinstance(config, (str, os.PathLike)):
+        if os.fspath(config) == "":
+            raise Error("zest.torch.Optimizer: config='' names no file; give the path of a zest YAML config "
+                        "(configs/reference.yaml lists every key) or a dict with the same keys")
         return _C.load_config(os.fspath(config))
     raise Error(
         f"zest.torch.Optimizer: config is a {type(config).__name__}; give the path of a zest YAML "
@@ -203,7 +206,8 @@ class Optimizer(torch.optim.Optimizer):
     number of ranks as it is handed over, so a per-rank mean loss gives the same update as
     ``DistributedDataParallel`` + ``torch.optim.AdamW``; with False they are summed over ranks (then
     divide the loss by the global number of examples). With gradient_accumulation_steps K, call
-    backward K times per step(), each loss divided by K, as with AdamW. Each gradient goes to zest
+    backward K times per step(), each loss divided by K, as with AdamW (another count of backward
+    passes makes step() raise zest.Error, where AdamW would take whatever .grad summed). Each gradient goes to zest
     as soon as backward has made it; ``p.grad`` then holds a placeholder without values whose any
     read raises an error saying so (clip with the config's gradient_clipping instead of
     clip_grad_norm_; the norm is in last_step.grad_norm).
@@ -234,13 +238,27 @@ class Optimizer(torch.optim.Optimizer):
         global _atexit_registered
         cfg = _load_config(config)
         if isinstance(model, torch.nn.Module):
-            module, named = model, list(model.named_parameters())
+            # Every name, a tied weight's too: full_parameters() gives what model.state_dict() has.
+            module, named = model, list(model.named_parameters(remove_duplicate=False))
         else:
             module, named = None, list(model)
             for item in named:
                 if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
                     raise Error("zest.torch.Optimizer: give a module or its named_parameters() "
                                 "((name, parameter) pairs); plain parameters have no names for checkpoints")
+        seen = set()
+        for name, _ in named:
+            if name in seen:
+                raise Error(f"zest.torch.Optimizer: the name {name!r} is given twice; zest names each parameter "
+                            "once in its checkpoints: give each (name, parameter) pair a name of its own")
+            seen.add(name)
+        if module is not None:
+            for module_name, m in module.named_modules():
+                if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse and \
+                        any(p.requires_grad for p in m.parameters(recurse=False)):
+                    raise Error(f"zest.torch.Optimizer: module {module_name or '(the model)'!r} is "
+                                f"{type(m).__name__}(sparse=True), whose gradients are sparse; zest reduces dense "
+                                "gradients: build it with sparse=False")
         if cfg.stage == 3 and module is None:
             raise Error("zest.torch.Optimizer: stage 3 hooks the modules to gather their parameters; "
                         "give the module (zest.torch.Optimizer(model, config)), not its named_parameters()")
@@ -361,7 +379,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def full_parameters(self) -> "dict[str, torch.Tensor]":
         """Copies of the trained parameters' full values (in their dtype, on the cpu whatever the
-        module's device), by name, on every rank: what to torch.save for inference, since at stage
+        module's device), by every name the module's state dict has (a tied weight under each of
+        its names), on every rank: what to torch.save for inference, since at stage
         3 model.state_dict() holds released tensors. Collective; call between steps."""
         return dict(self._c.full_parameters())
 

@@ -8,7 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "config/config_checks.hpp"
 #include "config/config_names.hpp"
@@ -118,6 +121,24 @@ std::size_t parse_size(std::string_view flag, std::string_view text, std::size_t
   if (!detail::parse_size_into(text, bytes, why)) refuse(flag, what, text, why);
   if (bytes < lo || bytes > hi) refuse(flag, what, text);
   return bytes;
+}
+
+void check_distinct_outputs(std::initializer_list<std::pair<std::string_view, std::string>> outputs) {
+  std::vector<std::pair<std::string_view, std::filesystem::path>> seen;
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    std::error_code ignored;  // a path that cannot be resolved is compared as written
+    std::filesystem::path resolved = std::filesystem::weakly_canonical(path, ignored);
+    if (resolved.empty()) resolved = path;
+    resolved = resolved.lexically_normal();
+    // "out/" is "out".
+    if (!resolved.has_filename() && resolved.has_parent_path()) resolved = resolved.parent_path();
+    for (const auto& [other_flag, other] : seen)
+      if (other == resolved)
+        throw UsageError(std::string(other_flag).append(" and ").append(flag).append(" name the same path '")
+                             .append(path).append("'; each output needs a path of its own"));
+    seen.emplace_back(flag, std::move(resolved));
+  }
 }
 
 void check_output_file(std::string_view flag, const std::string& path) {

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "zest/dtype.hpp"
 #include "zest/error.hpp"
@@ -44,6 +46,10 @@ void check_output_file(std::string_view flag, const std::string& path);
 
 // A directory the program will write into (swap files, checkpoints): it exists and is writable.
 void check_output_directory(std::string_view flag, const std::string& path);
+
+// Outputs of one run, by flag (empty paths are unset): UsageError naming both flags when two name
+// the same path (a trace file where the checkpoint directory goes would lose the run at its save).
+void check_distinct_outputs(std::initializer_list<std::pair<std::string_view, std::string>> outputs);
 
 
 // `argv[i]`'s value: the next argument, or UsageError "FLAG needs a value". Advances `i`.

@@ -121,12 +121,33 @@ std::string serialize(const Manifest& m) {
   return text;
 }
 
+bool valid_utf8(const std::string& text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const auto* end = p + text.size();
+  while (p < end) {
+    const unsigned c = *p;
+    const int more = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    if (more < 0 || end - p <= more) return false;  // not a lead byte, or cut short
+    std::uint32_t code = more == 0 ? c : c & (0x3Fu >> more);
+    for (int i = 1; i <= more; ++i) {
+      if ((p[i] & 0xC0) != 0x80) return false;
+      code = code << 6 | (p[i] & 0x3Fu);
+    }
+    static constexpr std::uint32_t kSmallest[] = {0, 0x80, 0x800, 0x10000};
+    if (code < kSmallest[more] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    p += more + 1;
+  }
+  return true;
+}
+
 std::string tensor_name_problem(const std::string& name) {
   if (name.empty()) return "is empty";
   if (name.size() > kMaxTensorNameBytes)
     return "is " + std::to_string(name.size()) + " bytes long (at most " + std::to_string(kMaxTensorNameBytes) + ")";
   if (name.find('\n') != std::string::npos) return "holds a newline";
   if (name.find('\0') != std::string::npos) return "holds a NUL byte";
+  if (!valid_utf8(name)) return "is not UTF-8 text (safetensors, which consolidate writes, holds names as JSON strings)";
+  if (name == "__metadata__") return "is safetensors' reserved key __metadata__";
   return {};
 }
 

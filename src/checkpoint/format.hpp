@@ -87,9 +87,13 @@ struct Manifest {
   std::vector<RankEntry> ranks;  // one per saving rank, index = rank
 };
 
+// Well-formed UTF-8 only (no overlongs, surrogates or values past U+10FFFF): JSON's text.
+bool valid_utf8(const std::string& text);
+
 // The one rule for tensor names, which the Engine applies to ParamSpec names and a manifest to its
 // own: a manifest is lines of text, so a name is not empty, holds no newline (nor a NUL), and is at
-// most kMaxTensorNameBytes long. Empty when `name` is fine, else what is wrong ("is empty", ...).
+// most kMaxTensorNameBytes long; and consolidate writes safetensors, so it is UTF-8 and not
+// "__metadata__". Empty when `name` is fine, else what is wrong ("is empty", ...).
 constexpr std::size_t kMaxTensorNameBytes = 4096;
 std::string tensor_name_problem(const std::string& name);
 

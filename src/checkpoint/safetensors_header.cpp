@@ -37,25 +37,6 @@ std::string json_string(const std::string& text) {
   return out.append("\"");
 }
 
-// JSON text is UTF-8: well-formed sequences only (no overlongs, surrogates or values past U+10FFFF).
-bool valid_utf8(const std::string& text) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const auto* end = p + text.size();
-  while (p < end) {
-    const unsigned c = *p;
-    const int more = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
-    if (more < 0 || end - p <= more) return false;  // not a lead byte, or cut short
-    std::uint32_t code = more == 0 ? c : c & (0x3Fu >> more);
-    for (int i = 1; i <= more; ++i) {
-      if ((p[i] & 0xC0) != 0x80) return false;
-      code = code << 6 | (p[i] & 0x3Fu);
-    }
-    static constexpr std::uint32_t kSmallest[] = {0, 0x80, 0x800, 0x10000};
-    if (code < kSmallest[more] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
-    p += more + 1;
-  }
-  return true;
-}
 
 // Safetensors metadata is a map of strings to strings: where the weights came from.
 std::string metadata_json(const Manifest& m, DType dtype) {

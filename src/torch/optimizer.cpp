@@ -3,6 +3,7 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -123,6 +124,10 @@ struct Optimizer::Impl {
   // naming where the gradient went, raised by any read (clip_grad_norm_, p.grad().norm()).
   std::vector<::torch::Tensor> grad_placeholders;
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators;  // autograd holds them weakly
+  std::vector<std::pair<std::string, ::torch::Tensor>> aliases;  // a tied tensor's later names
+  // Backward passes (contributions) of each group since the last step: gradient_accumulation_steps.
+  std::vector<int> passes;
+  int engine_config_accumulation = 1;
   std::vector<int> zest_group;                    // torch param group -> engine optimizer group
   std::unique_ptr<detail::TorchComputeStream> compute;  // cuda: torch's current stream, the engine's compute stream
   std::unique_ptr<detail::ParamResidency> residency;  // stage 3
@@ -237,6 +242,11 @@ void Optimizer::Impl::hand_over(std::size_t t) {
   ::torch::Tensor& param = tensors[t];
   const ::torch::Tensor grad = param.grad();
   if (!grad.defined()) return;
+  if (grad.layout() != ::torch::kStrided)
+    throw Error("zest::torch::Optimizer: parameter '" + engine->spec(t).name + "' got a " +
+                std::string(grad.is_sparse() ? "sparse" : "non-strided") +
+                " gradient (nn.Embedding(sparse=True)?); zest reduces dense gradients: build the module with "
+                "sparse=False");
   const trace::Span span("gradient hand-off", trace::Lane::backward, static_cast<std::int64_t>(t));
   peak_grad_bytes = std::max(peak_grad_bytes, grad.nbytes());
   const TensorView view = engine->grad(t);
@@ -265,6 +275,7 @@ void Optimizer::Impl::group_ready(int group) {
   // device thread in backward): the reduction waits for them there.
   compute->follow();
   engine->grads_ready(group);
+  ++passes[static_cast<std::size_t>(group)];
   const auto& tensors_of = members[static_cast<std::size_t>(group)];
   for (std::size_t t : tensors_of) handed[t] = 0;
   waiting[static_cast<std::size_t>(group)] = tensors_of.size();
@@ -295,6 +306,16 @@ void Optimizer::Impl::finish_backward() {
     group_ready(static_cast<int>(g));
   }
   std::fill(got_grad.begin(), got_grad.end(), 0);
+  // torch's optimizers take whatever .grad accumulated; zest's updates ahead (offload overlap) and
+  // its reading of gradient_accumulation_steps count backward passes, so a mismatch is refused.
+  const int made = *std::max_element(passes.begin(), passes.end());
+  std::fill(passes.begin(), passes.end(), 0);
+  const int expected = engine_config_accumulation;
+  if (made != expected)
+    throw Error("zest::torch::Optimizer::step: " + std::to_string(made) + " backward pass(es) since the last step, "
+                "but gradient_accumulation_steps is " + std::to_string(expected) + ": call backward " +
+                std::to_string(expected) + " time(s) per step() (each loss divided by " + std::to_string(expected) +
+                "), or set gradient_accumulation_steps to the number of micro-batches");
 }
 
 Optimizer::Optimizer(const NamedParameters& params, const Config& config, Runtime* runtime)
@@ -316,7 +337,13 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   std::unordered_set<const void*> listed;
   for (const auto& item : params) {
     if (!item.value().requires_grad()) continue;
-    if (!listed.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    if (!listed.insert(item.value().unsafeGetTensorImpl()).second) {
+      s.aliases.emplace_back(item.key(), item.value());  // tied: full_parameters() gives this name too
+      continue;
+    }
+    if (!item.value().is_leaf())
+      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is not a leaf tensor (it was computed from "
+                  "others, so autograd gives it no gradient of its own); give the module's parameters");
     for (std::size_t t = 0; t < s.tensors.size(); ++t)
       if (share_memory(s.tensors[t], item.value()))
         throw Error("zest::torch::Optimizer: parameters '" + names[t] + "' and '" + item.key() +
@@ -442,15 +469,19 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   s.members.resize(static_cast<std::size_t>(engine.group_count()));
   for (std::size_t t = 0; t < s.tensors.size(); ++t) s.members[static_cast<std::size_t>(layer[t])].push_back(t);
   s.handed.assign(s.tensors.size(), 0);
+  s.passes.assign(s.members.size(), 0);
+  s.engine_config_accumulation = config.gradient_accumulation_steps;
   s.got_grad.assign(s.tensors.size(), 0);
   for (const auto& tensors_of : s.members) s.waiting.push_back(tensors_of.size());
   for (std::size_t t = 0; t < s.tensors.size(); ++t) {
     s.grad_placeholders.push_back(detail::storage_that_raises(
         s.tensors[t], "zest: the gradient of parameter '" + names[t] +
-                          "' is not in .grad: zest::torch::Optimizer moved it into zest's reduce buckets as "
-                          "backward made it (one copy, reduced while backward goes on). Clip with the config's "
-                          "gradient_clipping (the step's global norm is in last_step().grad_norm), or train "
-                          "this parameter with a torch optimizer"));
+                          "' is not in .grad: zest's optimizer took it into its reduce buckets as backward made "
+                          "it (one copy, reduced while backward goes on), so .grad holds nothing to read or "
+                          "zero. To clip, set gradient_clipping in zest's config (the step's norm: last_step "
+                          "grad_norm); to clear gradients, nothing is needed (zero_grad() with set_to_none, "
+                          "torch's default, also works; zero_grad(set_to_none=False) does not); to read one, "
+                          "train this parameter with a torch optimizer"));
     s.tensors[t].mutable_grad().reset();
     auto accumulator = ::torch::autograd::impl::grad_accumulator(s.tensors[t]);
     accumulator->add_pre_hook(std::make_unique<ClearPlaceholderHook>(s.link, t));
@@ -551,6 +582,11 @@ NamedParameters Optimizer::full_parameters() {
     s.engine->get_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
     full.insert(s.engine->spec(t).name, values.to(s.tensors[t].scalar_type()));
   }
+  // Every name the module's state dict has: a tied tensor's later names share its values.
+  for (const auto& [name, tensor] : s.aliases)
+    for (std::size_t t = 0; t < s.tensors.size(); ++t)
+      if (s.tensors[t].unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl())
+        full.insert(name, full[s.engine->spec(t).name]);
   return full;
 }
 

@@ -68,6 +68,9 @@ refused "$zest" "--params: expected a whole count" estimate --params -5
 refused "$zest_train" "--steps: expected a whole number from 0 to 1000000000, found '-1'" --config x.yaml --steps -1
 refused "$zest_train" "--steps: expected a whole number from 0 to 1000000000, found 'ten'" --config x.yaml --steps ten
 refused "$zest_train" "--config FILE is required" --steps 3
+# Two outputs at one path: a trace file where the checkpoint goes lost the run at its save (issue 34).
+refused "$zest_train" "--save and --trace name the same path 'out'" --config x.yaml --save out --trace out
+refused "$zest_train" "--save and --trace name the same path './out/'" --config x.yaml --save out --trace ./out/
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed" >&2

@@ -443,10 +443,11 @@ TEST_F(Synthetic, NamesSafetensorsCannotHoldAreRefused) {
   synthetic_checkpoint::write(dir + "/reserved", {{"w", {4}, 0}, {"__metadata__", {4}, 1}}, 1);
   synthetic_checkpoint::write(dir + "/twice", {{"w", {4}, 0}, {"w", {4}, 1}}, 1);
   synthetic_checkpoint::write(dir + "/latin1", {{"w", {4}, 0}, {"caf\xe9", {4}, 1}}, 1);  // not UTF-8
+  // A name the Engine would not take (issue 34: it once did) is refused as the manifest is read.
   const std::pair<const char*, const char*> cases[] = {
-      {"reserved", "a safetensors file cannot hold it"},
+      {"reserved", "a tensor name that is safetensors' reserved key __metadata__"},
       {"twice", "a safetensors file cannot hold it"},
-      {"latin1", "tensor 1's name is not UTF-8"},
+      {"latin1", "a tensor name that is not UTF-8 text"},
   };
   for (const auto& [which, expected] : cases) {
     try {

@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/world.hpp"
@@ -57,6 +58,17 @@ TEST_F(EngineMisuse, ATensorIndexPastTheLastIsRefusedEverywhere) {
   auto lease = engine_.acquire(0);
   expect_error([&] { lease.param(7); }, "no tensor 7");
   expect_error([&] { lease.grad(std::numeric_limits<std::size_t>::max()); }, "no tensor");
+}
+
+// Names a checkpoint's consolidation (safetensors) could not write are refused when the model is
+// registered, not at the end of training.
+TEST(EngineNames, NamesSafetensorsCannotHoldAreRefused) {
+  const std::unique_ptr<World> world = make_world();
+  const std::unique_ptr<Device> device = make_cpu_device(std::size_t{64} << 20);
+  const std::unique_ptr<Communicator> comm = world->make_host_communicator(*device);
+  for (const auto& [name, words] : std::vector<std::pair<std::string, std::string>>{
+           {"caf\xe9", "is not UTF-8 text"}, {"__metadata__", "reserved key __metadata__"}})
+    expect_error([&] { Engine(config(), *device, *comm, {{"w", {4}, 0}, {name, {3}, 1}}); }, words);
 }
 
 TEST_F(EngineMisuse, ValuesOfTheWrongSizeAreRefused) {

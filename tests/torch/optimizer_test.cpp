@@ -468,6 +468,46 @@ TEST(TorchOptimizer, TwoParametersOverTheSameMemoryAreRefusedByName) {
   EXPECT_NE(message.find("parameters 'view' and 'fc1.weight'"), std::string::npos) << message;
 }
 
+// More edges (issue 34 item 5): a tied tensor's every name in full_parameters() (a strict
+// load_state_dict of the export works), a backward count that is not gradient_accumulation_steps,
+// a sparse gradient and a non-leaf tensor: each refused by name, or given as torch would.
+TEST(TorchOptimizer, FullParametersHoldEveryNameOfATiedTensor) {
+  Runtime runtime(config_for(2));
+  ::torch::manual_seed(3);
+  Tied model;
+  zest::torch::Optimizer opt(model->named_parameters(), config_for(2), &runtime);
+  const auto full = opt.full_parameters();
+  for (const auto& item : model->named_parameters()) EXPECT_TRUE(full.contains(item.key())) << item.key();
+  EXPECT_TRUE(full["decoder.weight"].equal(full["encoder.weight"]));
+}
+
+TEST(TorchOptimizer, ABackwardCountOtherThanTheAccumulationIsRefused) {
+  Runtime runtime(config_for(2));
+  Config config = config_for(2);
+  config.gradient_accumulation_steps = 2;
+  Net net = make_net();
+  zest::torch::Optimizer opt(net->named_parameters(), config, &runtime);
+  loss_of(net, 1, runtime.world_size()).backward();
+  const std::string message = message_of([&] { opt.step(); });
+  EXPECT_NE(message.find("1 backward pass(es) since the last step, but gradient_accumulation_steps is 2"),
+            std::string::npos) << message;
+}
+
+TEST(TorchOptimizer, SparseGradientsAndNonLeafTensorsAreRefusedByName) {
+  Runtime runtime(config_for(2));
+  {
+    ::torch::nn::Embedding embedding(::torch::nn::EmbeddingOptions(10, 4).sparse(true));
+    zest::torch::Optimizer opt(embedding->named_parameters(), config_for(2), &runtime);
+    const std::string message = message_of([&] { embedding(::torch::tensor({1, 2})).sum().backward(); });
+    EXPECT_NE(message.find("parameter 'weight' got a sparse gradient"), std::string::npos) << message;
+  }
+  zest::torch::NamedParameters computed;
+  const auto leaf = ::torch::ones({3}, ::torch::requires_grad());
+  computed.insert("doubled", leaf * 2);
+  const std::string message = message_of([&] { zest::torch::Optimizer opt(computed, config_for(2), &runtime); });
+  EXPECT_NE(message.find("parameter 'doubled' is not a leaf tensor"), std::string::npos) << message;
+}
+
 // A parameter on a device zest does not train (here torch's meta device: shapes, no memory) is
 // refused by name; so is a module split over two devices (cpu and cuda here where a GPU is).
 TEST(TorchOptimizer, ParametersOnAnotherDeviceOrOnTwoDevicesAreRefusedByName) {
