@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """What a meson test run skipped, and why, from its meson-logs/testlog.json: each skipped test with
-the reason it printed (tests/skip_test.sh prints "SKIP: why"), and the GoogleTest cases skipped
-inside tests that passed (GTEST_SKIP's message), grouped by reason. scripts/test.sh prints this
+the reason it printed (tests/skip_test.sh prints "SKIP: why"), and the GoogleTest and pytest cases
+skipped inside tests that passed (GTEST_SKIP's message, pytest's -rs summary), grouped by reason. scripts/test.sh prints this
 before its closing line.
 
 usage: skip_reasons.py TESTLOG_JSON            the report
-       skip_reasons.py --cases TESTLOG_JSON    the number of GoogleTest cases skipped inside passing tests"""
+       skip_reasons.py --cases TESTLOG_JSON    the number of GoogleTest and pytest cases skipped inside passing tests"""
 import collections
 import json
 import re
@@ -39,6 +39,10 @@ with open(sys.argv[-1]) as log:
             if match and match.group(1) not in seen:
                 seen.add(match.group(1))
                 inside[(test["name"], reason or "(no message)")] += 1
+            # pytest's short summary (-rs): "SKIPPED [N] file:line: reason", once per run it prints.
+            match = re.match(r"SKIPPED \[(\d+)\] [^:]+(?::\d+)?: (.*)$", text)
+            if match:
+                inside[(test["name"], match.group(2))] += int(match.group(1))
 
 if cases_only:
     print(sum(inside.values()))

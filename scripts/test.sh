@@ -7,7 +7,7 @@
 # 2 ranks (tests/tsan.supp explains the few third-party frames it suppresses).
 # Ends with what was skipped and why (scripts/skip_reasons.py), then one line "N passed, N failed,
 # N skipped" (meson's tests) with the number of GoogleTest cases skipped inside passing tests
-# (listed above it, by reason); exits non-zero
+# and pytest cases (listed above it, by reason); exits non-zero
 # when any test failed.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
@@ -70,5 +70,5 @@ run_tests "$fuzz_build" --suite fuzz --no-rebuild
 # passed, by reason), then the closing line.
 echo "== skipped, and why"
 printf '%s' "$skip_report" | grep -v '^$' || echo "  nothing"
-echo "$passed passed, $failed failed, $skipped skipped; inside the tests that passed, $skipped_cases GoogleTest case(s) skipped (reasons above)"
+echo "$passed passed, $failed failed, $skipped skipped; inside the tests that passed, $skipped_cases GoogleTest or pytest case(s) skipped (reasons above)"
 [ "$failed" -eq 0 ] && [ "$status" -eq 0 ]

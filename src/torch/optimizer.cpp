@@ -369,6 +369,9 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   // The engine runs where the parameters are: the config's device.type follows them.
   const ::torch::Device where = s.tensors.front().device();
   Config engine_config = config;
+  // A config written for the cpu budgets host memory (device.memory, 2 GiB by default); on a GPU
+  // that cap would be arbitrary, so the whole GPU is the budget unless the config names cuda itself.
+  if (where.is_cuda() && config.device.type != DeviceType::cuda) engine_config.device.memory = 0;
   engine_config.device.type = where.is_cuda() ? DeviceType::cuda : DeviceType::cpu;
   if (where.is_cuda() && !detail::cuda_tensors_unavailable().empty())
     throw Error("zest::torch::Optimizer: parameter '" + names.front() + "' is on " + where.str() + ", but " +

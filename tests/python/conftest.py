@@ -1,7 +1,11 @@
 """Shared ground of the Python package's tests. They run under mpirun (tests/python/run_tests.sh):
 every rank runs every test in the same order, and zest's ranks are MPI's. The references are
 torch's own: torch.optim.AdamW under DistributedDataParallel on a gloo group made in the same
-processes (MASTER_ADDR/MASTER_PORT from the launcher)."""
+processes (MASTER_ADDR/MASTER_PORT from the launcher).
+
+Every test case runs on each device (the `device` fixture): the cpu always, and CUDA where a GPU is
+visible in a world of one (scripts/gpu-kit run runs pytest there without mpirun); elsewhere the
+cuda cases skip, saying why."""
 
 import datetime
 import os
@@ -16,6 +20,44 @@ torch.set_num_threads(1)  # up to 4 ranks on 2 cores
 
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+
+
+def _cuda_skip_reason():
+    if not torch.cuda.is_available():
+        return ("no CUDA GPU visible: torch.cuda.is_available() is False (the cuda cases run on a GPU "
+                "machine: scripts/gpu-kit run)")
+    if WORLD > 1:
+        return (f"the cuda cases run in a world of one, not at {WORLD} ranks (one GPU per rank, and the GPU "
+                "machine has one GPU and no MPI): run pytest there without mpirun (scripts/gpu-kit run does)")
+    return None
+
+
+def _cuda_param():
+    reason = _cuda_skip_reason()
+    return pytest.param("cuda", id="cuda", marks=[pytest.mark.skip(reason=reason)] if reason else [])
+
+
+@pytest.fixture(params=[pytest.param("cpu", id="cpu"), _cuda_param()])
+def device(request):
+    """The device a case trains on, zest and its torch reference alike."""
+    return torch.device(request.param)
+
+
+@pytest.fixture(params=[_cuda_param()])
+def cuda(request):
+    """For the cases about CUDA alone (stream order): the GPU, or a skip saying why there is none."""
+    return torch.device(request.param)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # scripts/gpu-kit asks which case is running (its id, then its file): after a crash (a signal
+    # ends pytest before any report is written) it runs that case's file again under a debugger,
+    # and the suite again without that case.
+    path = os.environ.get("ZEST_TEST_CURRENT")
+    if path:
+        with open(path, "w") as f:
+            f.write(f"{item.nodeid}\n{item.path}\n")
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@
 # pip-installs the package from SOURCE_ROOT with PYTHON (--no-build-isolation: the environment
 # already has torch and meson-python) into BUILD_DIR/python-site, keeping meson-python's build
 # directory in BUILD_DIR/python-build so that a rerun rebuilds only what changed, then runs pytest
-# under mpirun at 2, 4 and 1 ranks. The three runs share one directory: each resumes the
+# under mpirun at 2, 4 and 1 ranks (-rs: each skipped case's reason, such as the cuda cases' where no
+# GPU is visible or the world is larger than one). The three runs share one directory: each resumes the
 # checkpoint the previous one saved (2 -> 2, 2 -> 4, 4 -> 1 ranks). Last, README's example
 # (examples/python/gpt.py, smaller and shorter) saves at 2 ranks and resumes at 1.
 set -euo pipefail
@@ -27,7 +28,7 @@ for np in 2 4 1; do
   # Each rank writes its own report; rank 0's goes to the test's output, the others' only on failure.
   "$mpirun" --oversubscribe --bind-to none -np "$np" \
     -x PYTHONPATH -x ZEST_TEST_SHARED -x MASTER_PORT -x ZEST_TEST_RESUME_FROM \
-    sh -c 'cd "$0" && exec "$1" -m pytest -q -p no:cacheprovider --color=no -o console_output_style=classic \
+    sh -c 'cd "$0" && exec "$1" -m pytest -q -rs -p no:cacheprovider --color=no -o console_output_style=classic \
              > "$2/pytest-np$3-rank$OMPI_COMM_WORLD_RANK.log" 2>&1' \
     "$src/tests/python" "$python" "$shared" "$np" || {
       for log in "$shared"/pytest-np"$np"-rank*.log; do echo "--- $log"; cat "$log"; done
@@ -41,9 +42,16 @@ echo "== examples/python/gpt.py: 2 ranks, stage 3, saved; resumed on 1 rank at s
 gpt=("$python" "$src/examples/python/gpt.py" --context 32 --embed 32 --layers 2 --global-batch 8)
 "$mpirun" --oversubscribe --bind-to none -np 2 -x PYTHONPATH "${gpt[@]}" --steps 20 --save "$shared/gpt-ckpt"
 "$mpirun" --oversubscribe --bind-to none -np 1 -x PYTHONPATH "${gpt[@]}" --steps 30 --stage 1 --load "$shared/gpt-ckpt" \
-  | tee "$shared/gpt-resumed.log"
+  --json "$shared/gpt-resumed.json" | tee "$shared/gpt-resumed.log"
 grep -q "steps 20..30" "$shared/gpt-resumed.log"
 grep -q "^validation loss" "$shared/gpt-resumed.log"
+grep -q "^tokens/s per rank" "$shared/gpt-resumed.log"
+"$python" - "$shared/gpt-resumed.json" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))
+assert run["steps"] == 10 and run["median_tokens_per_second_per_rank"] > 0, run
+assert run["device"] == "cpu" and run["max_memory_allocated_bytes"] is None and run["stage"] == 1, run
+PY
 
 echo "== examples/python/gpt.py: torch DDP + AdamW and zest stage 3 (optimizer on cpu), 2 ranks, same losses"
 # bench/gpt_curves.py's claim, in small: the two curves coincide within fp32 noise.

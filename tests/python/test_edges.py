@@ -1,5 +1,6 @@
 """Edges where torch code meets zest (issue 34 item 5): each gave torch's message, or ran silently,
-before. zest's message names the problem and the fix, or zest does what torch would."""
+before. zest's message names the problem and the fix, or zest does what torch would. On each
+device (the conftest's `device` fixture: cuda where a GPU is visible in a world of one)."""
 
 import pytest
 import torch
@@ -9,9 +10,9 @@ import zest.torch
 from zest import Error
 
 
-def small():
+def small(device="cpu"):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    return nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)).to(device)
 
 
 def message_of(call):
@@ -20,33 +21,33 @@ def message_of(call):
     return str(raised.value)
 
 
-def test_an_empty_config_path_is_named():
-    assert "config='' names no file" in message_of(lambda: zest.torch.Optimizer(small(), ""))
+def test_an_empty_config_path_is_named(device):
+    assert "config='' names no file" in message_of(lambda: zest.torch.Optimizer(small(device), ""))
 
 
-def test_a_name_given_twice_is_refused():
-    model = small()
+def test_a_name_given_twice_is_refused(device):
+    model = small(device)
     named = [("w", model[0].weight), ("w", model[1].weight)]
     assert "the name 'w' is given twice" in message_of(lambda: zest.torch.Optimizer(named, {"stage": 1}))
 
 
-def test_a_sparse_embedding_is_refused_at_construction():
+def test_a_sparse_embedding_is_refused_at_construction(device):
     class WithEmbedding(nn.Module):
         def __init__(self):
             super().__init__()
             self.tokens = nn.Embedding(10, 4, sparse=True)
 
-    message = message_of(lambda: zest.torch.Optimizer(WithEmbedding(), {"stage": 1}))
+    message = message_of(lambda: zest.torch.Optimizer(WithEmbedding().to(device), {"stage": 1}))
     assert "module 'tokens' is Embedding(sparse=True)" in message and "sparse=False" in message
 
 
-def test_a_non_leaf_tensor_is_refused():
-    leaf = torch.ones(3, requires_grad=True)
+def test_a_non_leaf_tensor_is_refused(device):
+    leaf = torch.ones(3, requires_grad=True, device=device)
     message = message_of(lambda: zest.torch.Optimizer([("doubled", leaf * 2)], {"stage": 1}))
     assert "parameter 'doubled' is not a leaf tensor" in message
 
 
-def test_full_parameters_load_strictly_into_a_model_with_tied_weights():
+def test_full_parameters_load_strictly_into_a_model_with_tied_weights(device):
     class Tied(nn.Module):
         def __init__(self):
             super().__init__()
@@ -58,9 +59,9 @@ def test_full_parameters_load_strictly_into_a_model_with_tied_weights():
             return self.head(self.embed(tokens))
 
     torch.manual_seed(0)
-    model = Tied()
+    model = Tied().to(device)
     opt = zest.torch.Optimizer(model, {"stage": 2, "optimizer": {"lr": 1e-2}})
-    model(torch.tensor([[1, 2, 3]])).sum().backward()
+    model(torch.tensor([[1, 2, 3]], device=device)).sum().backward()
     opt.step()
     full = opt.full_parameters()
     assert set(full) == set(model.state_dict())
@@ -70,19 +71,19 @@ def test_full_parameters_load_strictly_into_a_model_with_tied_weights():
     opt.close()
 
 
-def test_a_backward_count_other_than_the_accumulation_is_refused():
-    model = small()
+def test_a_backward_count_other_than_the_accumulation_is_refused(device):
+    model = small(device)
     opt = zest.torch.Optimizer(model, {"stage": 1, "gradient_accumulation_steps": 2})
-    model(torch.ones(2, 4)).sum().backward()
+    model(torch.ones(2, 4, device=device)).sum().backward()
     message = message_of(opt.step)
     assert "1 backward pass(es) since the last step, but gradient_accumulation_steps is 2" in message
     opt.close()
 
 
-def test_zeroing_grad_in_place_names_what_to_do_instead():
-    model = small()
+def test_zeroing_grad_in_place_names_what_to_do_instead(device):
+    model = small(device)
     opt = zest.torch.Optimizer(model, {"stage": 1})
-    model(torch.ones(2, 4)).sum().backward()
+    model(torch.ones(2, 4, device=device)).sum().backward()
     with pytest.raises(RuntimeError) as raised:
         model.zero_grad(set_to_none=False)
     message = str(raised.value)

@@ -5,11 +5,10 @@ used twice in one forward and a frozen parameter train as under DDP + AdamW."""
 import pytest
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 import zest.torch
 from conftest import RANK, WORLD
-from models import gradient_went_to_zest, held, max_diff, train
+from models import assert_near, data_parallel, device_of, gradient_went_to_zest, held, make, train
 
 SEEN = []  # (what, storage bytes) recorded during forward and backward
 
@@ -54,21 +53,16 @@ class Tricky(nn.Module):
         return self.out(self.frozen(h))
 
 
-def make_tricky():
-    torch.manual_seed(0)
-    return Tricky()
-
-
-def data(step, micro, world, rank):
+def data(step, micro, world, rank, device):
     g = torch.Generator().manual_seed(100 * step + micro)
     x, y = torch.randn(8, 4, generator=g), torch.randn(8, 3, generator=g)
     per = 8 // world
-    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    return x[rank * per:(rank + 1) * per].to(device), y[rank * per:(rank + 1) * per].to(device)
 
 
 def run(model, opt, steps):
     for step in range(steps):
-        x, y = data(step, 0, WORLD, RANK)
+        x, y = data(step, 0, WORLD, RANK, device_of(model))
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
@@ -78,13 +72,13 @@ CONFIG = {"stage": 3, "comm": {"timeout": "60s"}, "optimizer": {"lr": 1e-2},
           "stage3": {"persistence_threshold": 0}, "buckets": {"reduce": "1KiB", "allgather": "1KiB"}}
 
 
-def test_hooks_gather_own_parameters_and_train_as_ddp(ddp):
-    ref = make_tricky()
-    ref_ddp = DistributedDataParallel(ref, process_group=ddp)
+def test_hooks_gather_own_parameters_and_train_as_ddp(device, ddp):
+    ref = make(Tricky, device)
+    ref_ddp = data_parallel(ref, ddp)
     ref_opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-2)
     run(ref_ddp, ref_opt, 4)
 
-    model = make_tricky()
+    model = make(Tricky, device)
     frozen_before = model.frozen.weight.detach().clone()
     opt = zest.torch.Optimizer(model, CONFIG)
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -105,16 +99,16 @@ def test_hooks_gather_own_parameters_and_train_as_ddp(ddp):
     assert all(gradient_went_to_zest(p) for p in trained)
 
     with torch.no_grad():  # evaluation: gathered for forward, released after, nothing for backward
-        model(torch.randn(2, 4))
+        model(torch.randn(2, 4, device=device))
     assert all(storage(p) == 0 for p in trained)
 
     opt.close()
     assert torch.equal(model.frozen.weight, frozen_before)
-    assert max_diff(model.parameters(), ref.parameters()) < 2e-6
+    assert_near(model.parameters(), ref.parameters(), 2e-6)
 
 
-def test_errors_name_the_zest_way():
-    model = make_tricky()
+def test_errors_name_the_zest_way(device):
+    model = make(Tricky, device)
     with pytest.raises(zest.Error, match="give the module"):
         zest.torch.Optimizer(model.named_parameters(), CONFIG)
     with pytest.raises(zest.ConfigError, match="stgae"):
@@ -136,10 +130,10 @@ def test_errors_name_the_zest_way():
 
 
 @pytest.mark.skipif(WORLD != 1, reason="torchrun's WORLD_SIZE beside a world of one MPI rank")
-def test_torchrun_without_mpirun_is_refused(monkeypatch):
+def test_torchrun_without_mpirun_is_refused(device, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(zest.Error, match="mpirun -np 2"):
-        zest.torch.Optimizer(make_tricky(), dict(CONFIG, stage=0))
+        zest.torch.Optimizer(make(Tricky, device), dict(CONFIG, stage=0))
 
 
 class Tied(nn.Module):
@@ -158,17 +152,15 @@ class Tied(nn.Module):
 
 
 @pytest.mark.parametrize("stage", [0, 3])
-def test_tied_weights_train_as_ddp(stage, ddp):
-    from models import make
-    ref = make(Tied)
+def test_tied_weights_train_as_ddp(stage, device, ddp):
+    ref = make(Tied, device)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    train(DistributedDataParallel(ref, process_group=ddp), ref_opt,
-          torch.optim.lr_scheduler.StepLR(ref_opt, 2), 3, WORLD, RANK)
+    train(data_parallel(ref, ddp), ref_opt, torch.optim.lr_scheduler.StepLR(ref_opt, 2), 3, WORLD, RANK)
 
-    model = make(Tied)
+    model = make(Tied, device)
     opt = zest.torch.Optimizer(model, dict(CONFIG, stage=stage))
     assert len(opt.param_groups[0]["params"]) == 3, "the tied weight is trained once"
     train(model, opt, torch.optim.lr_scheduler.StepLR(opt, 2), 3, WORLD, RANK)
     opt.close()
     assert model.head.weight is model.embed.weight
-    assert max_diff(model.parameters(), ref.parameters()) < 2e-6
+    assert_near(model.parameters(), ref.parameters(), 2e-6)

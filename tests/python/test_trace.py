@@ -21,12 +21,12 @@ def config(path):
             "io": {"block_size": "4KiB"}}
 
 
-def test_trace_holds_every_rank_and_lane(ddp, shared_dir):
-    trace = os.path.join(shared_dir, f"np{WORLD}-trace.json")
-    model = make()
+def test_trace_holds_every_rank_and_lane(device, ddp, shared_dir):
+    trace = os.path.join(shared_dir, f"np{WORLD}-{device.type}-trace.json")
+    model = make(device=device)
     opt = zest.torch.Optimizer(model, config(shared_dir), trace=trace)
     for step in range(2):
-        tokens, target = batch(step, 0, WORLD, RANK)
+        tokens, target = batch(step, 0, WORLD, RANK, device=device)
         loss_of(model, tokens, target, 1).backward()
         opt.step()
     opt.close()  # writes the trace (collective)
@@ -47,14 +47,14 @@ def test_trace_holds_every_rank_and_lane(ddp, shared_dir):
         assert ("reduce", "comm stream") in names  # a bucket's span even at one rank, where nothing is sent
 
 
-def test_existing_trace_file_is_refused_and_kept(ddp, shared_dir):
-    trace = os.path.join(shared_dir, f"np{WORLD}-mine.json")
+def test_existing_trace_file_is_refused_and_kept(device, ddp, shared_dir):
+    trace = os.path.join(shared_dir, f"np{WORLD}-{device.type}-mine.json")
     if RANK == 0:
         with open(trace, "w") as f:
             f.write("the user's")
     dist.barrier()
     with pytest.raises(zest.Error, match="trace=.*exists.*remove it or name another"):
-        zest.torch.Optimizer(make(), config(shared_dir), trace=trace)
+        zest.torch.Optimizer(make(device=device), config(shared_dir), trace=trace)
     dist.barrier()
     with open(trace) as f:
         assert f.read() == "the user's"
