@@ -35,8 +35,13 @@
 // whatever changes them between steps (torch::optim::StepLR, a warm-up) takes effect at the next
 // step. amsgrad is not supported. The update itself is the config's (optimizer.type adamw or adam,
 // gradient clipping, fp16 loss scaling).
-// Limits: one host thread drives the optimizer; the tensors must be on zest's device (cpu here;
-// cuda only with a CUDA libtorch); module->to() or anything else that calls set_data on a
+// Devices: the tensors are on the cpu or on one CUDA GPU (zest-torch built with CUDA against a
+// CUDA libtorch), and the engine runs there: the optimizer's own Runtime follows them (device.type,
+// and the whole GPU as the budget unless the config names cuda itself), a Runtime given must be on
+// the same device. On a GPU zest's device memory is torch's caching allocator's, and its streams
+// wait for torch's current stream with events (Engine::set_compute_stream).
+// Limits: one host thread at a time drives the optimizer (autograd's device threads run the hooks
+// while the caller waits in backward); module->to() or anything else that calls set_data on a
 // parameter afterwards breaks the aliasing.
 #pragma once
 

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <map>
@@ -127,7 +126,7 @@ struct Optimizer::Impl {
   std::vector<std::pair<std::string, ::torch::Tensor>> aliases;  // a tied tensor's later names
   // Backward passes (contributions) of each group since the last step: gradient_accumulation_steps.
   std::vector<int> passes;
-  int engine_config_accumulation = 1;
+  int accumulation_steps = 1;
   std::vector<int> zest_group;                    // torch param group -> engine optimizer group
   std::unique_ptr<detail::TorchComputeStream> compute;  // cuda: torch's current stream, the engine's compute stream
   std::unique_ptr<detail::ParamResidency> residency;  // stage 3
@@ -310,8 +309,7 @@ void Optimizer::Impl::finish_backward() {
   // its reading of gradient_accumulation_steps count backward passes, so a mismatch is refused.
   const int made = *std::max_element(passes.begin(), passes.end());
   std::fill(passes.begin(), passes.end(), 0);
-  const int expected = engine_config_accumulation;
-  if (made != expected)
+  if (const int expected = accumulation_steps; made != expected)
     throw Error("zest::torch::Optimizer::step: " + std::to_string(made) + " backward pass(es) since the last step, "
                 "but gradient_accumulation_steps is " + std::to_string(expected) + ": call backward " +
                 std::to_string(expected) + " time(s) per step() (each loss divided by " + std::to_string(expected) +
@@ -473,7 +471,7 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   for (std::size_t t = 0; t < s.tensors.size(); ++t) s.members[static_cast<std::size_t>(layer[t])].push_back(t);
   s.handed.assign(s.tensors.size(), 0);
   s.passes.assign(s.members.size(), 0);
-  s.engine_config_accumulation = config.gradient_accumulation_steps;
+  s.accumulation_steps = config.gradient_accumulation_steps;
   s.got_grad.assign(s.tensors.size(), 0);
   for (const auto& tensors_of : s.members) s.waiting.push_back(tensors_of.size());
   for (std::size_t t = 0; t < s.tensors.size(); ++t) {
