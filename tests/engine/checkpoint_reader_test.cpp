@@ -193,6 +193,44 @@ TEST_F(TamperedValues, ANegativeSecondMomentIsRefused) {
   expect_refused_value("rank1.v.bin holds v = -2.000000 for element 61 of tensor 'a', which no save writes (v is finite and not negative)");
 }
 
+// int8 moments: each block's scale is its largest magnitude, so never negative nor non-finite.
+class TamperedInt8 : public TamperedValues {
+ protected:
+  void SetUp() override {
+    ReaderTest::SetUp();
+    m.states = StatesFormat::int8;
+    for (int r = 0; r < 2; ++r)
+      for (const StateKind k : {StateKind::m, StateKind::v}) {
+        const auto& ranges = m.ranks[static_cast<std::size_t>(r)].ranges;
+        std::string bytes;
+        for (const Range& range : ranges) bytes.append(range.hi - range.lo, '\0');  // code 0: value 0
+        for (const Range& range : ranges)
+          for (std::uint64_t b = 0; b < int8_blocks(range.hi - range.lo); ++b) {
+            const float scale = 1.0f;
+            bytes.append(reinterpret_cast<const char*>(&scale), sizeof scale);
+          }
+        ASSERT_EQ(bytes.size(), state_file_bytes(m.states, k, ranges));
+        const std::string name = state_file_name(r, k), path = (fs::path(dir) / name).string();
+        fs::remove(path);
+        FileWriter writer(path, kChunk);
+        writer.append(bytes.data(), bytes.size());
+        writer.finish();
+        m.ranks[static_cast<std::size_t>(r)].files[static_cast<std::size_t>(k)] = {name, writer.bytes(), writer.chunk_crcs()};
+      }
+    write_manifest();
+  }
+};
+
+TEST_F(TamperedInt8, ANegativeOrNonFiniteScaleIsRefused) {
+  ASSERT_TRUE(Reader(dir).verify_all().empty());
+  // Rank 1's files hold 76 codes, then a scale for tensor 0's elements 61.. (float 19 of the file).
+  reseal(1, StateKind::v, 19, -1.0f);
+  expect_refused_value("rank1.v.bin holds the int8 scale -1.000000 for elements from 61 of tensor 'a'");
+  reseal(1, StateKind::v, 19, 1.0f);
+  reseal(1, StateKind::m, 19, std::nanf(""));
+  expect_refused_value("rank1.m.bin holds the int8 scale nan for elements from 61 of tensor 'a'");
+}
+
 TEST_F(TamperedValues, ASubnormalLossScaleIsRefused) {
   write_edited_manifest("loss_scaler 0x1p+0", "loss_scaler 0x1p-1074");
   expect_refused("loss scale");
