@@ -151,16 +151,19 @@ class TamperedValues : public ReaderTest {
   // Rewrites `rank`'s file of `state` with element `at` of the file (in range order) set to x,
   // through the format's writer (fresh chunk checksums) and into the manifest.
   void reseal(int rank, StateKind state, std::size_t at, float x) {
-    const std::string name = state_file_name(rank, state);
-    const std::string path = (fs::path(dir) / name).string();
-    std::string bytes = read_regular_file(path, 1 << 20, "test");
+    std::string bytes = read_regular_file((fs::path(dir) / state_file_name(rank, state)).string(), 1 << 20, "test");
     std::memcpy(bytes.data() + at * sizeof(float), &x, sizeof x);
+    rewrite(rank, state, bytes);
+    write_manifest();
+  }
+  // `rank`'s file of `state` replaced by `bytes`, with fresh chunk checksums in the manifest (unwritten).
+  void rewrite(int rank, StateKind state, const std::string& bytes) {
+    const std::string name = state_file_name(rank, state), path = (fs::path(dir) / name).string();
     fs::remove(path);
     FileWriter writer(path, kChunk);
     writer.append(bytes.data(), bytes.size());
     writer.finish();
     m.ranks[static_cast<std::size_t>(rank)].files[static_cast<std::size_t>(state)] = {name, writer.bytes(), writer.chunk_crcs()};
-    write_manifest();
   }
   void expect_refused_value(const std::string& words) {
     Reader reader(dir);
@@ -210,12 +213,7 @@ class TamperedInt8 : public TamperedValues {
             bytes.append(reinterpret_cast<const char*>(&scale), sizeof scale);
           }
         ASSERT_EQ(bytes.size(), state_file_bytes(m.states, k, ranges));
-        const std::string name = state_file_name(r, k), path = (fs::path(dir) / name).string();
-        fs::remove(path);
-        FileWriter writer(path, kChunk);
-        writer.append(bytes.data(), bytes.size());
-        writer.finish();
-        m.ranks[static_cast<std::size_t>(r)].files[static_cast<std::size_t>(k)] = {name, writer.bytes(), writer.chunk_crcs()};
+        rewrite(r, k, bytes);
       }
     write_manifest();
   }

@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -31,12 +30,15 @@
 #include "engine/optimizer_groups.hpp"
 #include "engine/split_optimizer_states.hpp"
 #include "engine/step_args.hpp"
+#include "opaque_device.hpp"
 #include "optim/adam_reference.hpp"
 #include "optim/states_layout.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {
 namespace {
+
+using test::OpaqueDevice;
 
 const std::vector<ParamSpec> kModel = {{"a", {300}, 0}, {"b", {5, 7}, 0}, {"c", {1000}, 1}, {"e", {700}, 2}};
 
@@ -55,39 +57,6 @@ class RecordingSink final : public HostParamSink {
   void end_update(int group) override { calls.push_back("end " + std::to_string(group)); }
   std::vector<std::string> calls;
   std::vector<std::vector<float>> shards;
-};
-
-// Host memory behind a device that says the host cannot read it (as on cuda); streams and copies
-// are a cpu device's.
-class OpaqueDevice final : public Device {
- public:
-  OpaqueDevice() : Device(std::size_t{64} << 20), inner_(make_cpu_device(std::size_t{64} << 20)) {}
-
-  DeviceType type() const override { return DeviceType::cpu; }
-  std::string name() const override { return "opaque (test)"; }
-  bool host_accessible() const override { return false; }
-  std::unique_ptr<Stream> create_stream() override { return inner_->create_stream(); }
-  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
-  void copy_async(void* dst, const void* src, std::size_t bytes, Stream& stream) override {
-    inner_->copy_async(dst, src, bytes, stream);
-  }
-  void memset_async(void* dst, int value, std::size_t bytes, Stream& stream) override {
-    inner_->memset_async(dst, value, bytes, stream);
-  }
-  void synchronize() override { inner_->synchronize(); }
-
- protected:
-  void* allocate_bytes(std::size_t bytes) override { return std::aligned_alloc(256, round(bytes, 256)); }
-  void free_bytes(void* data, std::size_t) noexcept override { std::free(data); }
-  void* allocate_pinned_bytes(std::size_t bytes, bool& locked) override {
-    locked = false;
-    return std::aligned_alloc(4096, round(bytes, 4096));
-  }
-  void free_pinned_bytes(void* data, std::size_t) noexcept override { std::free(data); }
-
- private:
-  static std::size_t round(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
-  std::unique_ptr<Device> inner_;
 };
 
 // `ratio` < 1: split states (cpu offload of the rest); `sink`: stage 3 with offloaded parameters,
@@ -249,7 +218,7 @@ TEST(DeviceOptimizerStates, CompactStatesTheHostCannotReadPassThroughTheStagingU
     SCOPED_TRACE(states_format_name(format));
     const optim::StatesForm form{format, DType::f32};
     Rig cpu(1.0, false, form);
-    Rig opaque(1.0, false, form, std::make_unique<OpaqueDevice>());
+    Rig opaque(1.0, false, form, std::make_unique<OpaqueDevice>(std::size_t{64} << 20));
     // The shard is several chunks of the staging, whose size is not a multiple of a block.
     ASSERT_GT(opaque.n, 2 * opaque.staging.elements());
     ASSERT_NE(opaque.staging.elements() % optim::kInt8Block, 0u);

@@ -3,11 +3,10 @@
 // The stand-in device is host memory that says it is not host-accessible, so this runs anywhere.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <memory>
 #include <vector>
 
+#include "opaque_device.hpp"
 #include "runtime/local_communicator.hpp"
 #include "trainer.hpp"
 #include "zest/device.hpp"
@@ -15,40 +14,7 @@
 namespace zest {
 namespace {
 
-// Host memory behind a device that claims otherwise; streams and copies are a cpu device's.
-class OpaqueDevice final : public Device {
- public:
-  OpaqueDevice() : Device(std::size_t{256} << 20), inner_(make_cpu_device(std::size_t{256} << 20)) {}
-
-  DeviceType type() const override { return DeviceType::cpu; }
-  std::string name() const override { return "opaque (test)"; }
-  bool host_accessible() const override { return false; }
-  std::unique_ptr<Stream> create_stream() override { return inner_->create_stream(); }
-  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
-  void copy_async(void* dst, const void* src, std::size_t bytes, Stream& stream) override {
-    copies_.fetch_add(1, std::memory_order_relaxed);
-    inner_->copy_async(dst, src, bytes, stream);
-  }
-  void memset_async(void* dst, int value, std::size_t bytes, Stream& stream) override {
-    inner_->memset_async(dst, value, bytes, stream);
-  }
-  void synchronize() override { inner_->synchronize(); }
-  long copies() const { return copies_.load(); }
-
- protected:
-  void* allocate_bytes(std::size_t bytes) override { return std::aligned_alloc(256, round(bytes, 256)); }
-  void free_bytes(void* data, std::size_t) noexcept override { std::free(data); }
-  void* allocate_pinned_bytes(std::size_t bytes, bool& locked) override {
-    locked = false;
-    return std::aligned_alloc(4096, round(bytes, 4096));
-  }
-  void free_pinned_bytes(void* data, std::size_t) noexcept override { std::free(data); }
-
- private:
-  static std::size_t round(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
-  std::unique_ptr<Device> inner_;
-  std::atomic<long> copies_{0};
-};
+using test::OpaqueDevice;
 
 constexpr int kSteps = 4;
 
@@ -75,7 +41,7 @@ class Staging : public testing::TestWithParam<std::tuple<DType, int>> {};
 TEST_P(Staging, TrainsExactlyAsOnTheCpuDevice) {
   const auto [dtype, stage] = GetParam();
   const std::unique_ptr<Device> cpu = make_cpu_device(std::size_t{256} << 20);
-  OpaqueDevice opaque;
+  OpaqueDevice opaque(std::size_t{256} << 20);
   const std::vector<double> expected = losses(*cpu, dtype, stage);
   const std::vector<double> got = losses(opaque, dtype, stage);
   EXPECT_EQ(got, expected);
