@@ -2,7 +2,8 @@
 self-attention and an MLP, a head tied to the token embedding) trained on a local text by
 characters, with zest in place of torch.optim.AdamW:
 
-    mpirun -np 2 python examples/python/gpt.py              # zest, stage 3, 2 ranks (about a minute here)
+    torchrun --nproc_per_node 2 examples/python/gpt.py      # zest, stage 3, 2 ranks (about a minute here)
+    mpirun -np 2 python examples/python/gpt.py              # the same, zest's ranks from MPI
     mpirun -np 2 python examples/python/gpt.py --stage 1 --save ckpt
     mpirun -np 4 python examples/python/gpt.py --load ckpt  # resumes on another rank count
     mpirun -np 2 python examples/python/gpt.py --optimizer adamw-ddp   # the same with torch alone
@@ -134,28 +135,40 @@ def main():
     parser.add_argument("--offload-path", default="", help="a directory for --offload nvme's swap files")
     parser.add_argument("--states", choices=["fp32", "bf16", "int8"], default="fp32",
                         help="zest: how Adam's m and v are stored (optimizer.states, docs/compact-states.md)")
-    parser.add_argument("--log", help="rank 0 writes its loss per step and a summary here (JSON lines)")
+    # --loss-log: the same, for torchrun, whose own parser takes --log as an abbreviation of its options
+    parser.add_argument("--log", "--loss-log", dest="log",
+                        help="rank 0 writes its loss per step and a summary here (JSON lines)")
     parser.add_argument("--json", help="rank 0 writes the run's figures here (median tokens/s, max_memory_allocated)")
     args = parser.parse_args()
     if args.optimizer != "zest" and (args.save or args.load or args.offload != "none" or args.states != "fp32"):
         parser.error(f"--save, --load, --offload and --states are zest's: leave them out with --optimizer {args.optimizer}")
 
-    # mpirun's ranks (one process without it); the same with AdamW, which then trains alone.
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    # torchrun's ranks, or mpirun's (one process without either); the same with AdamW, which then
+    # trains alone.
+    torchrun = "LOCAL_RANK" in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ
+    launcher = {"rank": "RANK", "world": "WORLD_SIZE", "local": "LOCAL_RANK"} if torchrun else \
+        {"rank": "OMPI_COMM_WORLD_RANK", "world": "OMPI_COMM_WORLD_SIZE", "local": "OMPI_COMM_WORLD_LOCAL_RANK"}
+    rank = int(os.environ.get(launcher["rank"], "0"))
+    world = int(os.environ.get(launcher["world"], "1"))
     if args.global_batch % world:
         parser.error(f"--global-batch {args.global_batch} does not split into {world} equal slices")
     if args.optimizer == "torch" and world > 1:
-        parser.error(f"--optimizer torch trains in one process, not {world}: use --optimizer adamw-ddp under mpirun")
+        parser.error(f"--optimizer torch trains in one process, not {world}: use --optimizer adamw-ddp")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     device = torch.device("cpu")
     if args.device == "cuda":
         if not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA GPU visible (torch.cuda.is_available() is False); use --device cpu")
         # One GPU per rank: the rank's place on its host picks it.
-        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+        local = int(os.environ.get(launcher["local"], "0"))
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
+    if torchrun or args.optimizer == "adamw-ddp":
+        # Under torchrun zest takes its ranks from this group, as DDP does; under mpirun zest's are
+        # MPI's, and the group is DDP's alone.
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29518")
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if args.autocast == "bf16"
                 else contextlib.nullcontext())
@@ -196,9 +209,6 @@ def main():
     elif args.optimizer == "torch":
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=fused)
     else:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29518")
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
         trained = nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=fused)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps, eta_min=3e-4)

@@ -30,11 +30,15 @@ struct RuntimeOptions {
   // device.type cuda: where device memory comes from (zest::torch: torch's caching allocator);
   // null: zest's own cache over cudaMalloc.
   std::shared_ptr<DeviceMemorySource> device_memory;
+  // The ranks and their collectives, where the program already has them (zest::torch::
+  // process_group_world: a torch.distributed process group); null: MPI's (mpirun), or a world of one.
+  std::shared_ptr<World> world;
 };
 
 class Runtime {
  public:
-  // Initializes MPI (unless the program already did; then it is left to the program to finalize),
+  // Without RuntimeOptions::world:
+  // initializes MPI (unless the program already did; then it is left to the program to finalize),
   // picks the device by local rank, and builds the communicator the config asks for. In a build
   // without MPI the world is this process alone: comm.backend mpi (or auto on the cpu device) is
   // then the local communicator (collectives over one rank are copies), nccl runs over one rank,
@@ -64,7 +68,7 @@ class Runtime {
 
  private:
 
-  std::unique_ptr<World> world_;
+  std::shared_ptr<World> world_;
   Topology topology_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<Communicator> comm_;

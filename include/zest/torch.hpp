@@ -45,11 +45,13 @@
 // parameter afterwards breaks the aliasing.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -62,6 +64,23 @@
 namespace zest::torch {
 
 using NamedParameters = ::torch::OrderedDict<std::string, ::torch::Tensor>;
+using ProcessGroup = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+// The ranks of a torch.distributed process group as zest's world (RuntimeOptions::world), for a
+// program launched by torchrun (or any env:// launcher) that made the group itself: the ranks are
+// the group's, each rank's host is found through the group's store, and zest's collectives run on
+// the cpu device over duplicates of the group (it needs a cpu backend: gloo), on a cuda device over
+// zest's own NCCL communicator, whose id goes from rank 0 through the group's store. Collective:
+// every rank calls it, in the same order as its other zest uses of the group. `timeout` (0: the
+// store's own) bounds the wait for the other ranks here; the communicators take comm.timeout.
+//
+// zest makes groups of its own over the group's ranks with `make_group` (two per communicator, and
+// per host or per place on a host for hpZ and qgZ's groups): every rank calls it for every group,
+// in the same order, as torch.distributed's new_group must be called; it returns null where this
+// rank is not among `ranks` (ranks of `group`). Empty: `group`'s splitGroup.
+using GroupMaker = std::function<ProcessGroup(const std::vector<int>& ranks)>;
+std::shared_ptr<World> process_group_world(ProcessGroup group, std::chrono::milliseconds timeout = kDefaultCommTimeout,
+                                           GroupMaker make_group = {});
 
 class Optimizer : public ::torch::optim::Optimizer {
  public:
@@ -76,6 +95,12 @@ class Optimizer : public ::torch::optim::Optimizer {
   // hyper-parameters.
   Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
             const Config& config, Runtime* runtime = nullptr);
+  // The same over the ranks of `world` (process_group_world: a torch.distributed process group's)
+  // instead of MPI's: the optimizer makes and owns a Runtime over it. Error where the config's
+  // comm.backend is mpi.
+  Optimizer(const NamedParameters& params, const Config& config, std::shared_ptr<World> world);
+  Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
+            const Config& config, std::shared_ptr<World> world);
   ~Optimizer() override;
 
   // Hands over what backward left, applies the param groups' options, runs the engine's step.
@@ -117,6 +142,8 @@ class Optimizer : public ::torch::optim::Optimizer {
   struct Impl;
 
  private:
+  Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
+            const Config& config, Runtime* runtime, std::shared_ptr<World> world);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -74,9 +74,38 @@ def _check_launcher(world_size):
         return  # not torchrun's
     if world_size == 1 and launched > 1:
         raise Error(
-            f"zest.torch.Optimizer: WORLD_SIZE is {launched} (torchrun?) but MPI sees 1 rank: zest takes "
-            "its ranks from MPI, so every process would train alone; launch with "
-            f"`mpirun -np {launched} python ...` instead of torchrun")
+            f"zest.torch.Optimizer: WORLD_SIZE is {launched} (torchrun?) but zest would take its ranks from MPI "
+            "(torch.distributed is not initialised, or the config's comm.backend is mpi), which sees 1 rank, so every "
+            "process would train alone; call "
+            "torch.distributed.init_process_group(\"gloo\") (\"nccl\" with the model on GPUs) before building the "
+            f"optimizer (or give process_group=), or launch with `mpirun -np {launched} python ...` instead")
+
+
+def _choose_group(process_group, cfg):
+    """The torch.distributed group whose ranks zest takes, or None for MPI's (or a world of one):
+    the group given; else, unless the config's comm.backend is mpi, the initialised default group."""
+    import torch.distributed as dist
+    if process_group is not None:
+        if not isinstance(process_group, dist.ProcessGroup):
+            raise Error(f"zest.torch.Optimizer: process_group is a {type(process_group).__name__}; give a "
+                        "torch.distributed.ProcessGroup (dist.group.WORLD, or one from dist.new_group), or None")
+        return process_group
+    if cfg.comm_backend_mpi or not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.distributed_c10d._get_default_group()
+
+
+def _group_maker(group):
+    """zest's groups over ranks of `group`: what zest's C++ calls, on every rank, for every group
+    it makes (two per communicator, and per host or per place on a host for hpZ and qgZ), in the
+    same order; returns this rank's group's name, or "" where it is not a member. dist.new_group's
+    groups: gloo groups split from one parent (splitGroup) hang after a few are made in torch 2.11."""
+    import torch.distributed as dist
+
+    def new_group(ranks):
+        made = dist.new_group([dist.get_global_rank(group, r) for r in ranks], use_local_synchronization=True)
+        return made.group_name if made not in (None, dist.GroupMember.NON_GROUP_MEMBER) else ""
+    return new_group
 
 
 class _GatherForBackward(torch.autograd.Function):
@@ -175,8 +204,8 @@ NamedParameters = Iterable[Tuple[str, torch.nn.Parameter]]
 
 class Optimizer(torch.optim.Optimizer):
     """zest as a ``torch.optim.Optimizer``: AdamW (or Adam) over zest's engine, which shards
-    optimizer states (stage 1), gradients (2) and parameters (3) across the ranks of
-    ``mpirun -np N python train.py`` and offloads them to host memory or NVMe, as the config says.
+    optimizer states (stage 1), gradients (2) and parameters (3) across the ranks and offloads them
+    to host memory or NVMe, as the config says.
 
         # was: opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
         opt = zest.torch.Optimizer(model, "zest.yaml")   # or a dict: {"stage": 2, "optimizer": {...}}
@@ -197,6 +226,15 @@ class Optimizer(torch.optim.Optimizer):
     so ``torch.cuda.memory_allocated()`` counts it and running out raises ``zest.OutOfMemoryError``,
     a ``torch.cuda.OutOfMemoryError``, and its streams wait for torch's current stream with events).
     Anything that later replaces a parameter's data (``model.to(...)``) breaks the sharing with zest.
+
+    The ranks: those of ``process_group`` if given (a torch.distributed group); else, unless the
+    config's ``comm.backend`` is ``mpi``, those of the initialised default group (``torchrun
+    --nproc_per_node N train.py`` with ``torch.distributed.init_process_group("gloo")`` in the
+    script, or a launcher that does the same, such as Lightning); else MPI's (``mpirun -np N python
+    train.py``); else this process alone. Over a group, zest's collectives on the cpu run on gloo
+    groups of its own split from it (it needs a cpu backend: "gloo", or "cpu:gloo,cuda:nccl"); on a
+    GPU on an NCCL communicator of zest's own whose id goes through the group's store. Checkpoints
+    are the same whichever launcher made them.
 
     ``config`` is a zest YAML file or a dict with the same keys (configs/reference.yaml): stage,
     optimizer (type, lr, betas, eps, weight_decay, param_groups), gradient_clipping,
@@ -234,7 +272,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def __init__(self, model: Union[torch.nn.Module, NamedParameters],
                  config: Union[str, os.PathLike, Mapping], *, average_gradients: bool = True,
-                 trace: Union[str, os.PathLike, None] = None):
+                 trace: Union[str, os.PathLike, None] = None, process_group=None):
         global _atexit_registered
         cfg = _load_config(config)
         if isinstance(model, torch.nn.Module):
@@ -264,15 +302,19 @@ class Optimizer(torch.optim.Optimizer):
                         "give the module (zest.torch.Optimizer(model, config)), not its named_parameters()")
         if trace is not None and os.fspath(trace) == "":
             raise Error("zest.torch.Optimizer: trace='' names no file; give a new file's path, or leave trace out")
-        rank, world = _C.world()
+        group = _choose_group(process_group, cfg)
+        if group is None:
+            _check_launcher(_C.world()[1])  # initializes MPI (a world of one without mpirun)
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
-        _check_launcher(world)
 
-        self._c = _C.Optimizer([(name, p) for name, p in named], cfg, os.fspath(trace) if trace is not None else "")
+        self._c = _C.Optimizer([(name, p) for name, p in named], cfg, os.fspath(trace) if trace is not None else "",
+                               group.group_name if group is not None else "",
+                               _group_maker(group) if group is not None else None)
         self._config = cfg
-        self._rank, self._world_size = rank, world
+        self._rank, self._world_size = self._c.world()
+        world = self._world_size
         self._average = bool(average_gradients)
         if self._average:
             self._c.set_grad_scale(1.0 / world)

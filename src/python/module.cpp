@@ -2,6 +2,7 @@
 // stage-3 holds). The Python parts (torch.optim.Optimizer, module hooks, schedulers) are in
 // python/zest/torch.py; this file only converts.
 #include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
@@ -42,12 +43,30 @@ zest::Runtime& keep_mpi() {
 class PyOptimizer {
  public:
   // `trace`: a new file for the step's trace (empty: none), recorded from here to close().
+  // `group`: the name of the torch.distributed process group whose ranks zest takes (its
+  // group_name; empty: MPI's ranks, or a world of one); `new_group(ranks)` makes zest's own groups
+  // over its ranks (dist.new_group: every rank calls it for every group) and returns the name of
+  // this rank's (empty where it is not a member).
   PyOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named, const zest::Config& config,
-              const std::string& trace) {
-    keep_mpi();
+              const std::string& trace, const std::string& group, py::object new_group) {
     zest::torch::NamedParameters params;
     for (const auto& [name, tensor] : named) params.insert(name, tensor);
-    opt_ = std::make_unique<zest::torch::Optimizer>(params, config);
+    if (group.empty()) {
+      keep_mpi();
+      opt_ = std::make_unique<zest::torch::Optimizer>(params, config);
+    } else {
+      // dist.new_group's groups, not the C++ default (splitGroup): gloo's splits of one parent in
+      // torch 2.11 hang after a few are made, and bind to the address the hostname resolves to,
+      // where new_group's honour GLOO_SOCKET_IFNAME.
+      zest::torch::GroupMaker make_group = [new_group](const std::vector<int>& ranks) -> zest::torch::ProcessGroup {
+        py::gil_scoped_acquire gil;
+        const auto name = new_group(ranks).cast<std::string>();
+        return name.empty() ? zest::torch::ProcessGroup() : c10d::resolve_process_group(name);
+      };
+      opt_ = std::make_unique<zest::torch::Optimizer>(
+          params, config,
+          zest::torch::process_group_world(c10d::resolve_process_group(group), config.comm.timeout, std::move(make_group)));
+    }
     if (!trace.empty()) trace_.emplace(trace, opt_->runtime().comm(), "zest.torch.Optimizer(trace=...)");
   }
 
@@ -109,6 +128,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("gradient_accumulation_steps", &zest::Config::gradient_accumulation_steps)
       .def_readonly("gradient_clipping", &zest::Config::gradient_clipping)
       .def_readonly("source", &zest::Config::source)
+      .def_property_readonly("comm_backend_mpi", [](const zest::Config& c) { return c.comm.backend == zest::CommBackend::mpi; })
       .def("to_yaml", [](const zest::Config& c) { return zest::to_yaml(c); });
   m.def("load_config", [](const std::string& path) { return zest::load_config(path); }, py::arg("path"));
   m.def("parse_config", [](const std::string& text, const std::string& source) {
@@ -126,8 +146,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("hold_for_backward", &zest::torch::hold_for_backward, py::arg("params"));
 
   py::class_<PyOptimizer>(m, "Optimizer")
-      .def(py::init<const std::vector<std::pair<std::string, at::Tensor>>&, const zest::Config&, const std::string&>(),
-           py::arg("named_parameters"), py::arg("config"), py::arg("trace") = "")
+      .def(py::init<const std::vector<std::pair<std::string, at::Tensor>>&, const zest::Config&, const std::string&,
+                    const std::string&, py::object>(),
+           py::arg("named_parameters"), py::arg("config"), py::arg("trace") = "", py::arg("group") = "",
+           py::arg("new_group") = py::none())
       .def("close", &PyOptimizer::close)
       .def("group_count", [](PyOptimizer& o) { return o.get().param_groups().size(); })
       .def("group_params", [](PyOptimizer& o, std::size_t g) {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/collective_call.hpp"
 #include "runtime/half.hpp"
 #include "runtime/mpi_check.hpp"
 #include "zest/error.hpp"
@@ -34,26 +35,11 @@ void reduce_16bit(void* in, void* inout, int* length, MPI_Datatype* /*type*/) {
   }
 }
 
-const char* op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
-
 std::byte* at(void* base, std::size_t elements, std::size_t element_size) {
   return static_cast<std::byte*>(base) + elements * element_size;
 }
 const std::byte* at(const void* base, std::size_t elements, std::size_t element_size) {
   return static_cast<const std::byte*>(base) + elements * element_size;
-}
-
-bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
-  const auto a0 = reinterpret_cast<std::uintptr_t>(a);
-  const auto b0 = reinterpret_cast<std::uintptr_t>(b);
-  return a_bytes != 0 && b_bytes != 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes;
-}
-
-std::string null_buffer_message(const char* what, std::size_t count) {
-  std::string message(what);
-  message.append(": a buffer is null while count is ").append(std::to_string(count));
-  message.append(" (pass device buffers, or count 0)");
-  return message;
 }
 
 // Calls f(offset, n) over [0, count) in pieces of at most max_chunk elements.
@@ -181,97 +167,29 @@ MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-const char* MpiCommunicator::kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::all_reduce:
-      return "all_reduce";
-    case Kind::reduce_scatter:
-      return "reduce_scatter";
-    case Kind::all_gather:
-      return "all_gather";
-    case Kind::broadcast:
-      return "broadcast";
-    case Kind::all_to_all:
-      return "all_to_all";
-    case Kind::all_reduce_host_double:
-      return "all_reduce_host(double)";
-    case Kind::all_reduce_host_int64:
-      return "all_reduce_host(int64)";
-  }
-  return "?";
-}
-
 void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                                  ReduceOp op, Stream& stream) {
-  Call call{Kind::all_reduce, send, recv, count, dtype, op, 0, {}};
-  const std::size_t bytes = count * dtype_size(dtype);
-  if (count != 0 && (send == nullptr || recv == nullptr))
-    call.invalid = null_buffer_message("all_reduce", count);
-  else if (send != recv && overlap(send, bytes, recv, bytes))
-    call.invalid =
-        "all_reduce: send and recv overlap without being the same buffer; pass "
-        "send == recv to reduce in place";
-  enqueue(std::move(call), stream);
+  enqueue(all_reduce_call(send, recv, count, dtype, op), stream);
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
                                      DType dtype, ReduceOp op, Stream& stream) {
-  Call call{Kind::reduce_scatter, send, recv, recv_count, dtype, op, 0, {}};
-  const std::size_t element = dtype_size(dtype);
-  if (recv_count != 0) {
-    const std::size_t send_bytes = static_cast<std::size_t>(size_) * recv_count * element;
-    if (send == nullptr || recv == nullptr)
-      call.invalid = null_buffer_message("reduce_scatter", recv_count);
-    else if (recv != at(send, static_cast<std::size_t>(rank_) * recv_count, element) &&
-             overlap(send, send_bytes, recv, recv_count * element))
-      call.invalid =
-          "reduce_scatter: recv overlaps send without being this rank's block of it "
-          "(send + rank() * recv_count elements); pass separate buffers or that block";
-  }
-  enqueue(std::move(call), stream);
+  enqueue(reduce_scatter_call(send, recv, recv_count, dtype, op, rank_, size_), stream);
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t send_count, DType dtype,
                                  Stream& stream) {
-  Call call{Kind::all_gather, send, recv, send_count, dtype, ReduceOp::sum, 0, {}};
-  const std::size_t element = dtype_size(dtype);
-  if (send_count != 0) {
-    const std::size_t recv_bytes = static_cast<std::size_t>(size_) * send_count * element;
-    if (send == nullptr || recv == nullptr)
-      call.invalid = null_buffer_message("all_gather", send_count);
-    else if (send != at(recv, static_cast<std::size_t>(rank_) * send_count, element) &&
-             overlap(send, send_count * element, recv, recv_bytes))
-      call.invalid =
-          "all_gather: send overlaps recv without being this rank's block of it "
-          "(recv + rank() * send_count elements); pass separate buffers or that block";
-  }
-  enqueue(std::move(call), stream);
+  enqueue(all_gather_call(send, recv, send_count, dtype, rank_, size_), stream);
 }
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype,
                                  Stream& stream) {
-  Call call{Kind::all_to_all, send, recv, count, dtype, ReduceOp::sum, 0, {}};
-  const std::size_t bytes = static_cast<std::size_t>(size_) * count * dtype_size(dtype);
-  if (count != 0 && (send == nullptr || recv == nullptr))
-    call.invalid = null_buffer_message("all_to_all", count);
-  else if (overlap(send, bytes, recv, bytes))
-    call.invalid =
-        "all_to_all: send and recv overlap (an all-to-all has no in-place form: a rank's block would "
-        "be overwritten before it is sent); pass separate buffers";
-  enqueue(std::move(call), stream);
+  enqueue(all_to_all_call(send, recv, count, dtype, size_), stream);
 }
 
 void MpiCommunicator::broadcast(void* buffer, std::size_t count, DType dtype, int root,
                                 Stream& stream) {
-  Call call{Kind::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root, {}};
-  if (root < 0 || root >= size_) {
-    call.invalid = "broadcast: root ";
-    call.invalid.append(std::to_string(root)).append(" is not a rank (the communicator has ");
-    call.invalid.append(std::to_string(size_)).append(" ranks)");
-  } else if (count != 0 && buffer == nullptr) {
-    call.invalid = null_buffer_message("broadcast", count);
-  }
-  enqueue(std::move(call), stream);
+  enqueue(broadcast_call(buffer, count, dtype, root, size_), stream);
 }
 
 void MpiCommunicator::barrier() {
@@ -283,23 +201,19 @@ void MpiCommunicator::barrier() {
 }
 
 void MpiCommunicator::all_reduce_host(std::span<double> values, ReduceOp op) {
-  run_host_all_reduce({Kind::all_reduce_host_double, values.data(), values.data(), values.size(),
-                       DType::f32, op, 0, {}},
-                      MPI_DOUBLE);
+  run_host_all_reduce(
+      host_all_reduce_call(CollectiveKind::all_reduce_host_double, values.data(), values.size(), op), MPI_DOUBLE);
 }
 
 void MpiCommunicator::all_reduce_host(std::span<std::int64_t> values, ReduceOp op) {
-  run_host_all_reduce({Kind::all_reduce_host_int64, values.data(), values.data(), values.size(),
-                       DType::f32, op, 0, {}},
-                      MPI_INT64_T);
+  run_host_all_reduce(
+      host_all_reduce_call(CollectiveKind::all_reduce_host_int64, values.data(), values.size(), op), MPI_INT64_T);
 }
 
-void MpiCommunicator::run_host_all_reduce(Call call, MPI_Datatype type) {
-  if (call.count != 0 && call.recv == nullptr)
-    call.invalid = null_buffer_message(kind_name(call.kind), call.count);
+void MpiCommunicator::run_host_all_reduce(const CollectiveCall& call, MPI_Datatype type) {
   // On the caller's thread, as barrier(): bounded by the watchdog in the same lane.
   const CollectiveWatchdog::Operation operation =
-      watchdog_->begin(CollectiveWatchdog::Lane::barrier, kind_name(call.kind));
+      watchdog_->begin(CollectiveWatchdog::Lane::barrier, collective_kind_name(call.kind));
   agree(call, false, host_comm_, operation, host_agreement_);
   const int element = type == MPI_DOUBLE ? sizeof(double) : sizeof(std::int64_t);
   const MPI_Op op = call.op == ReduceOp::max ? MPI_MAX : MPI_SUM;
@@ -310,15 +224,15 @@ void MpiCommunicator::run_host_all_reduce(Call call, MPI_Datatype type) {
   });
 }
 
-void MpiCommunicator::enqueue(Call call, Stream& stream) {
+void MpiCommunicator::enqueue(CollectiveCall call, Stream& stream) {
   // In lockstep: a rank whose stream already failed still reaches the agreement, so that every
   // rank raises instead of waiting for it.
   stream.lockstep_task([this, call = std::move(call)](bool stream_failed) { run(call, stream_failed); });
 }
 
-void MpiCommunicator::run(const Call& call, bool stream_failed) {
+void MpiCommunicator::run(const CollectiveCall& call, bool stream_failed) {
   const CollectiveWatchdog::Operation operation =
-      watchdog_->begin(CollectiveWatchdog::Lane::collective, kind_name(call.kind));
+      watchdog_->begin(CollectiveWatchdog::Lane::collective, collective_kind_name(call.kind));
   collective_ = &operation;
   // collective_ points into this frame: cleared on every way out, so it never dangles.
   struct Clear {
@@ -328,104 +242,39 @@ void MpiCommunicator::run(const Call& call, bool stream_failed) {
   agree(call, stream_failed, comm_, operation, agreement_);
   if (call.count == 0) return;
   switch (call.kind) {
-    case Kind::all_reduce:
+    case CollectiveKind::all_reduce:
       run_all_reduce(call);
       break;
-    case Kind::reduce_scatter:
+    case CollectiveKind::reduce_scatter:
       run_reduce_scatter(call);
       break;
-    case Kind::all_gather:
+    case CollectiveKind::all_gather:
       run_all_gather(call);
       break;
-    case Kind::broadcast:
+    case CollectiveKind::broadcast:
       run_broadcast(call);
       break;
-    case Kind::all_to_all:
+    case CollectiveKind::all_to_all:
       run_all_to_all(call);
       break;
-    case Kind::all_reduce_host_double:
-    case Kind::all_reduce_host_int64:
+    case CollectiveKind::all_reduce_host_double:
+    case CollectiveKind::all_reduce_host_int64:
       break;  // never enqueued: run on the caller's thread by run_host_all_reduce
   }
 }
 
-// One MPI_MAX over the signature and its negation gives every rank the max and the min of each
-// field; equal min and max means every rank asked for the same thing.
-void MpiCommunicator::agree(const Call& call, bool stream_failed, MPI_Comm comm,
+void MpiCommunicator::agree(const CollectiveCall& call, bool stream_failed, MPI_Comm comm,
                             const CollectiveWatchdog::Operation& operation, std::int64_t* extremes) {
-  enum Field { kind, count, dtype, op, root, invalid_rank, failed_rank, kFields };
-  const bool reduces =
-      call.kind != Kind::all_gather && call.kind != Kind::broadcast && call.kind != Kind::all_to_all;
-  std::int64_t signature[kFields] = {
-      static_cast<std::int64_t>(call.kind),
-      static_cast<std::int64_t>(call.count),
-      static_cast<std::int64_t>(call.dtype),
-      reduces ? static_cast<std::int64_t>(call.op) : 0,
-      call.kind == Kind::broadcast ? call.root : 0,
-      call.invalid.empty() ? -1 : rank_,
-      stream_failed ? rank_ : -1,
-  };
-  static_assert(2 * kFields <= sizeof agreement_ / sizeof agreement_[0]);
-  for (int i = 0; i < kFields; ++i) {
-    extremes[i] = signature[i];
-    extremes[kFields + i] = -signature[i];
-  }
+  const AgreementValues values = agreement_values(call, rank_, stream_failed);
+  std::copy(values.begin(), values.end(), extremes);
   MPI_Request request = MPI_REQUEST_NULL;
-  ZEST_MPI_CHECK(
-      MPI_Iallreduce(MPI_IN_PLACE, extremes, 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &request));
+  ZEST_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, extremes, static_cast<int>(values.size()), MPI_INT64_T, MPI_MAX,
+                                comm, &request));
   watchdog_->wait(request, operation);
-  const auto max = [&](Field f) { return extremes[f]; };
-  const auto min = [&](Field f) { return -extremes[kFields + f]; };
-
-  std::string message = kind_name(call.kind);
-  if (max(failed_rank) >= 0) {
-    // The failed rank's stream keeps its own first error; this one reaches the others.
-    message.append(": rank ").append(std::to_string(max(failed_rank)));
-    message.append("'s stream failed before this collective (its own error says why); no rank moved data");
-    throw CommError(message);
-  }
-  if (!call.invalid.empty()) throw CommError(call.invalid);
-  if (max(invalid_rank) >= 0) {
-    message.append(": rank ").append(std::to_string(max(invalid_rank)));
-    message.append(" passed invalid arguments (its own error says which); no rank moved data");
-    throw CommError(message);
-  }
-  if (min(kind) != max(kind)) {
-    message.append(": ranks disagree on the collective: ");
-    message.append(kind_name(static_cast<Kind>(min(kind)))).append(" on some ranks, ");
-    message.append(kind_name(static_cast<Kind>(max(kind)))).append(" on others");
-    message.append(" (every rank must issue the same collectives in the same order)");
-    throw CommError(message);
-  }
-  if (min(count) != max(count)) {
-    message.append(": ranks disagree on count: min ").append(std::to_string(min(count)));
-    message.append(", max ").append(std::to_string(max(count)));
-    message.append(" (every rank must pass the same count; pad in the caller)");
-    throw CommError(message);
-  }
-  if (min(dtype) != max(dtype)) {
-    message.append(": ranks disagree on dtype: ");
-    message.append(dtype_name(static_cast<DType>(min(dtype)))).append(" on some ranks, ");
-    message.append(dtype_name(static_cast<DType>(max(dtype)))).append(" on others");
-    message.append(" (every rank must pass the same dtype)");
-    throw CommError(message);
-  }
-  if (min(op) != max(op)) {
-    message.append(": ranks disagree on the reduce op: ");
-    message.append(op_name(static_cast<ReduceOp>(min(op)))).append(" on some ranks, ");
-    message.append(op_name(static_cast<ReduceOp>(max(op)))).append(" on others");
-    message.append(" (every rank must pass the same op)");
-    throw CommError(message);
-  }
-  if (min(root) != max(root)) {
-    message.append(": ranks disagree on root: min ").append(std::to_string(min(root)));
-    message.append(", max ").append(std::to_string(max(root)));
-    message.append(" (every rank must pass the same root)");
-    throw CommError(message);
-  }
+  check_agreement(call, extremes);
 }
 
-void MpiCommunicator::run_all_reduce(const Call& call) {
+void MpiCommunicator::run_all_reduce(const CollectiveCall& call) {
   const std::size_t element = dtype_size(call.dtype);
   const bool in_place = call.send == call.recv;
   const MPI_Datatype type = mpi_type(call.dtype);
@@ -440,11 +289,10 @@ void MpiCommunicator::run_all_reduce(const Call& call) {
   });
 }
 
-void MpiCommunicator::run_reduce_scatter(const Call& call) {
+void MpiCommunicator::run_reduce_scatter(const CollectiveCall& call) {
   const std::size_t element = dtype_size(call.dtype);
   const std::size_t count = call.count;
-  const bool in_place =
-      call.recv == at(call.send, static_cast<std::size_t>(rank_) * count, element);
+  const bool in_place = reduce_scatter_in_place(call, rank_);
   const MPI_Datatype type = mpi_type(call.dtype);
   const MPI_Op op = mpi_op(call.dtype, call.op);
   if (!in_place && count <= max_chunk_) {
@@ -474,11 +322,11 @@ void MpiCommunicator::run_reduce_scatter(const Call& call) {
   });
 }
 
-void MpiCommunicator::run_all_gather(const Call& call) {
+void MpiCommunicator::run_all_gather(const CollectiveCall& call) {
   const std::size_t element = dtype_size(call.dtype);
   const std::size_t count = call.count;
   std::byte* own_block = at(call.recv, static_cast<std::size_t>(rank_) * count, element);
-  const bool in_place = call.send == own_block;
+  const bool in_place = all_gather_in_place(call, rank_);
   const MPI_Datatype type = mpi_type(call.dtype);
   if (count <= max_chunk_) {
     const void* send = in_place ? MPI_IN_PLACE : call.send;
@@ -503,7 +351,7 @@ void MpiCommunicator::run_all_gather(const Call& call) {
   });
 }
 
-void MpiCommunicator::run_broadcast(const Call& call) {
+void MpiCommunicator::run_broadcast(const CollectiveCall& call) {
   const std::size_t element = dtype_size(call.dtype);
   const MPI_Datatype type = mpi_type(call.dtype);
   for_each_chunk(call.count, max_chunk_, [&](std::size_t offset, int n) {
@@ -514,7 +362,7 @@ void MpiCommunicator::run_broadcast(const Call& call) {
   });
 }
 
-void MpiCommunicator::run_all_to_all(const Call& call) {
+void MpiCommunicator::run_all_to_all(const CollectiveCall& call) {
   const std::size_t element = dtype_size(call.dtype);
   const std::size_t count = call.count;
   const MPI_Datatype type = mpi_type(call.dtype);

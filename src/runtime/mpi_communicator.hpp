@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/collective_call.hpp"
 #include "runtime/collective_watchdog.hpp"
 #include "runtime/mpi_session.hpp"
 #include "zest/base_types.hpp"
@@ -88,42 +89,21 @@ class MpiCommunicator final : public Communicator {
   std::uint64_t mpi_calls_issued() const { return mpi_calls_.load(std::memory_order_relaxed); }
 
  private:
-  enum class Kind : std::int64_t {
-    all_reduce,
-    reduce_scatter,
-    all_gather,
-    broadcast,
-    all_to_all,
-    all_reduce_host_double,
-    all_reduce_host_int64
-  };
-  struct Call {
-    Kind kind;
-    const void* send;
-    void* recv;
-    std::size_t count;
-    DType dtype;
-    ReduceOp op;
-    int root;
-    std::string invalid;  // why this rank's arguments are unusable; empty when they are fine
-  };
-
-  static const char* kind_name(Kind kind);
-  void enqueue(Call call, Stream& stream);
-  void run(const Call& call, bool stream_failed);
+  void enqueue(CollectiveCall call, Stream& stream);
+  void run(const CollectiveCall& call, bool stream_failed);
   // Every rank's call must match, and no rank's arguments or stream (`stream_failed`: an earlier
   // task on it threw) may have failed: else every rank throws CommError, and none moves data.
   // Agreed on `comm` under the watchdog's `operation`, in `extremes` (16 values): comm_ and
   // agreement_ for the stream collectives, host_comm_ and host_agreement_ for the host ones.
-  void agree(const Call& call, bool stream_failed, MPI_Comm comm, const CollectiveWatchdog::Operation& operation,
+  void agree(const CollectiveCall& call, bool stream_failed, MPI_Comm comm, const CollectiveWatchdog::Operation& operation,
              std::int64_t* extremes);
   // all_reduce_host: agreed and run on the calling thread, over host_comm_.
-  void run_host_all_reduce(Call call, MPI_Datatype type);
-  void run_all_reduce(const Call& call);
-  void run_reduce_scatter(const Call& call);
-  void run_all_gather(const Call& call);
-  void run_broadcast(const Call& call);
-  void run_all_to_all(const Call& call);
+  void run_host_all_reduce(const CollectiveCall& call, MPI_Datatype type);
+  void run_all_reduce(const CollectiveCall& call);
+  void run_reduce_scatter(const CollectiveCall& call);
+  void run_all_gather(const CollectiveCall& call);
+  void run_broadcast(const CollectiveCall& call);
+  void run_all_to_all(const CollectiveCall& call);
   // A communicator over `split` (a split of host_comm_), which it duplicates; frees `split`.
   std::unique_ptr<Communicator> over_split(MPI_Comm split);
   MPI_Datatype mpi_type(DType dtype) const;

@@ -36,9 +36,10 @@ void check_rank_cpus(const std::vector<int>& cpus) {
 Runtime::Runtime(const Config& config) : Runtime(config, RuntimeOptions{}) {}
 
 Runtime::Runtime(const Config& config, std::vector<int> cpus)
-    : Runtime(config, (check_rank_cpus(cpus), RuntimeOptions{std::move(cpus), -1, nullptr})) {}
+    : Runtime(config, (check_rank_cpus(cpus), RuntimeOptions{std::move(cpus), -1, nullptr, nullptr})) {}
 
-Runtime::Runtime(const Config& config, RuntimeOptions options) : world_(make_world()), topology_(Topology::detect()) {
+Runtime::Runtime(const Config& config, RuntimeOptions options)
+    : world_(options.world ? std::move(options.world) : make_world()), topology_(Topology::detect()) {
   const int ordinal = options.cuda_ordinal >= 0 ? options.cuda_ordinal : world_->local_rank();
   if (!options.cpus.empty()) check_rank_cpus(options.cpus);
   cpus_ = !options.cpus.empty()

@@ -17,6 +17,7 @@
 #include "base/trace.hpp"
 #include "torch/cuda_tensors.hpp"
 #include "torch/param_residency.hpp"
+#include "torch/process_group.hpp"
 #include "zest/error.hpp"
 #include "zest/torch.hpp"
 
@@ -316,11 +317,27 @@ void Optimizer::Impl::finish_backward() {
                 "), or set gradient_accumulation_steps to the number of micro-batches");
 }
 
+std::shared_ptr<World> process_group_world(ProcessGroup group, std::chrono::milliseconds timeout,
+                                           GroupMaker make_group) {
+  return detail::make_process_group_world(std::move(group), timeout, std::move(make_group));
+}
+
 Optimizer::Optimizer(const NamedParameters& params, const Config& config, Runtime* runtime)
-    : Optimizer(params, {}, config, runtime) {}
+    : Optimizer(params, {}, config, runtime, {}) {}
 
 Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
                      const Config& config, Runtime* runtime)
+    : Optimizer(params, std::move(groups), config, runtime, {}) {}
+
+Optimizer::Optimizer(const NamedParameters& params, const Config& config, std::shared_ptr<World> world)
+    : Optimizer(params, {}, config, nullptr, std::move(world)) {}
+
+Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
+                     const Config& config, std::shared_ptr<World> world)
+    : Optimizer(params, std::move(groups), config, nullptr, std::move(world)) {}
+
+Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
+                     const Config& config, Runtime* runtime, std::shared_ptr<World> world)
     : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{}, std::make_unique<::torch::optim::AdamWOptions>(config.optimizer.lr)),
       impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
@@ -376,6 +393,13 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
                 detail::cuda_tensors_unavailable());
   if (!runtime) {
     RuntimeOptions options;
+    if (world) {
+      if (config.comm.backend == CommBackend::mpi)
+        throw Error("zest::torch::Optimizer: a torch.distributed process group was given, but the config's "
+                    "comm.backend is mpi; set comm.backend auto (or nccl on a GPU) to use the group, or give no group "
+                    "to use MPI");
+      options.world = std::move(world);
+    }
     if (where.is_cuda()) {
       options.cuda_ordinal = where.index();
       options.device_memory = detail::torch_cuda_memory(where.index());

@@ -1,7 +1,9 @@
-"""Shared ground of the Python package's tests. They run under mpirun (tests/python/run_tests.sh):
-every rank runs every test in the same order, and zest's ranks are MPI's. The references are
-torch's own: torch.optim.AdamW under DistributedDataParallel on a gloo group made in the same
-processes (MASTER_ADDR/MASTER_PORT from the launcher).
+"""Shared ground of the Python package's tests. They run under torchrun and under mpirun
+(tests/python/run_tests.sh): every rank runs every test in the same order. The references are
+torch's own: torch.optim.AdamW under DistributedDataParallel on the default gloo group, made here
+(MASTER_ADDR/MASTER_PORT from the launcher). Under torchrun zest takes its ranks from that group
+(its own choice: the initialised default group); under mpirun the runs pin zest to MPI (below), so
+that the same suite proves both.
 
 Every test case runs on each device (the `device` fixture): the cpu always, and CUDA where a GPU is
 visible in a world of one (scripts/gpu-kit run runs pytest there without mpirun); elsewhere the
@@ -18,8 +20,17 @@ import zest.torch  # noqa: F401  (zest first: MPI initialized before gloo's sock
 
 torch.set_num_threads(1)  # up to 4 ranks on 2 cores
 
-RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+UNDER_MPIRUN = "OMPI_COMM_WORLD_SIZE" in os.environ
+RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+LAUNCHER = "mpirun" if UNDER_MPIRUN else "torchrun"
+
+if UNDER_MPIRUN:
+    # zest's own choice would take the references' default group, initialised below; the mpirun
+    # runs are there to prove zest over MPI, so they pin it to MPI as comm.backend: mpi would
+    # (test_launch.py tests the choice itself).
+    _choose = zest.torch._choose_group
+    zest.torch._choose_group = lambda process_group, cfg: _choose(process_group, cfg) if process_group else None
 
 
 def _cuda_skip_reason():
@@ -60,9 +71,10 @@ def pytest_runtest_setup(item):
             f.write(f"{item.nodeid}\n{item.path}\n")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def ddp():
-    """The gloo process group of the reference, the same ranks as zest's."""
+    """The gloo process group of the reference, the same ranks as zest's: made before any test,
+    so that under torchrun every zest optimizer finds it."""
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
@@ -73,7 +85,10 @@ def ddp():
                 s.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
         dist.init_process_group("gloo", rank=RANK, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
-    return dist.group.WORLD
+    yield dist.group.WORLD
+    # Every rank ends here together; a group left to the interpreter's exit sometimes hung it there.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")
