@@ -6,8 +6,10 @@
 # directory in BUILD_DIR/python-build so that a rerun rebuilds only what changed, then runs pytest
 # under mpirun at 2, 4 and 1 ranks (-rs: each skipped case's reason, such as the cuda cases' where no
 # GPU is visible or the world is larger than one). The three runs share one directory: each resumes the
-# checkpoint the previous one saved (2 -> 2, 2 -> 4, 4 -> 1 ranks). Last, README's example
-# (examples/python/gpt.py, smaller and shorter) saves at 2 ranks and resumes at 1.
+# checkpoint the previous one saved (2 -> 2, 2 -> 4, 4 -> 1 ranks). Then the equality suite and
+# test_launch.py under torchrun at 2, 4 and 1 ranks (zest over the default gloo group), and gpt.py
+# under torchrun and mpirun with the same losses bit for bit; README's example (examples/python/gpt.py,
+# smaller and shorter) saves at 2 ranks and resumes at 1; last, zest.lightning's checks.
 set -euo pipefail
 src=$1 build=$2 python=$3 mpirun=$4
 
@@ -37,6 +39,37 @@ for np in 2 4 1; do
   cat "$shared/pytest-np$np-rank0.log"
   previous=$np
 done
+
+# The equality suite and the choice of ranks under torchrun: zest takes the ranks of the default
+# gloo group conftest makes (torchrun's env://); each run resumes nothing (no checkpoint files).
+torchrun=$(dirname "$python")/torchrun
+for np in 2 4 1; do
+  echo "== torchrun, $np ranks"
+  rdzv=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  (cd "$src/tests/python" && ZEST_TEST_RESUME_FROM=$np timeout 600 "$torchrun" --nproc_per_node "$np" \
+     --master_addr 127.0.0.1 --master_port "$rdzv" --log-dir "$shared/torchrun-np$np" --redirects 3 \
+     -m pytest -q -rs -p no:cacheprovider --color=no -o console_output_style=classic \
+     test_equivalence.py test_launch.py) || {
+      find "$shared/torchrun-np$np" -name '*.log' -exec sh -c 'echo "--- $1"; cat "$1"' _ {} \;
+      exit 1
+    }
+  cat "$(find "$shared/torchrun-np$np" -path '*/0/stdout.log' | head -1)"
+done
+
+echo "== examples/python/gpt.py under torchrun and under mpirun, 2 ranks: the same losses, bit for bit"
+MASTER_PORT=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+timeout 300 "$torchrun" --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$MASTER_PORT" \
+  "$src/examples/python/gpt.py" --context 32 --embed 32 --layers 2 --global-batch 8 --steps 10 \
+  --loss-log "$shared/gpt-torchrun.jsonl" > /dev/null
+"$mpirun" --oversubscribe --bind-to none -np 2 -x PYTHONPATH "$python" "$src/examples/python/gpt.py" \
+  --context 32 --embed 32 --layers 2 --global-batch 8 --steps 10 --log "$shared/gpt-mpirun.jsonl" > /dev/null
+"$python" - "$shared" <<'PY'
+import json, sys
+losses = {name: [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/gpt-{name}.jsonl") if '"loss"' in l]
+          for name in ("torchrun", "mpirun")}
+assert len(losses["torchrun"]) == 10 and losses["torchrun"] == losses["mpirun"], losses
+print("torchrun and mpirun: the same 10 losses, bit for bit")
+PY
 
 echo "== examples/python/gpt.py: 2 ranks, stage 3, saved; resumed on 1 rank at stage 1"
 gpt=("$python" "$src/examples/python/gpt.py" --context 32 --embed 32 --layers 2 --global-batch 8)
@@ -74,3 +107,11 @@ assert losses["zest"][-1] < losses["zest"][0] - 0.5, "the example did not learn"
 assert summary["tokens_per_second_per_rank"] > 0 and summary["peak_rss_bytes"] > 0 and summary["ranks"] == 2, summary
 print(f"the loss curves agree within {worst:.1e} over 20 steps")
 PY
+
+echo "== zest.lightning: every zest strategy against strategy=\"ddp\" + AdamW at 2 devices; a checkpoint resumed on 1"
+# Lightning starts its ranks itself (checks.py launches tests/python/lightning/train.py), so these
+# checks run outside mpirun and torchrun, without the launchers' variables, and without the suite's
+# conftest (--confcutdir), whose process group is the launchers'.
+(unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK ZEST_TEST_RESUME_FROM
+ timeout 600 "$python" -m pytest -q -rs -p no:cacheprovider --color=no -o console_output_style=classic \
+   --confcutdir "$src/tests/python/lightning" --basetemp "$shared/lightning" "$src/tests/python/lightning/checks.py")
