@@ -40,20 +40,22 @@ for np in 2 4 1; do
   previous=$np
 done
 
-# The equality suite and the choice of ranks under torchrun: zest takes the ranks of the default
-# gloo group conftest makes (torchrun's env://); each run resumes nothing (no checkpoint files).
+# The equality suite, compact states and the choice of ranks under torchrun: zest takes the ranks
+# of the default gloo group conftest makes (torchrun's env://). The checkpoints chain on: the first
+# torchrun run (2 ranks) resumes the one mpirun's last run saved (1 rank), and so on (2 -> 4 -> 1).
 torchrun=$(dirname "$python")/torchrun
 for np in 2 4 1; do
-  echo "== torchrun, $np ranks"
+  echo "== torchrun, $np ranks (resuming the checkpoint of $previous ranks)"
   rdzv=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  (cd "$src/tests/python" && ZEST_TEST_RESUME_FROM=$np timeout 600 "$torchrun" --nproc_per_node "$np" \
+  (cd "$src/tests/python" && ZEST_TEST_RESUME_FROM=$previous timeout 600 "$torchrun" --nproc_per_node "$np" \
      --master_addr 127.0.0.1 --master_port "$rdzv" --log-dir "$shared/torchrun-np$np" --redirects 3 \
      -m pytest -q -rs -p no:cacheprovider --color=no -o console_output_style=classic \
-     test_equivalence.py test_launch.py) || {
+     test_equivalence.py test_compact_states.py test_launch.py) || {
       find "$shared/torchrun-np$np" -name '*.log' -exec sh -c 'echo "--- $1"; cat "$1"' _ {} \;
       exit 1
     }
   cat "$(find "$shared/torchrun-np$np" -path '*/0/stdout.log' | head -1)"
+  previous=$np
 done
 
 echo "== examples/python/gpt.py under torchrun and under mpirun, 2 ranks: the same losses, bit for bit"
