@@ -114,14 +114,15 @@ __global__ void __launch_bounds__(kThreads) int8_states_adam(Table table, optim:
       t.m_scale[block] = m_scale;
       t.v_scale[block] = v_scale;
     }
+    const optim::BlockReciprocal m_r = optim::block_reciprocal(m_scale), v_r = optim::block_reciprocal(v_scale);
     for (int k = 0; k < 2; ++k) {
       const std::int64_t j = first + lane + k * kWarp;
       if (j >= end) continue;
       const std::uint32_t m_byte = optim::dynamic_encode_magnitude<float, std::uint32_t>(
-          codes.m, magnitude(m_new[k]) / m_scale, optim::ScalarCodeOps{});
+          codes.m, magnitude(m_new[k]) * m_r.pre * m_r.inv, optim::ScalarCodeOps{});
       qm[j] = static_cast<std::uint8_t>(optim::signed_code_byte<std::uint32_t>(float_bits(m_new[k]), m_byte));
       qv[j] = static_cast<std::uint8_t>(optim::dynamic_encode_magnitude<float, std::uint32_t>(
-          codes.v, magnitude(v_new[k]) / v_scale, optim::ScalarCodeOps{}));
+          codes.v, magnitude(v_new[k]) * v_r.pre * v_r.inv, optim::ScalarCodeOps{}));
     }
   }
 }

@@ -132,21 +132,21 @@ struct Int8Decoder<256> {
   }
 };
 
-// The byte nearest to a in closed form (DynamicCode::decade_slope) without gathers, equal to the
-// binary search dynamic_encode_magnitude on every float: dynamic_encode_from_guess's one exact
-// comparison decides.
+// The byte nearest to a in closed form (DynamicCode::decade_slope), equal to the binary search
+// dynamic_encode_magnitude on every float: dynamic_encode_from_guess's one exact comparison decides.
+// Only the few vectors with a lane near a boundary read midpoints, with a gather: holding the table
+// in registers (8 or 16 of them) cost more in loads and spills at every block than the gathers do.
 template <std::uint32_t N>
 struct Int8Encoder {
-  __m512 midpoints[N / 16];
+  const float* midpoints;
   __m512 key_low, key_high, slope, offset, band;
   explicit Int8Encoder(const DynamicCode& code)
-      : key_low(_mm512_loadu_ps(code.binade_key)),
+      : midpoints(code.midpoints),
+        key_low(_mm512_loadu_ps(code.binade_key)),
         key_high(_mm512_loadu_ps(code.binade_key + 16)),
         slope(_mm512_loadu_ps(code.decade_slope)),
         offset(_mm512_loadu_ps(code.decade_offset)),
-        band(_mm512_set1_ps(code.guess_band)) {
-    load_table<N>(code.midpoints, midpoints);
-  }
+        band(_mm512_set1_ps(code.guess_band)) {}
   VecU encode(VecF a) const {
     // The decade from the binade (DynamicCode::binade_key): one table read, one comparison.
     const __m512i field = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23), _mm512_set1_epi32(96));
@@ -165,8 +165,7 @@ struct Int8Encoder {
     if (__builtin_expect(near == 0, 1)) return __builtin_bit_cast(VecU, guess);
     // g <= N - 2 for the table; a lane at N - 1 is not near, so its a > midpoints[N - 2] adds the 1 back.
     const __m512i g = _mm512_min_epi32(guess, _mm512_set1_epi32(static_cast<int>(N - 2)));
-    const __mmask16 above = _mm512_cmp_ps_mask(a, table_lookup<N>(midpoints, __builtin_bit_cast(VecU, g)),
-                                               _CMP_GT_OQ);
+    const __mmask16 above = _mm512_cmp_ps_mask(a, _mm512_i32gather_ps(g, midpoints, 4), _CMP_GT_OQ);
     return __builtin_bit_cast(VecU, _mm512_mask_add_epi32(g, above, g, _mm512_set1_epi32(1)));
   }
 };
@@ -553,28 +552,52 @@ namespace {
 
 inline VecF as_floats(VecU x) { return __builtin_bit_cast(VecF, x); }
 
-// One block of the int8-states update: `len` elements at the pointers, a multiple of kLanes (the
-// caller pads the last block with zeros, which leave the block's largest magnitude as it is).
-// Dequantize, update in fp32 keeping the new moments here, then quantize with the new scales. The
-// codes' tables are loaded per block (AVX-512: into registers, as far as they fit).
+// compact_math.hpp's block_reciprocal, with internal linkage (a shared inline function called with a
+// float could be linked as another variant's copy: see the top of this file).
+inline BlockReciprocal reciprocal_of(float scale) {
+  const float pre = scale >= 0x1p-126f ? 1.0f : 0x1p64f;
+  return {pre, 1.0f / (scale * pre)};
+}
+
+// m's (signed: 7 magnitude bits) and v's codecs, built once per range, not per block: the AVX-512
+// ones hold their tables in registers.
+struct Int8Codecs {
+  Int8Decoder<128> m_decoder;
+  Int8Decoder<256> v_decoder;
+  Int8Encoder<128> m_encoder;
+  Int8Encoder<256> v_encoder;
+  Int8Codecs(const DynamicCode& m, const DynamicCode& v) : m_decoder(m), v_decoder(v), m_encoder{m}, v_encoder{v} {}
+};
+
+// The blocks a run of the int8 update covers at most: its new moments, 2 x 4 KiB, stay in L1.
+constexpr std::size_t kInt8RunBlocks = 16;
+
+// One run of int8-states blocks: `len` elements at the pointers, a multiple of kLanes, in
+// ceil(len / kInt8Block) blocks with their scales at m_scale and v_scale (the caller pads a short
+// last block with zeros, which leave its largest magnitude as it is). Dequantize, update in fp32
+// keeping the new moments here and each block's largest magnitudes, then quantize every block with
+// its new scales. Two passes over the whole run, not one pair per block: each pass's vectors are
+// independent of one another, so the core overlaps them; a block's encode waiting on its own
+// maximum stalled the next block's decode.
 template <DType G, Out O>
-void int8_block(float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out, std::size_t len,
-                float& m_scale, float& v_scale, const DynamicCode& m_code, const DynamicCode& v_code,
-                const AdamCoefficients& c) {
-  alignas(64) float new_m[kInt8Block];
-  alignas(64) float new_v[kInt8Block];
-  VecF m_max = VecF{};
-  VecF v_max = VecF{};
-  {
-    const Int8Decoder<128> m_decoder(m_code);  // signed: 7 magnitude bits
-    const Int8Decoder<256> v_decoder(v_code);
-    const VecF old_m_scale = VecF{} + m_scale;
-    const VecF old_v_scale = VecF{} + v_scale;
-    for (std::size_t i = 0; i < len; i += kLanes) {
-      const VecU mb = load_u8(qm + i);
+ZEST_KERNEL_INLINE void int8_run(float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out,
+                                 std::size_t len, float* m_scale, float* v_scale, const Int8Codecs& codecs,
+                                 const AdamCoefficients& c) {
+  alignas(64) float new_m[kInt8RunBlocks * kInt8Block];
+  alignas(64) float new_v[kInt8RunBlocks * kInt8Block];
+  BlockReciprocal m_r[kInt8RunBlocks];
+  BlockReciprocal v_r[kInt8RunBlocks];
+  const std::size_t blocks = (len + kInt8Block - 1) / kInt8Block;
+  for (std::size_t block = 0; block < blocks; ++block) {
+    const std::size_t end = (block + 1) * kInt8Block < len ? (block + 1) * kInt8Block : len;
+    VecF m_max = VecF{};
+    VecF v_max = VecF{};
+    const VecF old_m_scale = VecF{} + m_scale[block];
+    const VecF old_v_scale = VecF{} + v_scale[block];
+    for (std::size_t i = block * kInt8Block; i < end; i += kLanes) {
       VecF pv = load_f32(p + i);
-      VecF mv = m_decoder.signed_value(mb, old_m_scale);
-      VecF vv = v_decoder.value(load_u8(qv + i)) * old_v_scale;
+      VecF mv = codecs.m_decoder.signed_value(load_u8(qm + i), old_m_scale);
+      VecF vv = codecs.v_decoder.value(load_u8(qv + i)) * old_v_scale;
       adam_update(pv, mv, vv, load_typed<G>(grad, i), c);
       store_f32(p + i, pv);
       store_out<O>(out, i, pv);
@@ -583,62 +606,74 @@ void int8_block(float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, 
       m_max = max_keeping(as_floats(as_words(mv) & 0x7fffffffu), m_max);
       v_max = max_keeping(as_floats(as_words(vv) & 0x7fffffffu), v_max);
     }
+    m_scale[block] = horizontal_max(m_max);
+    v_scale[block] = horizontal_max(v_max);
+    m_r[block] = reciprocal_of(m_scale[block]);
+    v_r[block] = reciprocal_of(v_scale[block]);
   }
-  m_scale = horizontal_max(m_max);
-  v_scale = horizontal_max(v_max);
-  const Int8Encoder<128> m_encoder{m_code};
-  const Int8Encoder<256> v_encoder{v_code};
-  const VecF m_divisor = VecF{} + m_scale;
-  const VecF v_divisor = VecF{} + v_scale;
-  for (std::size_t i = 0; i < len; i += kLanes) {
-    const VecU mw = as_words(load_f32(new_m + i));
-    const VecU vw = as_words(load_f32(new_v + i));
-    store_low8(qm + i, signed_byte(mw, m_encoder.encode(as_floats(mw & 0x7fffffffu) / m_divisor)));
-    store_low8(qv + i, v_encoder.encode(as_floats(vw & 0x7fffffffu) / v_divisor));
+  for (std::size_t block = 0; block < blocks; ++block) {
+    const std::size_t end = (block + 1) * kInt8Block < len ? (block + 1) * kInt8Block : len;
+    const auto encode = [&](auto scaled) __attribute__((always_inline)) {
+      for (std::size_t i = block * kInt8Block; i < end; i += kLanes) {
+        const VecU mw = as_words(load_f32(new_m + i));
+        const VecU vw = as_words(load_f32(new_v + i));
+        store_low8(qm + i, signed_byte(mw, codecs.m_encoder.encode(scaled(as_floats(mw & 0x7fffffffu), m_r[block]))));
+        store_low8(qv + i, codecs.v_encoder.encode(scaled(as_floats(vw & 0x7fffffffu), v_r[block])));
+      }
+    };
+    // |x| * pre * inv (block_reciprocal); pre is 1 but for blocks of subnormal scale, so the
+    // common loop leaves its multiply out (x * 1 is x).
+    if (__builtin_expect(m_r[block].pre == 1.0f && v_r[block].pre == 1.0f, 1))
+      encode([](VecF a, const BlockReciprocal& r) __attribute__((always_inline)) { return a * r.inv; });
+    else
+      encode([](VecF a, const BlockReciprocal& r) __attribute__((always_inline)) { return a * r.pre * r.inv; });
   }
 }
 
-// The blocks of an int8 range: block(p, qm, qv, grad, out, len, m_scale, v_scale) on each, len a
-// multiple of kLanes (a short last block runs on zero-padded copies).
-template <DType G, Out O, class Block>
-void for_each_int8_block(const CompactAdamRange& r, const Block& block_op) {
+// The blocks of an int8 range in runs: run(p, qm, qv, grad, out, len, m_scale, v_scale) on each run
+// of up to kInt8RunBlocks whole blocks, len a multiple of kLanes, m_scale and v_scale its blocks'
+// scales (a short last block runs alone on zero-padded copies).
+template <DType G, Out O, class Run>
+void for_each_int8_run(const CompactAdamRange& r, const Run& run) {
   auto* const qm = static_cast<std::uint8_t*>(r.m);
   auto* const qv = static_cast<std::uint8_t*>(r.v);
   constexpr std::size_t grad_size = dtype_size(G);
-  for (std::size_t begin = 0, block = 0; begin < r.count; begin += kInt8Block, ++block) {
-    const std::size_t len = r.count - begin < kInt8Block ? r.count - begin : kInt8Block;
+  const std::size_t whole = r.count - r.count % kInt8Block;
+  for (std::size_t begin = 0; begin < whole; begin += kInt8RunBlocks * kInt8Block) {
+    const std::size_t len = whole - begin < kInt8RunBlocks * kInt8Block ? whole - begin : kInt8RunBlocks * kInt8Block;
     const void* grad = static_cast<const unsigned char*>(r.grad) + begin * grad_size;
     void* out = O == Out::none ? nullptr : static_cast<unsigned char*>(r.out) + begin * 2;
-    if (len % kLanes == 0) {
-      block_op(r.master + begin, qm + begin, qv + begin, grad, out, len, r.m_scale[block], r.v_scale[block]);
-      continue;
-    }
-    alignas(64) float tp[kInt8Block] = {};
-    alignas(64) std::uint8_t tm[kInt8Block] = {};
-    alignas(64) std::uint8_t tv[kInt8Block] = {};
-    alignas(64) unsigned char tg[kInt8Block * 4] = {};
-    alignas(64) unsigned char to[kInt8Block * 2] = {};
-    std::memcpy(tp, r.master + begin, len * 4);
-    std::memcpy(tm, qm + begin, len);
-    std::memcpy(tv, qv + begin, len);
-    std::memcpy(tg, grad, len * grad_size);
-    const std::size_t padded = (len + kLanes - 1) / kLanes * kLanes;
-    block_op(tp, tm, tv, tg, to, padded, r.m_scale[block], r.v_scale[block]);
-    std::memcpy(r.master + begin, tp, len * 4);
-    std::memcpy(qm + begin, tm, len);
-    std::memcpy(qv + begin, tv, len);
-    if constexpr (O != Out::none) std::memcpy(out, to, len * 2);
+    run(r.master + begin, qm + begin, qv + begin, grad, out, len, r.m_scale + begin / kInt8Block,
+        r.v_scale + begin / kInt8Block);
   }
+  const std::size_t len = r.count - whole;
+  if (len == 0) return;
+  alignas(64) float tp[kInt8Block] = {};
+  alignas(64) std::uint8_t tm[kInt8Block] = {};
+  alignas(64) std::uint8_t tv[kInt8Block] = {};
+  alignas(64) unsigned char tg[kInt8Block * 4] = {};
+  alignas(64) unsigned char to[kInt8Block * 2] = {};
+  std::memcpy(tp, r.master + whole, len * 4);
+  std::memcpy(tm, qm + whole, len);
+  std::memcpy(tv, qv + whole, len);
+  std::memcpy(tg, static_cast<const unsigned char*>(r.grad) + whole * grad_size, len * grad_size);
+  const std::size_t padded = (len + kLanes - 1) / kLanes * kLanes;
+  run(tp, tm, tv, tg, to, padded, r.m_scale + whole / kInt8Block, r.v_scale + whole / kInt8Block);
+  std::memcpy(r.master + whole, tp, len * 4);
+  std::memcpy(qm + whole, tm, len);
+  std::memcpy(qv + whole, tv, len);
+  if constexpr (O != Out::none) std::memcpy(static_cast<unsigned char*>(r.out) + whole * 2, to, len * 2);
 }
 
 }  // namespace
 
 void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c, const StateRounding& rounding) {
   if (range.states == StatesFormat::int8) {
+    const Int8Codecs codecs(*range.m_code, *range.v_code);
     with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
-      for_each_int8_block<G, O>(range, [&](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad,
-                                           void* out, std::size_t len, float& m_scale, float& v_scale) {
-        int8_block<G, O>(p, qm, qv, grad, out, len, m_scale, v_scale, *range.m_code, *range.v_code, c);
+      for_each_int8_run<G, O>(range, [&](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out,
+                                         std::size_t len, float* m_scale, float* v_scale) __attribute__((always_inline)) {
+        int8_run<G, O>(p, qm, qv, grad, out, len, m_scale, v_scale, codecs, c);
       });
     });
     return;
@@ -662,8 +697,8 @@ void roofline_compact(const CompactAdamRange& range) {
   const float k = 1.0f / 1024.0f;
   if (range.states == StatesFormat::int8) {
     with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
-      for_each_int8_block<G, O>(range, [k](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad,
-                                           void* out, std::size_t len, float& m_scale, float& v_scale) {
+      for_each_int8_run<G, O>(range, [k](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out,
+                                         std::size_t len, float* m_scale, float* v_scale) {
         for (std::size_t i = 0; i < len; i += kLanes) {
           const VecF pv = load_f32(p + i) + load_typed<G>(grad, i) * k;
           store_f32(p + i, pv);
@@ -671,8 +706,10 @@ void roofline_compact(const CompactAdamRange& range) {
           store_low8(qm + i, (load_u8(qm + i) + 1u) & 0xffu);
           store_low8(qv + i, (load_u8(qv + i) + 1u) & 0xffu);
         }
-        m_scale = m_scale * 0.5f + 1.0f;
-        v_scale = v_scale * 0.5f + 1.0f;
+        for (std::size_t block = 0; block * kInt8Block < len; ++block) {
+          m_scale[block] = m_scale[block] * 0.5f + 1.0f;
+          v_scale[block] = v_scale[block] * 0.5f + 1.0f;
+        }
       });
     });
     return;

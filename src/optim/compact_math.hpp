@@ -231,9 +231,23 @@ struct ScalarCodeOps {
   ZEST_HOST_DEVICE std::uint32_t greater(float a, float b) const { return a > b ? ~0u : 0u; }
 };
 
+// What every |x| of a block is multiplied by before encoding: |x| / scale with one division per
+// block, not per element (the per-element divisions made the int8 kernel divider-bound). The
+// quotient is (|x| * pre) * inv, inv = 1 / (scale * pre): pre is 1, except below float's normal
+// range (a subnormal or zero scale), where 1 / scale would overflow and pre = 2^64 scales the block
+// exactly into range first. An all-zero block multiplies 0 by Inf: NaN, which encodes as 0; an Inf
+// scale gives inv = 0.
+struct BlockReciprocal {
+  float pre = 1.0f;
+  float inv = 0.0f;
+};
+ZEST_HOST_DEVICE inline BlockReciprocal block_reciprocal(float scale) {
+  const float pre = scale >= 0x1p-126f ? 1.0f : 0x1p64f;
+  return {pre, 1.0f / (scale * pre)};
+}
+
 // Quantizes n <= kInt8Block values to bytes with the block's scale, its largest magnitude: each
-// |x| / scale is encoded (a division, not a multiply by 1/scale, which overflows for subnormal
-// scales; an all-zero block divides 0 by 0 and encodes NaN as 0). NaN elements are skipped by the
+// |x| times the block's reciprocal (block_reciprocal) is encoded. NaN elements are skipped by the
 // maximum and encode as 0: the engine skips steps with nonfinite gradients before they reach the
 // states. Returns the scale.
 ZEST_HOST_DEVICE inline float quantize_block(const DynamicCode& code, bool is_signed, const float* x,
@@ -243,9 +257,10 @@ ZEST_HOST_DEVICE inline float quantize_block(const DynamicCode& code, bool is_si
     const float a = fabsf(x[i]);
     scale = a > scale ? a : scale;
   }
+  const BlockReciprocal r = block_reciprocal(scale);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t magnitude =
-        dynamic_encode_magnitude<float, std::uint32_t>(code, fabsf(x[i]) / scale, ScalarCodeOps{});
+        dynamic_encode_magnitude<float, std::uint32_t>(code, fabsf(x[i]) * r.pre * r.inv, ScalarCodeOps{});
     q[i] = static_cast<std::uint8_t>(is_signed ? signed_code_byte(float_bits(x[i]), magnitude) : magnitude);
   }
   return scale;

@@ -178,15 +178,17 @@ inline std::uint32_t reference_encode_magnitude(double a, int width) {
   return best;
 }
 
-// One block: scale = largest magnitude; each x encoded from fl(|x| / scale) and its sign (0 / 0:
-// NaN, nearest to no value, encodes as 0).
+// One block: scale = largest magnitude; each x encoded from fl(fl(|x| * pre) * fl(1 / (scale * pre)))
+// and its sign, pre = 2^64 for a scale below 2^-126 and 1 otherwise, so the reciprocal is finite
+// (0 * Inf: NaN, nearest to no value, encodes as 0).
 inline float reference_quantize_block(bool is_signed, const std::vector<float>& x, std::vector<std::uint8_t>& q) {
   const int width = is_signed ? 7 : 8;
   float scale = 0.0f;
   for (float value : x) scale = std::max(scale, std::fabs(value));
   q.assign(x.size(), 0);
   for (std::size_t i = 0; i < x.size(); ++i) {
-    const float a = std::fabs(x[i]) / scale;
+    const float pre = scale < 0x1p-126f ? 0x1p64f : 1.0f;
+    const float a = (std::fabs(x[i]) * pre) * (1.0f / (scale * pre));
     const std::uint32_t magnitude = reference_encode_magnitude(a, width);
     q[i] = static_cast<std::uint8_t>(magnitude | (is_signed && std::signbit(x[i]) && magnitude != 0 ? 0x80u : 0u));
   }
