@@ -107,19 +107,13 @@ class CpuDeviceMath final : public DeviceMath {
   }
 
   void cast_from_f32(const float* in, std::size_t count, void* out, DType dtype, Stream& stream) override {
-    stream.host_task([=] {
-      if (dtype == DType::f32) {
-        std::memcpy(out, in, count * sizeof(float));
-      } else {
-        for (std::size_t i = 0; i < count; ++i) store_from_float(out, dtype, i, in[i]);
-      }
-    });
+    stream.host_task([=, this] { quantizer_.cast_from_f32({in, count}, optim::TensorSpan{out, dtype, count}); });
   }
 
  private:
   optim::AdamHyperParams hyper_;
   optim::CpuAdam adam_;
-  // The quantized collectives' codec, on the CPU Adam's cpus (the two never run at once: one stream).
+  // The collectives' codecs (quantized and 16-bit), on the CPU Adam's cpus (the two never run at once: one stream).
   optim::BlockQuantizer quantizer_;
 };
 

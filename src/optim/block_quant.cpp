@@ -42,10 +42,11 @@ void check_bytes(const char* who, const char* name, std::size_t bytes, QuantBits
                     .append(" (quantized_bytes); pass a span of exactly that size"));
 }
 
-void check_disjoint(const char* who, const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+void check_disjoint(const char* who, const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes,
+                    const char* what = "the quantized buffer overlaps the values") {
   const auto a0 = reinterpret_cast<std::uintptr_t>(a), b0 = reinterpret_cast<std::uintptr_t>(b);
   if (a_bytes > 0 && b_bytes > 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes)
-    throw Error(prefix(who).append("the quantized buffer overlaps the values; use separate buffers"));
+    throw Error(prefix(who).append(what).append("; use separate buffers"));
 }
 
 // A range of `count` elements from a block boundary: its first block's record and its elements.
@@ -76,10 +77,11 @@ void check_dequantize_args(const char* who, const void* in, std::size_t in_bytes
 
 const QuantKernels& quant_kernels(Isa isa) {
   static const QuantKernels scalar{Isa::scalar, &scalar_isa::quantize, &scalar_isa::dequantize,
-                                   &scalar_isa::dequantize_add};
-  static const QuantKernels avx2{Isa::avx2, &avx2_isa::quantize, &avx2_isa::dequantize, &avx2_isa::dequantize_add};
+                                   &scalar_isa::dequantize_add, &scalar_isa::cast_from_f32};
+  static const QuantKernels avx2{Isa::avx2, &avx2_isa::quantize, &avx2_isa::dequantize, &avx2_isa::dequantize_add,
+                                 &avx2_isa::cast_from_f32};
   static const QuantKernels avx512{Isa::avx512, &avx512_isa::quantize, &avx512_isa::dequantize,
-                                   &avx512_isa::dequantize_add};
+                                   &avx512_isa::dequantize_add, &avx512_isa::cast_from_f32};
   return kernels_for(isa, "the block quantizer's variant", scalar, avx2, avx512);
 }
 
@@ -141,6 +143,24 @@ void BlockQuantizer::dequantize_add(std::span<const std::byte> in, QuantBits bit
     const std::size_t first = begin * kQuantBlock, last = std::min(end * kQuantBlock, acc.size());
     kernel(at_block(reinterpret_cast<const std::uint8_t*>(in.data()), begin, record), bits, last - first,
            acc.data() + first);
+  });
+}
+
+void BlockQuantizer::cast_from_f32(std::span<const float> in, TensorSpan out) {
+  const char* const who = "BlockQuantizer::cast_from_f32";
+  check_format(who, out.dtype, QuantBits::int8);
+  if (out.count != in.size())
+    throw Error(prefix(who).append("the output has ").append(std::to_string(out.count)).append(" elements for ")
+                    .append(std::to_string(in.size())).append(" values; pass an output of the same count"));
+  check_pointer(who, "the input", in.data(), in.size(), 4, "its elements");
+  check_pointer(who, "the output", out.data, out.count, dtype_size(out.dtype), "its elements");
+  check_disjoint(who, out.data, out.count * dtype_size(out.dtype), in.data(), in.size_bytes(),
+                 "the output overlaps the input");
+  const std::size_t size = dtype_size(out.dtype);
+  const auto kernel = kernels_->cast_from_f32;
+  for_each_tile(in.size(), [&](std::size_t begin, std::size_t end) {
+    const std::size_t first = begin * kQuantBlock, last = std::min(end * kQuantBlock, in.size());
+    kernel(in.data() + first, last - first, static_cast<unsigned char*>(out.data) + first * size, out.dtype);
   });
 }
 

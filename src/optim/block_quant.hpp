@@ -1,5 +1,5 @@
 // The CPU block-wise quantizer: fp32, bf16 or fp16 values to int8 or int4 codes with one fp32 scale
-// per kQuantBlock elements, and back (the format, the error bound, Inf/NaN and the buffer's layout:
+// per kQuantBlock elements, and back, and fp32 to bf16 or fp16 (the format, the error bound, Inf/NaN and the buffer's layout:
 // block_quant_math.hpp). One kernel source compiled per instruction set (block_quant_kernels.cpp),
 // chosen at run time as the CPU Adam's is; large ranges are split into tiles of whole blocks over a
 // pinned oneTBB arena. kernels/block_quant.hpp has the CUDA kernels, equal to these bit for bit.
@@ -27,6 +27,8 @@ struct QuantKernels {
   void (*dequantize)(const std::uint8_t* in, QuantBits bits, std::size_t count, void* out, DType dtype);
   // acc[i] += the value of element i, in fp32 (the product rounded, then the sum).
   void (*dequantize_add)(const std::uint8_t* in, QuantBits bits, std::size_t count, float* acc);
+  // out = the count fp32 values at `in` in `dtype`, rounded to nearest even (runtime/half.hpp).
+  void (*cast_from_f32)(const float* in, std::size_t count, void* out, DType dtype);
 };
 
 // The kernels of one instruction set; Isa::avx2/avx512 must be supported by this CPU (Error).
@@ -37,6 +39,7 @@ const QuantKernels& quant_kernels(Isa isa);
   void quantize(const void* in, DType dtype, std::size_t count, QuantBits bits, std::uint8_t* out);        \
   void dequantize(const std::uint8_t* in, QuantBits bits, std::size_t count, void* out, DType dtype);      \
   void dequantize_add(const std::uint8_t* in, QuantBits bits, std::size_t count, float* acc);              \
+  void cast_from_f32(const float* in, std::size_t count, void* out, DType dtype);                          \
   }
 ZEST_DECLARE_QUANT_KERNELS(scalar_isa)
 ZEST_DECLARE_QUANT_KERNELS(avx2_isa)
@@ -65,6 +68,9 @@ class BlockQuantizer {
   // acc[i] += the value of element i of `in` (quantized_bytes(bits, acc.size()) bytes), in fp32:
   // one rank's piece of a reduction of quantized gradients.
   void dequantize_add(std::span<const std::byte> in, QuantBits bits, std::span<float> acc);
+  // out = `in` in out.dtype (fp32, bf16 or fp16: rounded to nearest even, as runtime/half.hpp),
+  // out.count == in.size(), not overlapping: the 16-bit wire format of uncompressed collectives.
+  void cast_from_f32(std::span<const float> in, TensorSpan out);
 
   // Not thread-safe: one call at a time per BlockQuantizer.
   Isa isa() const { return kernels_->isa; }

@@ -180,5 +180,21 @@ void dequantize_add(const std::uint8_t* in, QuantBits bits, std::size_t count, f
   });
 }
 
+void cast_from_f32(const float* in, std::size_t count, void* out, DType dtype) {
+  with_quant_dtype(dtype, [&]<DType D>() {
+    std::size_t i = 0;
+    for (; i + kLanes <= count; i += kLanes) store_typed<D>(out, i, load_f32(in + i));
+    if constexpr (kLanes > 1) {
+      if (i == count) return;
+      alignas(64) float from[kLanes] = {};
+      alignas(64) unsigned char to[kLanes * 4];
+      constexpr std::size_t size = dtype_size(D);  // constexpr: no out-of-line call (adam_kernels.cpp)
+      std::memcpy(from, in + i, (count - i) * sizeof(float));
+      store_typed<D>(to, 0, load_f32(from));
+      std::memcpy(static_cast<unsigned char*>(out) + i * size, to, (count - i) * size);
+    }
+  });
+}
+
 }  // namespace ZEST_ADAM_ISA_NS
 }  // namespace zest::optim

@@ -359,5 +359,39 @@ TEST(BlockQuant, RefusesBadArgumentsSayingWhatToDo) {
   quantizer.dequantize_add({}, QuantBits::int4, {});
 }
 
+// The 16-bit cast of uncompressed collectives: every variant's kernel and the threaded front end
+// equal half.hpp's scalar rounding (nearest even; NaN quiet, overflow to Inf) on every element,
+// whatever the count's tail; it refuses what it cannot cast, saying what to pass.
+TEST(BlockQuant, CastFromF32EqualsTheScalarRoundingOnEveryVariant) {
+  const float specials[] = {INFINITY, -INFINITY, std::nanf(""), -std::nanf("0x12345"), 65504.0f, 65520.0f, 1e5f,
+                            1.00390625f, 1.0f + 0x1p-8f + 0x1p-9f, 6e-8f, 3e-8f, 1e-40f, -0.0f, 3.3e38f};
+  for (std::size_t count : test_counts()) {
+    std::vector<float> x = mixed_values(count, static_cast<std::uint32_t>(count));
+    for (std::size_t i = 0; i < count && i < std::size(specials); ++i) x[(i * 7919) % count] = specials[i];
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+      const std::vector<std::uint32_t> want = stored_bits(x, dtype);
+      for (Isa isa : supported_isas()) {
+        std::vector<float> out(count, -1.0f);
+        quant_kernels(isa).cast_from_f32(x.data(), count, out.data(), dtype);
+        EXPECT_EQ(first_difference(output_bits(out.data(), dtype, count), want), -1)
+            << isa_name(isa) << " kernel " << dtype_name(dtype) << " " << count;
+        std::fill(out.begin(), out.end(), -1.0f);
+        BlockQuantizer(2, {}, isa).cast_from_f32(x, TensorSpan{out.data(), dtype, count});
+        EXPECT_EQ(first_difference(output_bits(out.data(), dtype, count), want), -1)
+            << isa_name(isa) << " threaded " << dtype_name(dtype) << " " << count;
+      }
+    }
+  }
+  BlockQuantizer quantizer(1);
+  std::vector<float> x(300, 1.0f), out(300);
+  expect_error([&] { quantizer.cast_from_f32(x, {out.data(), DType::bf16, 299}); },
+               {"299 elements for 300 values", "same count"});
+  expect_error([&] { quantizer.cast_from_f32(x, {x.data() + 100, DType::bf16, 300}); },
+               {"output overlaps the input", "separate buffers"});
+  expect_error([&] { quantizer.cast_from_f32(x, {out.data(), static_cast<DType>(9), 300}); }, {"element type 9"});
+  expect_error([&] { quantizer.cast_from_f32(x, {reinterpret_cast<unsigned char*>(out.data()) + 1, DType::f16, 300}); },
+               {"output", "2-byte aligned"});
+}
+
 }  // namespace
 }  // namespace zest::optim
