@@ -33,15 +33,21 @@ namespace {
 
 constexpr const char* kBenchUsage =
     "usage: zest bench adam [--threads N] [--params N] [--mode MODE] [--reps N] [--json]\n"
-    "                       [--device cpu|cuda] [--states fp32|bf16|int8] [--peers [--python PATH]]\n"
+    "                       [--device cpu|cuda] [--states fp32|bf16|int8] [--master fp32|bf16] [--ahead]\n"
+    "                       [--peers [--python PATH]]\n"
     "  MODE: fp32 | bf16-grad | fp16-grad | fp32-bf16-out | bf16-grad-bf16-out | fp16-grad-fp16-out\n"
     "  defaults: --threads 1 --params 100000000 --mode fp32 --reps 7 --device cpu --states fp32\n"
     "  --states bf16|int8: m and v stored as bf16 (stochastic rounding) or int8 (block-wise dynamic\n"
-    "  code), docs/compact-states.md; cpu only.\n"
+    "  code), docs/compact-states.md; cpu only. --master bf16 (with bf16|int8 states): bf16 master\n"
+    "  weights (optimizer.master); its ratio is to the roofline's bandwidth (that kernel has an fp32\n"
+    "  master).\n"
+    "  --ahead: also the step that reads the states from one copy and writes them to another (the\n"
+    "  offloaded update ahead: step_from, step_compact_from), against the step in place.\n"
     "  ZEST_ADAM_ISA=scalar|avx2|avx512 forces the CPU variant.\n"
-    "  --peers: also DeepSpeed's CPU Adam and torch.optim.AdamW (fp32, cpu), at 1 thread and at all\n"
-    "  threads unless --threads is given; PATH: the Python with torch and deepspeed (default\n"
-    "  $ZEST_VENV/bin/python3; scripts/python-env.sh makes that environment).\n";
+    "  --peers: also DeepSpeed's CPU Adam and torch.optim.AdamW (fp32 states, cpu; zest's row is in\n"
+    "  --states and --master), at 1 thread and at all threads unless --threads is given; PATH: the\n"
+    "  Python with torch and deepspeed (default $ZEST_VENV/bin/python3; scripts/python-env.sh makes\n"
+    "  that environment).\n";
 
 struct Mode {
   const char* name;
@@ -154,14 +160,16 @@ int bench_adam(int argc, char** argv) {
   if (args::asks_for_help(argc, argv)) return args::print_usage(kBenchUsage);
   long long threads = 1, reps = 7;
   std::size_t params = 100000000;
-  std::string mode_name = "fp32", device = "cpu", states_name = "fp32";
-  bool json = false, with_peers = false, threads_given = false;
+  std::string mode_name = "fp32", device = "cpu", states_name = "fp32", master_name = "fp32";
+  bool json = false, with_peers = false, threads_given = false, ahead = false;
   std::string python;
   try {
     for (int i = 0; i < argc; ++i) {
       const std::string_view arg = argv[i];
       if (arg == "--json") json = true;
       else if (arg == "--peers") with_peers = true;
+      else if (arg == "--ahead") ahead = true;
+      else if (arg == "--master") master_name = args::value_of(argc, argv, i);
       else if (arg == "--python") python = args::value_of(argc, argv, i);
       else if (arg == "--threads") {
         threads = args::parse_integer(arg, args::value_of(argc, argv, i), 1, 1024);
@@ -180,8 +188,13 @@ int bench_adam(int argc, char** argv) {
     if (!python.empty() && !with_peers) throw args::UsageError("--python goes with --peers");
     if (states_name != "fp32" && states_name != "bf16" && states_name != "int8")
       throw args::UsageError(std::string("unknown --states '").append(states_name).append("'"));
-    if (states_name != "fp32" && (device != "cpu" || with_peers))
-      throw args::UsageError("--states bf16|int8 measures the cpu Adam alone (--device cpu, no --peers)");
+    if (states_name != "fp32" && device != "cpu")
+      throw args::UsageError("--states bf16|int8 measures the cpu Adam (--device cpu)");
+    if (master_name != "fp32" && master_name != "bf16")
+      throw args::UsageError(std::string("unknown --master '").append(master_name).append("'"));
+    if (master_name == "bf16" && states_name == "fp32")
+      throw args::UsageError("--master bf16 goes with compact moments (--states bf16|int8), as optimizer.master does");
+    if (ahead && device != "cpu") throw args::UsageError("--ahead measures the cpu Adam (--device cpu)");
   } catch (const args::UsageError& error) {
     std::fprintf(stderr, "zest bench adam: %s\n%s", error.what(), kBenchUsage);
     return 2;
@@ -195,16 +208,19 @@ int bench_adam(int argc, char** argv) {
     return 2;
   }
   const std::size_t n = static_cast<std::size_t>(params);
-  // p read and written (8), m and v read and written, the gradient read, the copy written; int8
-  // also reads and writes one float scale per state and block.
+  // p read and written (8, or 4 for a bf16 master), m and v read and written, the gradient read,
+  // the copy written; int8 also reads and writes one float scale per state and block. The
+  // roofline's kernel has an fp32 master.
   const bool compact = states_name != "fp32";
   const bool int8 = states_name == "int8";
+  const bool bf16_master = master_name == "bf16";
   const std::size_t state_size = int8 ? 1 : compact ? 2 : 4;
   const std::size_t blocks = int8 ? (n + optim::kInt8Block - 1) / optim::kInt8Block : 0;
-  const double bytes_per_param = 8.0 + 4.0 * static_cast<double>(state_size) +
-                                 (int8 ? 16.0 / static_cast<double>(optim::kInt8Block) : 0.0) +
-                                 static_cast<double>(dtype_size(mode->grad)) +
-                                 (mode->out ? static_cast<double>(dtype_size(mode->out_dtype)) : 0.0);
+  const double roofline_bytes_per_param = 8.0 + 4.0 * static_cast<double>(state_size) +
+                                          (int8 ? 16.0 / static_cast<double>(optim::kInt8Block) : 0.0) +
+                                          static_cast<double>(dtype_size(mode->grad)) +
+                                          (mode->out ? static_cast<double>(dtype_size(mode->out_dtype)) : 0.0);
+  const double bytes_per_param = roofline_bytes_per_param - (bf16_master ? 4.0 : 0.0);
 
   try {
     if (device == "cuda") {
@@ -246,7 +262,7 @@ int bench_adam(int argc, char** argv) {
     // process may use), as DeepSpeed and torch are run.
     struct Arm {
       std::unique_ptr<optim::CpuAdam> ours, scalar;
-      std::vector<double> t_ours, t_roof, t_scalar;
+      std::vector<double> t_ours, t_roof, t_scalar, t_ahead;
       std::array<std::vector<double>, 3> t_peer;
     };
     std::vector<Arm> arms;
@@ -259,10 +275,15 @@ int bench_adam(int argc, char** argv) {
     if (arms.size() == 2 && arms[1].ours->threads() == 1) arms.pop_back();
 
     Array p(n * 4), m(n * state_size), v(n * state_size), g(n * dtype_size(mode->grad)), out(mode->out ? n * 2 : 0);
+    Array p16(bf16_master ? n * 2 : 0);
+    // The second copy of the states for --ahead (the update ahead reads one, writes the other).
+    const std::size_t n2 = ahead ? n : 0;
+    Array p2(n2 * (bf16_master ? 2 : 4)), m2(n2 * state_size), v2(n2 * state_size);
     // Bounded, normal-range values: no denormals or overflow over the repetitions.
     for (std::size_t i = 0; i < n; ++i) {
       const float x = 0.5f + static_cast<float>(i % 1000) * 1e-3f;
       p.as<float>()[i] = x;
+      if (bf16_master) p16.as<std::uint16_t>()[i] = float_to_bf16(x);
       if (mode->grad == DType::f32) {
         g.as<float>()[i] = x - 1.0f;
       } else {
@@ -270,18 +291,41 @@ int bench_adam(int argc, char** argv) {
       }
     }
     const std::span<float> ps(p.as<float>(), n), ms(m.as<float>(), compact ? 0 : n), vs(v.as<float>(), compact ? 0 : n);
-    Array m_scales(blocks * 4), v_scales(blocks * 4);
-    const optim::CpuAdam::CompactStates cs{int8 ? StatesFormat::int8 : StatesFormat::bf16, m.data,
-                                           v.data, n, m_scales.as<float>(), v_scales.as<float>()};
+    Array m_scales(blocks * 4), v_scales(blocks * 4), m_scales2(ahead ? blocks * 4 : 0), v_scales2(ahead ? blocks * 4 : 0);
+    const StatesFormat format = int8 ? StatesFormat::int8 : compact ? StatesFormat::bf16 : StatesFormat::f32;
+    const optim::CpuAdam::CompactStates cs{format, m.data, v.data, n, m_scales.as<float>(), v_scales.as<float>()};
     const optim::ConstTensorSpan gs{g.data, mode->grad, n};
     const optim::TensorSpan os{mode->out ? out.data : nullptr, mode->out_dtype, n};
     auto roofline_pass = [&](optim::CpuAdam& adam) {
       if (compact) adam.roofline_compact_pass(ps, cs, gs, os);
       else adam.roofline_pass(ps, ms, vs, gs, os);
     };
-    auto step_pass = [&](optim::CpuAdam& adam, std::int64_t k) {
-      if (compact) adam.step_compact(ps, cs, gs, {k}, {1, 0}, os);
-      else adam.step(ps, ms, vs, gs, {k}, os);
+    // One copy of the states: the master (fp32 or bf16) and the moments (step_compact takes fp32
+    // states to step() and step_compact_from to step_from(), bit for bit).
+    struct Copy {
+      void* master;
+      optim::CpuAdam::CompactStates states;
+    };
+    const Copy one{bf16_master ? p16.data : p.data, cs};
+    const Copy two{p2.data, {format, m2.data, v2.data, n, m_scales2.as<float>(), v_scales2.as<float>()}};
+    // The step on `to`, in place (from null) or from another copy.
+    auto step_on = [&](optim::CpuAdam& adam, const Copy* from, const Copy& to, std::int64_t k) {
+      if (bf16_master) {
+        const std::span<std::uint16_t> master(static_cast<std::uint16_t*>(to.master), n);
+        if (from) adam.step_compact_from({from->master, from->states}, master, to.states, gs, {k}, {1, 0}, os);
+        else adam.step_compact(master, to.states, gs, {k}, {1, 0}, os);
+      } else {
+        const std::span<float> master(static_cast<float*>(to.master), n);
+        if (from) adam.step_compact_from({from->master, from->states}, master, to.states, gs, {k}, {1, 0}, os);
+        else adam.step_compact(master, to.states, gs, {k}, {1, 0}, os);
+      }
+    };
+    auto step_pass = [&](optim::CpuAdam& adam, std::int64_t k) { step_on(adam, nullptr, one, k); };
+    // The update ahead: from one copy to the other and back, alternately.
+    bool forward = true;
+    auto ahead_pass = [&](optim::CpuAdam& adam, std::int64_t k) {
+      step_on(adam, forward ? &one : &two, forward ? two : one, k);
+      forward = !forward;
     };
 
     using Clock = std::chrono::steady_clock;
@@ -298,6 +342,7 @@ int bench_adam(int argc, char** argv) {
       roofline_pass(*arm.ours);
       step_pass(*arm.ours, step++);
       step_pass(*arm.scalar, step++);
+      if (ahead) ahead_pass(*arm.ours, step++);
       if (peers) peers->round(arm.ours->threads());
     }
     // With the peers, a pause where zest hands over to them and back: the idle threads of the one
@@ -315,6 +360,7 @@ int bench_adam(int argc, char** argv) {
         arm.t_roof.push_back(time_pass([&] { roofline_pass(*arm.ours); }));
         arm.t_ours.push_back(time_pass([&] { step_pass(*arm.ours, step++); }));
         arm.t_scalar.push_back(time_pass([&] { step_pass(*arm.scalar, step++); }));
+        if (ahead) arm.t_ahead.push_back(time_pass([&] { ahead_pass(*arm.ours, step++); }));
         if (!peers) continue;
         settle();
         const std::array<double, 3> seconds = peers->round(arm.ours->threads());
@@ -327,14 +373,25 @@ int bench_adam(int argc, char** argv) {
       const double ours_pps = static_cast<double>(n) / median(arm.t_ours);
       const double roof_pps = static_cast<double>(n) / median(arm.t_roof);
       const double scalar_pps = static_cast<double>(n) / median(arm.t_scalar);
+      // A row's share of the roofline's bandwidth (its params/s times its bytes per parameter):
+      // zest's rows move bytes_per_param, the peers fp32 states'.
+      const double roof_bytes_per_s = roof_pps * roofline_bytes_per_param;
+      const double fp32_bytes_per_param = 24.0 + static_cast<double>(dtype_size(mode->grad));
+      const auto of_roofline = [&](double pps, double bytes) { return pps * bytes / roof_bytes_per_s; };
+      const double ahead_pps = ahead ? static_cast<double>(n) / median(arm.t_ahead) : 0.0;
       if (json) {
-        std::printf("{\"device\": \"cpu\", \"mode\": \"%s\", \"states\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"params\": %zu, "
-                    "\"reps\": %lld, \"bytes_per_param\": %.4g, \"params_per_s\": %.6g, "
+        std::printf("{\"device\": \"cpu\", \"mode\": \"%s\", \"states\": \"%s\", \"master\": \"%s\", \"isa\": \"%s\", "
+                    "\"threads\": %d, \"params\": %zu, \"reps\": %lld, \"bytes_per_param\": %.4g, "
+                    "\"roofline_bytes_per_param\": %.4g, \"params_per_s\": %.6g, "
                     "\"roofline_params_per_s\": %.6g, \"roofline_ratio\": %.4f, "
                     "\"scalar_params_per_s\": %.6g, \"scalar_ratio\": %.4f, \"spread\": %.3f",
-                    mode->name, states_name.c_str(), optim::isa_name(ours.isa()), ours.threads(), n, reps, bytes_per_param,
-                    ours_pps, roof_pps, ours_pps / roof_pps, scalar_pps, scalar_pps / roof_pps,
+                    mode->name, states_name.c_str(), master_name.c_str(), optim::isa_name(ours.isa()), ours.threads(), n,
+                    reps, bytes_per_param, roofline_bytes_per_param, ours_pps, roof_pps,
+                    of_roofline(ours_pps, bytes_per_param), scalar_pps, of_roofline(scalar_pps, bytes_per_param),
                     spread(arm.t_ours));
+        if (ahead)
+          std::printf(", \"ahead_params_per_s\": %.6g, \"ahead_ratio\": %.4f, \"ahead_spread\": %.3f", ahead_pps,
+                      ahead_pps / ours_pps, spread(arm.t_ahead));
         if (peers) {
           std::printf(", \"weight_decay\": %g, \"peer_versions\": %s, \"check_params\": %zu, \"check_steps\": %d, "
                       "\"peers\": [", hp.weight_decay, json_string(peers->versions()).c_str(), kCheckParams, kCheckSteps);
@@ -347,22 +404,26 @@ int bench_adam(int argc, char** argv) {
             const double pps = static_cast<double>(n) / median(arm.t_peer[j]);
             std::printf("\"params\": %zu, \"median_s\": %.6g, \"params_per_s\": %.6g, \"roofline_ratio\": %.6g, "
                         "\"spread\": %.3f, \"zest_ratio\": %.6g, \"check_max_abs_diff\": %.3g}",
-                        n, median(arm.t_peer[j]), pps, pps / roof_pps, spread(arm.t_peer[j]), ours_pps / pps,
-                        check_diff[j]);
+                        n, median(arm.t_peer[j]), pps, of_roofline(pps, fp32_bytes_per_param), spread(arm.t_peer[j]),
+                        ours_pps / pps, check_diff[j]);
           }
           std::printf("], \"median_s\": %.6g, \"roofline_median_s\": %.6g", median(arm.t_ours), median(arm.t_roof));
         }
         std::printf("}\n");
         continue;
       }
-      std::printf("cpu adam %s, %s states, %zu params, %d thread(s), %s, median of %lld:\n", mode->name,
-                  states_name.c_str(), n, ours.threads(), optim::isa_name(ours.isa()), reps);
+      std::printf("cpu adam %s, %s states, %s master, %zu params, %d thread(s), %s, median of %lld:\n", mode->name,
+                  states_name.c_str(), master_name.c_str(), n, ours.threads(), optim::isa_name(ours.isa()), reps);
       std::printf("  ours      %.4g params/s  %6.2f GB/s  %.3f of roofline\n", ours_pps,
-                  ours_pps * bytes_per_param / 1e9, ours_pps / roof_pps);
+                  ours_pps * bytes_per_param / 1e9, of_roofline(ours_pps, bytes_per_param));
       std::printf("  roofline  %.4g params/s  %6.2f GB/s  (%.4g B/param, in place)\n", roof_pps,
-                  roof_pps * bytes_per_param / 1e9, bytes_per_param);
+                  roof_bytes_per_s / 1e9, roofline_bytes_per_param);
       std::printf("  scalar    %.4g params/s  %6.2f GB/s  %.3f of roofline\n", scalar_pps,
-                  scalar_pps * bytes_per_param / 1e9, scalar_pps / roof_pps);
+                  scalar_pps * bytes_per_param / 1e9, of_roofline(scalar_pps, bytes_per_param));
+      if (ahead)
+        std::printf("  ahead     %.4g params/s  %6.2f GB/s  %.3f of the step in place (the same bytes: one copy read, "
+                    "the other written)\n",
+                    ahead_pps, ahead_pps * bytes_per_param / 1e9, ahead_pps / ours_pps);
       std::printf("  spread (max-min)/median of ours: %.1f%%\n", 100.0 * spread(arm.t_ours));
       if (!peers) continue;
       // The same columns, at the same thread count and size, with each one's spread and how many
@@ -374,7 +435,7 @@ int bench_adam(int argc, char** argv) {
         }
         const double pps = static_cast<double>(n) / median(arm.t_peer[j]);
         std::printf("  %-22s %.4g params/s  %6.2f GB/s  %.3f of roofline  spread %.1f%%  zest %.2fx\n",
-                    AdamPeers::kNames[j], pps, pps * bytes_per_param / 1e9, pps / roof_pps,
+                    AdamPeers::kNames[j], pps, pps * fp32_bytes_per_param / 1e9, of_roofline(pps, fp32_bytes_per_param),
                     100.0 * spread(arm.t_peer[j]), ours_pps / pps);
       }
     }

@@ -22,9 +22,9 @@ void SubGroupAdam::update(const SubGroupPlace& sub, const char* from, char* to, 
                           const optim::AdamStepArgs& args, std::span<const optim::AdamHyperParams> hyper) {
   const optim::StatesLayout place = layout(sub);
   const bool compact = states_.format != StatesFormat::f32;
-  // The compact update works in place: the states it must keep are copied first (an update ahead
-  // costs one more pass over the sub-group's bytes, which are half or less of fp32's).
-  if (compact && from != to) std::memcpy(to, from, place.bytes());
+  // An update ahead (from != to) reads the states at `from` and writes them at `to` in its one pass
+  // (step_from, step_compact_from): no copy first.
+  char* const source = const_cast<char*>(from);  // only read: StatesLayout's places are char*
   const std::size_t element = dtype_size(dtype_), stride = sub.count;
   for (std::size_t r = 0; r < runs_.size(); ++r) {
     const std::size_t lo = std::max(sub.offset, runs_[r].begin), hi = std::min(sub.offset + sub.count, runs_[r].end);
@@ -35,22 +35,30 @@ void SubGroupAdam::update(const SubGroupPlace& sub, const char* from, char* to, 
     const optim::ConstTensorSpan g{grad + at * element, dtype_, n};
     const optim::TensorSpan low =
         dtype_ == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{out + at * element, dtype_, n};
+    const optim::CpuAdam::CompactRounding rounding = states_.rounding(sub.group, sub.in_group + at);
     if (states_.master == DType::bf16) {
-      adam_.step_compact(std::span<std::uint16_t>(place.bf16_master(to) + at, n), place.moments(to, at, n), g, args,
-                         states_.rounding(sub.group, sub.in_group + at), low);
+      const std::span<std::uint16_t> p(place.bf16_master(to) + at, n);
+      if (from == to)
+        adam_.step_compact(p, place.moments(to, at, n), g, args, rounding, low);
+      else
+        adam_.step_compact_from({place.bf16_master(source) + at, place.moments(source, at, n)}, p,
+                                place.moments(to, at, n), g, args, rounding, low);
       continue;
     }
     if (compact) {
-      adam_.step_compact({master + at, n}, place.moments(to, at, n), g, args,
-                         states_.rounding(sub.group, sub.in_group + at), low);
+      if (from == to)
+        adam_.step_compact({master + at, n}, place.moments(to, at, n), g, args, rounding, low);
+      else
+        adam_.step_compact_from({place.master(source) + at, place.moments(source, at, n)}, {master + at, n},
+                                place.moments(to, at, n), g, args, rounding, low);
       continue;
     }
     const std::span<float> p{master + at, n}, m{master + stride + at, n}, v{master + 2 * stride + at, n};
-    const auto* const source = reinterpret_cast<const float*>(from);
+    const auto* const old = reinterpret_cast<const float*>(from);
     if (from == to)
       adam_.step(p, m, v, g, args, low);
     else
-      adam_.step_from({source + at, source + stride + at, source + 2 * stride + at}, p, m, v, g, args, low);
+      adam_.step_from({old + at, old + stride + at, old + 2 * stride + at}, p, m, v, g, args, low);
   }
   if (dtype_ == DType::f32 && out) std::memcpy(out, to, sub.count * sizeof(float));
 }

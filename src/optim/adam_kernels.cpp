@@ -337,12 +337,14 @@ inline void store_out(void* out, std::size_t i, VecF p) {
   }
 }
 
+// The states are read at p_in, m_in and v_in and written at p, m and v (the same places but for
+// an update that keeps the old states).
 template <DType G, Out O, class Op>
-inline void vector_at(float* p, float* m, float* v, const void* grad, void* out, std::size_t i,
-                      const Op& op) {
-  VecF pv = load_f32(p + i);
-  VecF mv = load_f32(m + i);
-  VecF vv = load_f32(v + i);
+inline void vector_at(const float* p_in, const float* m_in, const float* v_in, float* p, float* m, float* v,
+                      const void* grad, void* out, std::size_t i, const Op& op) {
+  VecF pv = load_f32(p_in + i);
+  VecF mv = load_f32(m_in + i);
+  VecF vv = load_f32(v_in + i);
   op(pv, mv, vv, load_typed<G>(grad, i));
   store_f32(p + i, pv);
   store_f32(m + i, mv);
@@ -360,11 +362,14 @@ void for_each_vector(const AdamRange& r, const Op& op_in) {
   float* const p = r.master;
   float* const m = r.m;
   float* const v = r.v;
+  const float* const p_in = r.master_in != nullptr ? r.master_in : p;
+  const float* const m_in = r.master_in != nullptr ? r.m_in : m;
+  const float* const v_in = r.master_in != nullptr ? r.v_in : v;
   const void* const grad = r.grad;
   void* const out = r.out;
   const std::size_t n = r.count;
   std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) vector_at<G, O>(p, m, v, grad, out, i, op);
+  for (; i + kLanes <= n; i += kLanes) vector_at<G, O>(p_in, m_in, v_in, p, m, v, grad, out, i, op);
   if constexpr (kLanes > 1) {
     const std::size_t rest = n - i;
     if (rest == 0) return;
@@ -375,11 +380,11 @@ void for_each_vector(const AdamRange& r, const Op& op_in) {
     alignas(64) unsigned char tg[kLanes * 4] = {};
     alignas(64) unsigned char to[kLanes * 2] = {};
     constexpr std::size_t grad_size = dtype_size(G);  // constexpr: no out-of-line call (see top)
-    std::memcpy(tp, p + i, rest * 4);
-    std::memcpy(tm, m + i, rest * 4);
-    std::memcpy(tv, v + i, rest * 4);
+    std::memcpy(tp, p_in + i, rest * 4);
+    std::memcpy(tm, m_in + i, rest * 4);
+    std::memcpy(tv, v_in + i, rest * 4);
     std::memcpy(tg, static_cast<const unsigned char*>(grad) + i * grad_size, rest * grad_size);
-    vector_at<G, O>(tp, tm, tv, tg, to, 0, op);
+    vector_at<G, O>(tp, tm, tv, tp, tm, tv, tg, to, 0, op);
     std::memcpy(p + i, tp, rest * 4);
     std::memcpy(m + i, tm, rest * 4);
     std::memcpy(v + i, tv, rest * 4);
@@ -413,15 +418,24 @@ void dispatch(const AdamRange& r, const Op& op) {
 
 inline VecU as_words(VecF x) { return __builtin_bit_cast(VecU, x); }
 
-// One vector of a bf16-states pass at offset i of the pointers; (hi:lo) is the global index of
-// each lane. op(p, m, v, g, lo, hi, m_out, v_out) updates p and sets the words whose high 16 bits
-// are the bf16 m and v to store.
+// Where a pass reads the master and the states of m_type: the places it writes, or those of the
+// states an update ahead keeps (CompactAdamRange::master_in...).
+template <class S>
+struct Sources {
+  const float* p;
+  const S* m;
+  const S* v;
+};
+
+// One vector of a bf16-states pass at offset i of the pointers, read from `in`; (hi:lo) is the
+// global index of each lane. op(p, m, v, g, lo, hi, m_out, v_out) updates p and sets the words
+// whose high 16 bits are the bf16 m and v to store.
 template <DType G, Out O, class Op>
-ZEST_KERNEL_INLINE void bf16_states_at(float* p, std::uint16_t* m, std::uint16_t* v, const void* grad, void* out,
-                                       std::size_t i, VecU lo, VecU hi, const Op& op) {
-  VecF pv = load_f32(p + i);
-  VecF mv = load_bf16(m + i);
-  VecF vv = load_bf16(v + i);
+ZEST_KERNEL_INLINE void bf16_states_at(const Sources<std::uint16_t>& in, float* p, std::uint16_t* m, std::uint16_t* v,
+                                       const void* grad, void* out, std::size_t i, VecU lo, VecU hi, const Op& op) {
+  VecF pv = load_f32(in.p + i);
+  VecF mv = load_bf16(in.m + i);
+  VecF vv = load_bf16(in.v + i);
   VecU m_out;
   VecU v_out;
   op(pv, mv, vv, load_typed<G>(grad, i), lo, hi, m_out, v_out);
@@ -452,6 +466,9 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
   float* const p = r.master;
   std::uint16_t* const m = static_cast<std::uint16_t*>(r.m);
   std::uint16_t* const v = static_cast<std::uint16_t*>(r.v);
+  const Sources<std::uint16_t> in{r.master_in != nullptr ? r.master_in : p,
+                                  r.m_in != nullptr ? static_cast<const std::uint16_t*>(r.m_in) : m,
+                                  r.v_in != nullptr ? static_cast<const std::uint16_t*>(r.v_in) : v};
   const void* const grad = r.grad;
   void* const out = r.out;
   const std::size_t n = r.count;
@@ -468,7 +485,7 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
       VecU lo;
       VecU hi;
       lane_indices(index, lo, hi);
-      bf16_states_at<G, O>(p, m, v, grad, out, i, lo, hi, op);
+      bf16_states_at<G, O>(in, p, m, v, grad, out, i, lo, hi, op);
       i += kLanes;
       continue;
     }
@@ -476,12 +493,12 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
     VecU lo = (VecU{} + static_cast<std::uint32_t>(index)) + kLaneOffsets;
     for (; i < end; i += kLanes, lo += static_cast<std::uint32_t>(kLanes)) {
       if (Prefetch && kLanes > 1 && i + kBf16Prefetch < n) {  // the scalar reference does without
-        __builtin_prefetch(p + i + kBf16Prefetch, 1);
+        __builtin_prefetch(in.p + i + kBf16Prefetch, 1);
         __builtin_prefetch(static_cast<const unsigned char*>(grad) + (i + kBf16Prefetch) * grad_bytes);
-        __builtin_prefetch(m + i + kBf16Prefetch, 1);
-        __builtin_prefetch(v + i + kBf16Prefetch, 1);
+        __builtin_prefetch(in.m + i + kBf16Prefetch, 1);
+        __builtin_prefetch(in.v + i + kBf16Prefetch, 1);
       }
-      bf16_states_at<G, O>(p, m, v, grad, out, i, lo, hi, op);
+      bf16_states_at<G, O>(in, p, m, v, grad, out, i, lo, hi, op);
     }
   }
   if constexpr (kLanes > 1) {
@@ -493,14 +510,14 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
     alignas(64) unsigned char tg[kLanes * 4] = {};
     alignas(64) unsigned char to[kLanes * 2] = {};
     constexpr std::size_t grad_size = dtype_size(G);
-    std::memcpy(tp, p + i, rest * 4);
-    std::memcpy(tm, m + i, rest * 2);
-    std::memcpy(tv, v + i, rest * 2);
+    std::memcpy(tp, in.p + i, rest * 4);
+    std::memcpy(tm, in.m + i, rest * 2);
+    std::memcpy(tv, in.v + i, rest * 2);
     std::memcpy(tg, static_cast<const unsigned char*>(grad) + i * grad_size, rest * grad_size);
     VecU lo;
     VecU hi;
     lane_indices(first + i, lo, hi);
-    bf16_states_at<G, O>(tp, tm, tv, tg, to, 0, lo, hi, op);
+    bf16_states_at<G, O>({tp, tm, tv}, tp, tm, tv, tg, to, 0, lo, hi, op);
     std::memcpy(p + i, tp, rest * 4);
     std::memcpy(m + i, tm, rest * 2);
     std::memcpy(v + i, tv, rest * 2);
@@ -579,9 +596,18 @@ constexpr std::size_t kInt8RunBlocks = 16;
 // its new scales. Two passes over the whole run, not one pair per block: each pass's vectors are
 // independent of one another, so the core overlaps them; a block's encode waiting on its own
 // maximum stalled the next block's decode.
+// Where an int8 pass reads the master, the codes and their scales (Sources).
+struct Int8Sources {
+  const float* p;
+  const std::uint8_t* m;
+  const std::uint8_t* v;
+  const float* m_scale;
+  const float* v_scale;
+};
+
 template <DType G, Out O>
-ZEST_KERNEL_INLINE void int8_run(float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out,
-                                 std::size_t len, float* m_scale, float* v_scale, const Int8Codecs& codecs,
+ZEST_KERNEL_INLINE void int8_run(const Int8Sources& in, float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad,
+                                 void* out, std::size_t len, float* m_scale, float* v_scale, const Int8Codecs& codecs,
                                  const AdamCoefficients& c) {
   alignas(64) float new_m[kInt8RunBlocks * kInt8Block];
   alignas(64) float new_v[kInt8RunBlocks * kInt8Block];
@@ -592,12 +618,12 @@ ZEST_KERNEL_INLINE void int8_run(float* p, std::uint8_t* qm, std::uint8_t* qv, c
     const std::size_t end = (block + 1) * kInt8Block < len ? (block + 1) * kInt8Block : len;
     VecF m_max = VecF{};
     VecF v_max = VecF{};
-    const VecF old_m_scale = VecF{} + m_scale[block];
-    const VecF old_v_scale = VecF{} + v_scale[block];
+    const VecF old_m_scale = VecF{} + in.m_scale[block];
+    const VecF old_v_scale = VecF{} + in.v_scale[block];
     for (std::size_t i = block * kInt8Block; i < end; i += kLanes) {
-      VecF pv = load_f32(p + i);
-      VecF mv = codecs.m_decoder.signed_value(load_u8(qm + i), old_m_scale);
-      VecF vv = codecs.v_decoder.value(load_u8(qv + i)) * old_v_scale;
+      VecF pv = load_f32(in.p + i);
+      VecF mv = codecs.m_decoder.signed_value(load_u8(in.m + i), old_m_scale);
+      VecF vv = codecs.v_decoder.value(load_u8(in.v + i)) * old_v_scale;
       adam_update(pv, mv, vv, load_typed<G>(grad, i), c);
       store_f32(p + i, pv);
       store_out<O>(out, i, pv);
@@ -630,21 +656,27 @@ ZEST_KERNEL_INLINE void int8_run(float* p, std::uint8_t* qm, std::uint8_t* qv, c
   }
 }
 
-// The blocks of an int8 range in runs: run(p, qm, qv, grad, out, len, m_scale, v_scale) on each run
-// of up to kInt8RunBlocks whole blocks, len a multiple of kLanes, m_scale and v_scale its blocks'
-// scales (a short last block runs alone on zero-padded copies).
+// The blocks of an int8 range in runs: run(in, p, qm, qv, grad, out, len, m_scale, v_scale) on each
+// run of up to kInt8RunBlocks whole blocks, len a multiple of kLanes, m_scale and v_scale its
+// blocks' scales, `in` where it reads them (a short last block runs alone on zero-padded copies).
 template <DType G, Out O, class Run>
 void for_each_int8_run(const CompactAdamRange& r, const Run& run) {
   auto* const qm = static_cast<std::uint8_t*>(r.m);
   auto* const qv = static_cast<std::uint8_t*>(r.v);
+  const bool ahead = r.m_in != nullptr;
+  const Int8Sources from{r.master_in != nullptr ? r.master_in : r.master,
+                         ahead ? static_cast<const std::uint8_t*>(r.m_in) : qm,
+                         ahead ? static_cast<const std::uint8_t*>(r.v_in) : qv, ahead ? r.m_scale_in : r.m_scale,
+                         ahead ? r.v_scale_in : r.v_scale};
   constexpr std::size_t grad_size = dtype_size(G);
   const std::size_t whole = r.count - r.count % kInt8Block;
   for (std::size_t begin = 0; begin < whole; begin += kInt8RunBlocks * kInt8Block) {
     const std::size_t len = whole - begin < kInt8RunBlocks * kInt8Block ? whole - begin : kInt8RunBlocks * kInt8Block;
     const void* grad = static_cast<const unsigned char*>(r.grad) + begin * grad_size;
     void* out = O == Out::none ? nullptr : static_cast<unsigned char*>(r.out) + begin * 2;
-    run(r.master + begin, qm + begin, qv + begin, grad, out, len, r.m_scale + begin / kInt8Block,
-        r.v_scale + begin / kInt8Block);
+    const std::size_t block = begin / kInt8Block;
+    run({from.p + begin, from.m + begin, from.v + begin, from.m_scale + block, from.v_scale + block}, r.master + begin,
+        qm + begin, qv + begin, grad, out, len, r.m_scale + block, r.v_scale + block);
   }
   const std::size_t len = r.count - whole;
   if (len == 0) return;
@@ -653,12 +685,14 @@ void for_each_int8_run(const CompactAdamRange& r, const Run& run) {
   alignas(64) std::uint8_t tv[kInt8Block] = {};
   alignas(64) unsigned char tg[kInt8Block * 4] = {};
   alignas(64) unsigned char to[kInt8Block * 2] = {};
-  std::memcpy(tp, r.master + whole, len * 4);
-  std::memcpy(tm, qm + whole, len);
-  std::memcpy(tv, qv + whole, len);
+  std::memcpy(tp, from.p + whole, len * 4);
+  std::memcpy(tm, from.m + whole, len);
+  std::memcpy(tv, from.v + whole, len);
   std::memcpy(tg, static_cast<const unsigned char*>(r.grad) + whole * grad_size, len * grad_size);
   const std::size_t padded = (len + kLanes - 1) / kLanes * kLanes;
-  run(tp, tm, tv, tg, to, padded, r.m_scale + whole / kInt8Block, r.v_scale + whole / kInt8Block);
+  const std::size_t block = whole / kInt8Block;
+  run({tp, tm, tv, from.m_scale + block, from.v_scale + block}, tp, tm, tv, tg, to, padded, r.m_scale + block,
+      r.v_scale + block);
   std::memcpy(r.master + whole, tp, len * 4);
   std::memcpy(qm + whole, tm, len);
   std::memcpy(qv + whole, tv, len);
@@ -671,9 +705,10 @@ void adam_compact(const CompactAdamRange& range, const AdamCoefficients& c, cons
   if (range.states == StatesFormat::int8) {
     const Int8Codecs codecs(*range.m_code, *range.v_code);
     with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
-      for_each_int8_run<G, O>(range, [&](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out,
-                                         std::size_t len, float* m_scale, float* v_scale) __attribute__((always_inline)) {
-        int8_run<G, O>(p, qm, qv, grad, out, len, m_scale, v_scale, codecs, c);
+      for_each_int8_run<G, O>(range, [&](const Int8Sources& in, float* p, std::uint8_t* qm, std::uint8_t* qv,
+                                         const void* grad, void* out, std::size_t len, float* m_scale, float* v_scale)
+                                         __attribute__((always_inline)) {
+        int8_run<G, O>(in, p, qm, qv, grad, out, len, m_scale, v_scale, codecs, c);
       });
     });
     return;
@@ -697,8 +732,8 @@ void roofline_compact(const CompactAdamRange& range) {
   const float k = 1.0f / 1024.0f;
   if (range.states == StatesFormat::int8) {
     with_types(range.grad_dtype, range.out, range.out_dtype, [&]<DType G, Out O>() {
-      for_each_int8_run<G, O>(range, [k](float* p, std::uint8_t* qm, std::uint8_t* qv, const void* grad, void* out,
-                                         std::size_t len, float* m_scale, float* v_scale) {
+      for_each_int8_run<G, O>(range, [k](const Int8Sources&, float* p, std::uint8_t* qm, std::uint8_t* qv,
+                                         const void* grad, void* out, std::size_t len, float* m_scale, float* v_scale) {
         for (std::size_t i = 0; i < len; i += kLanes) {
           const VecF pv = load_f32(p + i) + load_typed<G>(grad, i) * k;
           store_f32(p + i, pv);

@@ -27,6 +27,11 @@ struct AdamRange {
   void* out = nullptr;          // optional low-precision copy of the updated parameters
   DType out_dtype = DType::bf16;  // f16 or bf16 when `out` is set
   std::size_t count = 0;
+  // Where the states are read from when that is not master, m and v themselves (an update that
+  // keeps the old states, CpuAdam::step_from): all three, not overlapping the destinations, or none.
+  const float* master_in = nullptr;
+  const float* m_in = nullptr;
+  const float* v_in = nullptr;
 };
 
 // One contiguous range of an Adam update with compact states (docs/compact-states.md): the fp32
@@ -53,6 +58,14 @@ struct CompactAdamRange {
   DType out_dtype = DType::bf16;
   std::size_t count = 0;
   std::uint64_t first_index = 0;
+  // As AdamRange's: where the update reads the master, m, v and (int8) the scales when that is not
+  // where it writes them (CpuAdam::step_compact_from). All, not overlapping the destinations, or
+  // none; master_in may be set alone (a bf16 master's tile widened in cache).
+  const float* master_in = nullptr;
+  const void* m_in = nullptr;
+  const void* v_in = nullptr;
+  const float* m_scale_in = nullptr;  // int8
+  const float* v_scale_in = nullptr;  // int8
 };
 
 // The step's rounding key: rounding_key(seed, step).

@@ -30,6 +30,11 @@ AdamRange offset(const AdamRange& r, std::size_t begin, std::size_t end) {
   tile.master += begin;
   tile.m += begin;
   tile.v += begin;
+  if (r.master_in != nullptr) {
+    tile.master_in += begin;
+    tile.m_in += begin;
+    tile.v_in += begin;
+  }
   tile.grad = static_cast<const unsigned char*>(r.grad) + begin * dtype_size(r.grad_dtype);
   if (r.out != nullptr) tile.out = static_cast<unsigned char*>(r.out) + begin * dtype_size(r.out_dtype);
   tile.count = end - begin;
@@ -95,12 +100,12 @@ void CpuAdam::step_from(SourceStates from, std::span<float> master, std::span<fl
     throw Error("CpuAdam::step_from: a source state is null; pass master, m and v to read from");
   const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
   const auto adam = kernels_->adam;
+  AdamRange ahead = range;
+  ahead.master_in = from.master;
+  ahead.m_in = from.m;
+  ahead.v_in = from.v;
   arena_.for_each_tile(range.count, kTileElements, [&](std::size_t begin, std::size_t end) {
-    const std::size_t bytes = (end - begin) * sizeof(float);
-    std::memcpy(master.data() + begin, from.master + begin, bytes);
-    std::memcpy(m.data() + begin, from.m + begin, bytes);
-    std::memcpy(v.data() + begin, from.v + begin, bytes);
-    adam(offset(range, begin, end), c);
+    adam(offset(ahead, begin, end), c);
   });
 }
 
@@ -148,6 +153,15 @@ void CpuAdam::for_each_compact_tile(const CompactAdamRange& range, const Kernel&
     if (tile.master != nullptr) tile.master += begin;
     tile.m = static_cast<unsigned char*>(range.m) + begin * state_size;
     tile.v = static_cast<unsigned char*>(range.v) + begin * state_size;
+    if (range.master_in != nullptr) tile.master_in += begin;
+    if (range.m_in != nullptr) {
+      tile.m_in = static_cast<const unsigned char*>(range.m_in) + begin * state_size;
+      tile.v_in = static_cast<const unsigned char*>(range.v_in) + begin * state_size;
+      if (range.states == StatesFormat::int8) {
+        tile.m_scale_in += begin / kInt8Block;
+        tile.v_scale_in += begin / kInt8Block;
+      }
+    }
     tile.grad = static_cast<const unsigned char*>(range.grad) + begin * dtype_size(range.grad_dtype);
     if (range.out != nullptr)
       tile.out = static_cast<unsigned char*>(range.out) + begin * dtype_size(range.out_dtype);
@@ -157,23 +171,81 @@ void CpuAdam::for_each_compact_tile(const CompactAdamRange& range, const Kernel&
   });
 }
 
+namespace {
+
+// Throws unless `from` can be read as the source of a step on `states` (same format and length).
+void check_source(const CpuAdam::CompactSource& from, const CpuAdam::CompactStates& states) {
+  if (from.states.format != states.format || from.states.count != states.count)
+    throw Error("CpuAdam::step_compact_from: the source states differ in format or length from the destination; "
+                "pass the same sub-group's states");
+  if (states.count > 0 &&
+      (from.master == nullptr || from.states.m == nullptr || from.states.v == nullptr ||
+       (states.format == StatesFormat::int8 && (from.states.m_scale == nullptr || from.states.v_scale == nullptr))))
+    throw Error("CpuAdam::step_compact_from: a source state is null; pass the master, m, v (and int8's scales) to read from");
+}
+
+// The kernel reads the moments (and int8's scales) of `from`, not the destination's.
+void read_moments_from(const CpuAdam::CompactSource& from, CompactAdamRange& range) {
+  range.m_in = from.states.m;
+  range.v_in = from.states.v;
+  range.m_scale_in = from.states.m_scale;
+  range.v_scale_in = from.states.v_scale;
+}
+
+}  // namespace
+
 void CpuAdam::step_compact(std::span<float> master, CompactStates states, ConstTensorSpan grad,
                            const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
+  compact_step(nullptr, master, states, grad, args, rounding, out);
+}
+
+void CpuAdam::step_compact(std::span<std::uint16_t> master, CompactStates states, ConstTensorSpan grad,
+                           const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
+  compact_step(nullptr, master, states, grad, args, rounding, out);
+}
+
+void CpuAdam::step_compact_from(const CompactSource& from, std::span<float> master, CompactStates states,
+                                ConstTensorSpan grad, const AdamStepArgs& args, CompactRounding rounding,
+                                TensorSpan out) {
+  check_source(from, states);
+  compact_step(&from, master, states, grad, args, rounding, out);
+}
+
+void CpuAdam::step_compact_from(const CompactSource& from, std::span<std::uint16_t> master, CompactStates states,
+                                ConstTensorSpan grad, const AdamStepArgs& args, CompactRounding rounding,
+                                TensorSpan out) {
+  check_source(from, states);
+  compact_step(&from, master, states, grad, args, rounding, out);
+}
+
+void CpuAdam::compact_step(const CompactSource* from, std::span<float> master, CompactStates states,
+                           ConstTensorSpan grad, const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
   if (states.format == StatesFormat::f32) {
     const std::size_t n = master.size();
     if (states.count != n) throw Error(size_mismatch("m and v", states.count, n));
-    step(master, {static_cast<float*>(states.m), n}, {static_cast<float*>(states.v), n}, grad, args, out);
+    const std::span<float> m{static_cast<float*>(states.m), n}, v{static_cast<float*>(states.v), n};
+    if (from == nullptr) {
+      step(master, m, v, grad, args, out);
+    } else {
+      step_from({static_cast<const float*>(from->master), static_cast<const float*>(from->states.m),
+                 static_cast<const float*>(from->states.v)},
+                master, m, v, grad, args, out);
+    }
     return;
   }
-  const CompactAdamRange range = checked_compact_range(master.data(), master.size(), states, grad, rounding, out);
+  CompactAdamRange range = checked_compact_range(master.data(), master.size(), states, grad, rounding, out);
+  if (from != nullptr) {
+    range.master_in = static_cast<const float*>(from->master);
+    read_moments_from(*from, range);
+  }
   const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
   const StateRounding keys{rounding_key(rounding.seed, args.step)};
   const auto adam = kernels_->adam_compact;
   for_each_compact_tile(range, [&](const CompactAdamRange& tile) { adam(tile, c, keys); });
 }
 
-void CpuAdam::step_compact(std::span<std::uint16_t> master, CompactStates states, ConstTensorSpan grad,
-                           const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
+void CpuAdam::compact_step(const CompactSource* from, std::span<std::uint16_t> master, CompactStates states,
+                           ConstTensorSpan grad, const AdamStepArgs& args, CompactRounding rounding, TensorSpan out) {
   if (states.format == StatesFormat::f32)
     throw Error("CpuAdam::step_compact: a bf16 master needs bf16 or int8 states (optimizer.states), not fp32");
   if (out.data != nullptr && out.dtype == DType::f32)
@@ -182,6 +254,8 @@ void CpuAdam::step_compact(std::span<std::uint16_t> master, CompactStates states
   // The kernel writes no copy; each tile's copy is taken from its rounded master below.
   CompactAdamRange range = checked_compact_range(nullptr, master.size(), states, grad, rounding, out);
   range.out = nullptr;
+  if (from != nullptr) read_moments_from(*from, range);
+  const auto* const master_in = from != nullptr ? static_cast<const std::uint16_t*>(from->master) : master.data();
   const AdamCoefficients c = make_adam_coefficients(hyper_, args.step, args.grad_scale, args.clip_coef);
   const StateRounding keys{rounding_key(rounding.seed, args.step)};
   const AdamKernels& k = *kernels_;
@@ -189,7 +263,7 @@ void CpuAdam::step_compact(std::span<std::uint16_t> master, CompactStates states
     const std::size_t begin = tile.first_index - range.first_index;
     std::uint16_t* const bf16 = master.data() + begin;
     alignas(64) float p[kTileElements];  // the tile's master in fp32, in this thread's cache
-    k.widen_bf16(bf16, p, tile.count);
+    k.widen_bf16(master_in + begin, p, tile.count);
     CompactAdamRange in_cache = tile;
     in_cache.master = p;
     k.adam_compact(in_cache, c, keys);

@@ -61,9 +61,9 @@ class CpuAdam {
     const float* v = nullptr;
   };
   // As step(), but the states are read from `from` (which it leaves as they are) and the updated
-  // ones written to master, m and v. Each tile is copied while it is in cache and updated there, so
-  // this moves about the bytes step() moves: an update that must keep the old states costs no
-  // extra pass over memory. `from` must not overlap the destinations.
+  // ones written to master, m and v, in the same one pass over them: an update that must keep the
+  // old states reads each byte of them once and writes each byte of the new ones once, as step()
+  // does in place (no copy first). `from` must not overlap the destinations.
   void step_from(SourceStates from, std::span<float> master, std::span<float> m, std::span<float> v,
                  ConstTensorSpan grad, const AdamStepArgs& args, TensorSpan out = {});
 
@@ -102,6 +102,23 @@ class CpuAdam {
   void step_compact(std::span<std::uint16_t> master, CompactStates states, ConstTensorSpan grad,
                     const AdamStepArgs& args, CompactRounding rounding, TensorSpan out = {});
 
+  // The states an update reads when it writes elsewhere (step_compact_from): the master weights
+  // (fp32, or bf16 bit patterns for the bf16-master overload) and the moments, in the step's format
+  // and of its length. Only read.
+  struct CompactSource {
+    const void* master = nullptr;
+    CompactStates states;
+  };
+  // As step_compact(), but the states are read from `from` (which it leaves as they are) and the
+  // updated ones written to master and states, in one pass as step_from(). `from` must not overlap
+  // the destinations. fp32 states are step_from() itself.
+  void step_compact_from(const CompactSource& from, std::span<float> master, CompactStates states,
+                         ConstTensorSpan grad, const AdamStepArgs& args, CompactRounding rounding,
+                         TensorSpan out = {});
+  void step_compact_from(const CompactSource& from, std::span<std::uint16_t> master, CompactStates states,
+                         ConstTensorSpan grad, const AdamStepArgs& args, CompactRounding rounding,
+                         TensorSpan out = {});
+
   // Sum of squares of `grad` (as stored, before any scale) and whether any element is Inf/NaN;
   // the sum means nothing when one is.
   GradStats grad_stats(ConstTensorSpan grad);
@@ -127,6 +144,11 @@ class CpuAdam {
                                          CompactRounding rounding, TensorSpan out) const;
   template <class Kernel>
   void for_each_compact_tile(const CompactAdamRange& range, const Kernel& kernel);
+  // step_compact and step_compact_from (from null: in place).
+  void compact_step(const CompactSource* from, std::span<float> master, CompactStates states, ConstTensorSpan grad,
+                    const AdamStepArgs& args, CompactRounding rounding, TensorSpan out);
+  void compact_step(const CompactSource* from, std::span<std::uint16_t> master, CompactStates states,
+                    ConstTensorSpan grad, const AdamStepArgs& args, CompactRounding rounding, TensorSpan out);
   // Checks the gradient and the optional copy against n elements and sets them in r.
   template <class Range>
   static void check_grad_and_out(std::size_t n, ConstTensorSpan grad, TensorSpan out, Range& r);

@@ -3,6 +3,7 @@ at every thread count, self-consistent (positive timings of the same parameter c
 roofline ratios and zest's ratio to each agree with the medians), and each peer's parameters after
 the bench's check (5 steps on the same inputs) equal zest's CPU Adam's within fp32 tolerance. A
 Python without torch or DeepSpeed, or no Python named, fails saying how to make the environment;
+with int8 states, a bf16 master and --ahead the rows and ratios stay consistent (bandwidth shares);
 without --peers the output is as before. Timings are not judged here.
 
 usage: bench_adam_peers_test.py ZEST PYTHON   (PYTHON: of scripts/python-env.sh's environment)
@@ -106,6 +107,28 @@ for args in (["--mode", "bf16-grad"], ["--device", "cuda"]):
     r = run("--peers", "--python", python, *args)
     if r.returncode != 2 or "--peers measures the cpu Adam in fp32" not in r.stderr:
         problems.append(f"--peers {' '.join(args)}: exit {r.returncode}, expected 2:\n{r.stderr}")
+
+# --- compact states beside the peers (their rows stay fp32: 28 bytes a parameter), a bf16 master
+# (its share of the roofline by bandwidth: 12.25 bytes against the roofline kernel's 16.25) and
+# the update ahead (its rate against the step in place, same bytes)
+r = run("--peers", "--python", python, "--params", str(PARAMS), "--reps", "2", "--threads", "1", "--states",
+        "int8", "--master", "bf16", "--ahead", "--json")
+if r.returncode != 0:
+    sys.exit(f"FAIL: --peers --states int8 --master bf16 --ahead exited {r.returncode}\n{r.stderr}")
+o = json.loads(r.stdout)
+if (o["states"], o["master"], o["bytes_per_param"], o["roofline_bytes_per_param"]) != ("int8", "bf16", 12.25, 16.25):
+    problems.append(f"compact: states {o['states']}, master {o['master']}, bytes {o['bytes_per_param']}, "
+                    f"roofline bytes {o['roofline_bytes_per_param']}")
+if not close(o["roofline_ratio"], o["params_per_s"] * 12.25 / (o["roofline_params_per_s"] * 16.25), 5e-3):
+    problems.append(f"compact: roofline ratio {o['roofline_ratio']} is not the bandwidth share")
+if not (o["ahead_params_per_s"] > 0 and close(o["ahead_ratio"], o["ahead_params_per_s"] / o["params_per_s"], 5e-3)):
+    problems.append(f"compact: ahead {o['ahead_params_per_s']}, ratio {o['ahead_ratio']}")
+for p in o["peers"]:
+    if "error" in p:
+        continue
+    if not close(p["roofline_ratio"], p["params_per_s"] * 28 / (o["roofline_params_per_s"] * 16.25), 5e-3) or \
+            not close(p["zest_ratio"], p["median_s"] / (PARAMS / o["params_per_s"]), 5e-3):
+        problems.append(f"compact: {p['name']}: roofline ratio {p['roofline_ratio']}, zest's {p['zest_ratio']}")
 
 # --- without --peers: zest's three rows, nothing else
 r = run("--params", "1000", "--reps", "1")

@@ -53,7 +53,10 @@ refused "$zest" "--threads: expected a whole number from 1 to 1024, found '10000
 refused "$zest" "--params: expected a whole count from 1 to 100000000000" bench adam --params 1e19
 refused "$zest" "--reps: expected a whole number from 1 to 1000, found '3x'" bench adam --reps 3x
 refused "$zest" "unknown --states 'fp8'" bench adam --states fp8
-refused "$zest" "--states bf16|int8 measures the cpu Adam alone" bench adam --states int8 --device cuda
+refused "$zest" "--states bf16|int8 measures the cpu Adam (--device cpu)" bench adam --states int8 --device cuda
+refused "$zest" "--master bf16 goes with compact moments" bench adam --master bf16
+refused "$zest" "unknown --master 'fp8'" bench adam --master fp8 --states int8
+refused "$zest" "--ahead measures the cpu Adam" bench adam --ahead --device cuda
 
 refused "$zest" "--steps: expected a whole number from 1 to 1000000, found '-1'" bench step --path "$work" --steps -1
 refused "$zest" "--io-size: expected a number from 0.001 to 16384, found 'nan'" bench step --path "$work" --io-size nan

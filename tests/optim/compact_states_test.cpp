@@ -15,6 +15,7 @@
 #include "optim/compact_math.hpp"
 #include "optim/compact_reference.hpp"
 #include "optim/cpu_adam.hpp"
+#include "optim/states_layout.hpp"
 #include "optim/supported_isas.hpp"
 #include "runtime/half.hpp"
 
@@ -521,6 +522,69 @@ TEST(Int8States, VDecaysAtBeta2WithZeroGradients) {
     const double got = dequantize(code, false, s.v[i], s.v_scale[i / kInt8Block]);
     ASSERT_NEAR(got, v0[i] * decay, 1e-4 * v0[i] * decay + 1e-30) << "element " << i << " from " << v0[i];
   }
+}
+
+// step_compact_from (the update ahead of an offloaded step, which must keep the current states)
+// leaves in the destination the bytes step_compact leaves in place, the whole StatesLayout region
+// (master, m, v, int8's scales), for both compact formats and both masters, over several threaded
+// tiles, and leaves the source as it was; it refuses a source of another format or length, or a
+// null one.
+TEST(CompactStates, StepFromWritesWhatTheStepInPlaceWritesAndKeepsTheSource) {
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-2, 0.9, 0.999, 1e-8, 0.1};
+  const std::size_t n = 2 * CpuAdam::kTileElements + 320;
+  for (StatesFormat format : {StatesFormat::bf16, StatesFormat::int8}) {
+    for (DType master : {DType::f32, DType::bf16}) {
+      const StatesLayout layout({format, master}, n);
+      const std::string what = std::string(format == StatesFormat::int8 ? "int8" : "bf16") +
+                               (master == DType::bf16 ? " states, bf16 master" : " states, fp32 master");
+      std::mt19937 rng(3);
+      CpuAdam adam(hp, 3);
+      std::vector<char> source(layout.bytes(), 0);
+      {  // a master of random values, then two steps in place: states of every kind of value
+        std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (master == DType::bf16) layout.bf16_master(source.data())[i] = float_to_bf16(uniform(rng));
+          else layout.master(source.data())[i] = uniform(rng);
+        }
+      }
+      const auto step = [&](char* from, char* to, const Grads& g, std::int64_t t) {
+        const CpuAdam::CompactStates states = layout.moments(to, 0, n);
+        const CpuAdam::CompactRounding rounding{7, 1000};
+        if (from == to && master == DType::bf16)
+          adam.step_compact(std::span<std::uint16_t>(layout.bf16_master(to), n), states, {g.data(), g.dtype, n}, {t}, rounding);
+        else if (from == to)
+          adam.step_compact(std::span<float>(layout.master(to), n), states, {g.data(), g.dtype, n}, {t}, rounding);
+        else if (master == DType::bf16)
+          adam.step_compact_from({layout.bf16_master(from), layout.moments(from, 0, n)},
+                                 std::span<std::uint16_t>(layout.bf16_master(to), n), states, {g.data(), g.dtype, n},
+                                 {t}, rounding);
+        else
+          adam.step_compact_from({layout.master(from), layout.moments(from, 0, n)},
+                                 std::span<float>(layout.master(to), n), states, {g.data(), g.dtype, n}, {t}, rounding);
+      };
+      for (std::int64_t t = 1; t <= 2; ++t) step(source.data(), source.data(), random_grads(DType::bf16, n, rng), t);
+      const Grads g = random_grads(DType::bf16, n, rng);
+      std::vector<char> want = source;
+      step(want.data(), want.data(), g, 3);
+      const std::vector<char> before = source;
+      std::vector<char> got(layout.bytes(), static_cast<char>(0xab));
+      step(source.data(), got.data(), g, 3);
+      EXPECT_TRUE(got == want) << what << ": the destination differs from the step in place";
+      EXPECT_TRUE(source == before) << what << ": the source changed";
+      EXPECT_FALSE(want == before) << what << ": the step changed nothing, so the test proves nothing";
+    }
+  }
+  CpuAdam adam(hp, 1);
+  std::vector<float> p(64), m(64), v(64), g(64);
+  const CpuAdam::CompactStates bf16{StatesFormat::bf16, m.data(), v.data(), 64};
+  EXPECT_THROW(adam.step_compact_from({p.data(), {StatesFormat::int8, m.data(), v.data(), 64}}, std::span<float>(p), bf16,
+                                      {g.data(), DType::f32, 64}, {1}, {}),
+               Error);
+  EXPECT_THROW(adam.step_compact_from({p.data(), {StatesFormat::bf16, m.data(), v.data(), 32}}, std::span<float>(p), bf16,
+                                      {g.data(), DType::f32, 64}, {1}, {}),
+               Error);
+  EXPECT_THROW(adam.step_compact_from({nullptr, bf16}, std::span<float>(p), bf16, {g.data(), DType::f32, 64}, {1}, {}),
+               Error);
 }
 
 }  // namespace
