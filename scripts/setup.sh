@@ -66,6 +66,8 @@ try:
 except ValueError:
     sys.exit(1)
 def text(v):
+    if isinstance(v, list):  # cpp_args and the like: -Dcpp_args=-g1 reads back as ["-g1"]
+        return " ".join(v)
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 wanted = dict(a[2:].split("=", 1) for a in sys.argv[1:])   # the last value of a name counts
 sys.exit(0 if all(k in current and text(current[k]) == v for k, v in wanted.items()) else 1)' "$@"
