@@ -121,8 +121,9 @@ __global__ void __launch_bounds__(kThreads) int8_states_adam(Table table, optim:
       const std::uint32_t m_byte = optim::dynamic_encode_magnitude<float, std::uint32_t>(
           codes.m, magnitude(m_new[k]) * m_r.pre * m_r.inv, optim::ScalarCodeOps{});
       qm[j] = static_cast<std::uint8_t>(optim::signed_code_byte<std::uint32_t>(float_bits(m_new[k]), m_byte));
-      qv[j] = static_cast<std::uint8_t>(optim::dynamic_encode_magnitude<float, std::uint32_t>(
-          codes.v, magnitude(v_new[k]) * v_r.pre * v_r.inv, optim::ScalarCodeOps{}));
+      qv[j] = static_cast<std::uint8_t>(optim::unsigned_code_byte<std::uint32_t>(
+          float_bits(v_new[k]), optim::dynamic_encode_magnitude<float, std::uint32_t>(
+                                    codes.v, magnitude(v_new[k]) * v_r.pre * v_r.inv, optim::ScalarCodeOps{})));
     }
   }
 }

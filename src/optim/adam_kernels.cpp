@@ -644,7 +644,7 @@ ZEST_KERNEL_INLINE void int8_run(const Int8Sources& in, float* p, std::uint8_t* 
         const VecU mw = as_words(load_f32(new_m + i));
         const VecU vw = as_words(load_f32(new_v + i));
         store_low8(qm + i, signed_byte(mw, codecs.m_encoder.encode(scaled(as_floats(mw & 0x7fffffffu), m_r[block]))));
-        store_low8(qv + i, codecs.v_encoder.encode(scaled(as_floats(vw & 0x7fffffffu), v_r[block])));
+        store_low8(qv + i, unsigned_code_byte(vw, codecs.v_encoder.encode(scaled(as_floats(vw & 0x7fffffffu), v_r[block]))));
       }
     };
     // |x| * pre * inv (block_reciprocal); pre is 1 but for blocks of subnormal scale, so the

@@ -220,6 +220,20 @@ ZEST_HOST_DEVICE inline U signed_code_byte(U word, U magnitude) {
   return magnitude | (((word >> 31) & nonzero) << 7);
 }
 
+// The byte of an unsigned (v) value from its float bits and magnitude byte: a finite v above 0
+// never stores 0, but the code's smallest value. Rounded to 0 while its m was not, an element's
+// update became m / eps, millions of times its size (the "zero-point problem" of low-bit second
+// moments, Li et al. 2023, who drop 0 from v's map): on an unstable model int8 states diverged
+// where fp32 recovered. Rounded up, √v can only be larger, so the step only smaller. 0, -0 and NaN
+// stay 0.
+template <class U>
+ZEST_HOST_DEVICE inline U unsigned_code_byte(U word, U magnitude) {
+  const U x = word & 0x7fffffffu;
+  const U finite_positive = ((x + 0x7fffffffu) >> 31) & (((0x7f800000u - x) >> 31) ^ 1u);
+  const U zero = ((magnitude + 0xffu) >> 8) ^ 1u;  // magnitude <= 255
+  return magnitude | (finite_positive & zero);
+}
+
 // The float bits of a code byte times the scale: the sign bit flipped for a signed byte's top bit.
 template <class U>
 ZEST_HOST_DEVICE inline U signed_code_sign(U byte) {
@@ -247,7 +261,8 @@ ZEST_HOST_DEVICE inline BlockReciprocal block_reciprocal(float scale) {
 }
 
 // Quantizes n <= kInt8Block values to bytes with the block's scale, its largest magnitude: each
-// |x| times the block's reciprocal (block_reciprocal) is encoded. NaN elements are skipped by the
+// |x| times the block's reciprocal (block_reciprocal) is encoded (for v, unsigned_code_byte keeps
+// positive values off 0). NaN elements are skipped by the
 // maximum and encode as 0: the engine skips steps with nonfinite gradients before they reach the
 // states. Returns the scale.
 ZEST_HOST_DEVICE inline float quantize_block(const DynamicCode& code, bool is_signed, const float* x,
@@ -261,7 +276,8 @@ ZEST_HOST_DEVICE inline float quantize_block(const DynamicCode& code, bool is_si
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t magnitude =
         dynamic_encode_magnitude<float, std::uint32_t>(code, fabsf(x[i]) * r.pre * r.inv, ScalarCodeOps{});
-    q[i] = static_cast<std::uint8_t>(is_signed ? signed_code_byte(float_bits(x[i]), magnitude) : magnitude);
+    q[i] = static_cast<std::uint8_t>(is_signed ? signed_code_byte(float_bits(x[i]), magnitude)
+                                               : unsigned_code_byte(float_bits(x[i]), magnitude));
   }
   return scale;
 }

@@ -180,7 +180,7 @@ inline std::uint32_t reference_encode_magnitude(double a, int width) {
 
 // One block: scale = largest magnitude; each x encoded from fl(fl(|x| * pre) * fl(1 / (scale * pre)))
 // and its sign, pre = 2^64 for a scale below 2^-126 and 1 otherwise, so the reciprocal is finite
-// (0 * Inf: NaN, nearest to no value, encodes as 0).
+// (0 * Inf: NaN, nearest to no value, encodes as 0); an unsigned (v) x above 0 is at least byte 1.
 inline float reference_quantize_block(bool is_signed, const std::vector<float>& x, std::vector<std::uint8_t>& q) {
   const int width = is_signed ? 7 : 8;
   float scale = 0.0f;
@@ -190,7 +190,10 @@ inline float reference_quantize_block(bool is_signed, const std::vector<float>& 
     const float pre = scale < 0x1p-126f ? 0x1p64f : 1.0f;
     const float a = (std::fabs(x[i]) * pre) * (1.0f / (scale * pre));
     const std::uint32_t magnitude = reference_encode_magnitude(a, width);
-    q[i] = static_cast<std::uint8_t>(magnitude | (is_signed && std::signbit(x[i]) && magnitude != 0 ? 0x80u : 0u));
+    // v: a finite value above 0 keeps at least the smallest code value (no v rounds to 0).
+    const bool lifted = !is_signed && magnitude == 0 && std::fabs(x[i]) > 0.0f && std::isfinite(x[i]);
+    q[i] = static_cast<std::uint8_t>((lifted ? 1u : magnitude) |
+                                     (is_signed && std::signbit(x[i]) && magnitude != 0 ? 0x80u : 0u));
   }
   return scale;
 }

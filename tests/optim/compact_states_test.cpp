@@ -453,6 +453,26 @@ struct Int8States {
   }
 };
 
+// v's code keeps every finite positive value off 0 (unsigned_code_byte): far below its block's
+// largest, a v stores the smallest code value, 1e-7 of the scale, so √v never collapses to 0 while
+// m does not (the update would be m / eps). 0, -0 and NaN still store 0; m's code is unchanged.
+TEST(Int8States, NoPositiveVStoresZero) {
+  const DynamicCode code = make_dynamic_code(false);
+  const std::vector<float> x{1.0f, 1e-12f, 0.0f, -0.0f, 3e-8f, 6e-8f, 0.5f, std::nanf("")};
+  std::vector<std::uint8_t> q(x.size());
+  EXPECT_EQ(quantize_block(code, false, x.data(), x.size(), q.data()), 1.0f);
+  EXPECT_EQ(q, (std::vector<std::uint8_t>{255, 1, 0, 0, 1, 1, q[6], 0}));
+  EXPECT_GT(q[6], 1);
+  EXPECT_EQ(dequantize(code, false, 1, 1.0f), code.values[1]);
+  EXPECT_NEAR(code.values[1], 1e-7, 1e-12);
+  // m: a value far below the block's largest still rounds to 0 (the update is then 0 / √v).
+  const DynamicCode signed_code = make_dynamic_code(true);
+  const std::vector<float> m{1.0f, 1e-12f};
+  std::vector<std::uint8_t> qm(2);
+  quantize_block(signed_code, true, m.data(), 2, qm.data());
+  EXPECT_EQ(qm[1], 0);
+}
+
 // Where a range has three blocks or more, its second block's gradients become zeros (scales stay
 // 0) and its third's tiny, so that m's scale there is subnormal (the encode's pre = 2^64 path).
 void quiet_blocks(Grads& g) {
