@@ -418,7 +418,7 @@ void dispatch(const AdamRange& r, const Op& op) {
 
 inline VecU as_words(VecF x) { return __builtin_bit_cast(VecU, x); }
 
-// Where a pass reads the master and the states of m_type: the places it writes, or those of the
+// Where a pass reads the master and the states (of type S): the places it writes, or those of the
 // states an update ahead keeps (CompactAdamRange::master_in...).
 template <class S>
 struct Sources {
