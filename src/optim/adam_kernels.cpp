@@ -93,7 +93,7 @@ inline void load_table(const float* from, __m512 (&table)[N / 16]) {
   for (std::uint32_t k = 0; k < N / 16; ++k) table[k] = _mm512_loadu_ps(from + 16 * k);
 }
 
-// The int8 code of N magnitudes (128: m, 256: v), its tables loaded into registers once per block
+// The int8 code of N magnitudes (128: m, 256: v), its tables loaded into registers once per range
 // (read from the DynamicCode inside the loop they were reloaded for every vpermt2ps).
 template <std::uint32_t N>
 struct Int8Decoder {
