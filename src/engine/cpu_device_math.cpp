@@ -63,21 +63,15 @@ class CpuDeviceMath final : public DeviceMath {
         adam_.set_hyper(s.hyper ? *s.hyper : hyper_);
         std::span<float> master(s.master, s.count), m(s.m, s.count), v(s.v, s.count);
         const optim::ConstTensorSpan grad{s.grad, grad_dtype, s.count};
-        if (s.compact.format != StatesFormat::f32) {
-          const optim::TensorSpan low =
-              out_dtype == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{s.out, out_dtype, s.count};
-          if (s.bf16_master != nullptr)
-            adam_.step_compact(std::span<std::uint16_t>(s.bf16_master, s.count), s.compact, grad, args, s.rounding, low);
-          else
-            adam_.step_compact(master, s.compact, grad, args, s.rounding, low);
-          if (out_dtype == DType::f32) std::memcpy(s.out, s.master, s.count * sizeof(float));
-        } else if (out_dtype == DType::f32) {
-          // The CPU Adam writes only low-precision copies; fp32 parameters are the master weights.
-          adam_.step(master, m, v, grad, args);
-          std::memcpy(s.out, s.master, s.count * sizeof(float));
-        } else {
-          adam_.step(master, m, v, grad, args, optim::TensorSpan{s.out, out_dtype, s.count});
-        }
+        // The kernel writes the parameters (fp32 ones too: the engine's are apart from the master)
+        // in its pass over the states.
+        const optim::TensorSpan out{s.out, out_dtype, s.count};
+        if (s.compact.format == StatesFormat::f32)
+          adam_.step(master, m, v, grad, args, out);
+        else if (s.bf16_master != nullptr)
+          adam_.step_compact(std::span<std::uint16_t>(s.bf16_master, s.count), s.compact, grad, args, s.rounding, out);
+        else
+          adam_.step_compact(master, s.compact, grad, args, s.rounding, out);
       }
     });
   }

@@ -1,7 +1,6 @@
 #include "engine/sub_groups.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 namespace zest::engine {
@@ -33,8 +32,8 @@ void SubGroupAdam::update(const SubGroupPlace& sub, const char* from, char* to, 
     adam_.set_hyper(hyper[r]);
     float* const master = place.master(to);
     const optim::ConstTensorSpan g{grad + at * element, dtype_, n};
-    const optim::TensorSpan low =
-        dtype_ == DType::f32 ? optim::TensorSpan{} : optim::TensorSpan{out + at * element, dtype_, n};
+    // The parameters (fp32 ones too) are written in the update's pass, not copied from the master after it.
+    const optim::TensorSpan low = out ? optim::TensorSpan{out + at * element, dtype_, n} : optim::TensorSpan{};
     const optim::CpuAdam::CompactRounding rounding = states_.rounding(sub.group, sub.in_group + at);
     if (states_.master == DType::bf16) {
       const std::span<std::uint16_t> p(place.bf16_master(to) + at, n);
@@ -60,7 +59,6 @@ void SubGroupAdam::update(const SubGroupPlace& sub, const char* from, char* to, 
     else
       adam_.step_from({old + at, old + stride + at, old + 2 * stride + at}, p, m, v, g, args, low);
   }
-  if (dtype_ == DType::f32 && out) std::memcpy(out, to, sub.count * sizeof(float));
 }
 
 void SubGroupAdam::current_hyper(std::vector<optim::AdamHyperParams>& hyper) const {

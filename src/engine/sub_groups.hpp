@@ -47,7 +47,7 @@ class SubGroupAdam {
 
   // One Adam step over `sub`: its states read at `from` and written at `to` (both laid out by
   // layout(sub); the same place: in place), its gradient (dtype) at `grad`, its updated parameters
-  // in dtype into `out` (f32: a copy of the master weights, skipped when `out` is null). Each part
+  // in dtype into `out`, written in the update's pass (none when `out` is null). Each part
   // of the sub-group in one optimizer parameter group is updated with hyper[r] of that run.
   void update(const SubGroupPlace& sub, const char* from, char* to, const char* grad, char* out,
               const optim::AdamStepArgs& args, std::span<const optim::AdamHyperParams> hyper);

@@ -42,7 +42,12 @@ struct AdamSqrt<VecF> {
 namespace ZEST_ADAM_ISA_NS {
 namespace {
 
-enum class Out { none, bf16, f16 };
+// The parameter copy written in the update's pass: none, a 16-bit copy, or fp32 parameters that
+// are not the master weights' memory (the engine's fp32 parameters: writing them here saves a
+// copy of the master afterwards, a read and a write of every parameter).
+enum class Out { none, bf16, f16, f32 };
+template <Out O>
+constexpr std::size_t kOutSize = O == Out::f32 ? 4 : 2;
 
 #if defined(__AVX512F__)
 // The high 16 bits of each word of mw to m and of vw to v: one two-register word permute.
@@ -334,6 +339,8 @@ inline void store_out(void* out, std::size_t i, VecF p) {
     store_bf16(static_cast<std::uint16_t*>(out) + i, p);
   } else if constexpr (O == Out::f16) {
     store_f16(static_cast<std::uint16_t*>(out) + i, p);
+  } else if constexpr (O == Out::f32) {
+    store_f32(static_cast<float*>(out) + i, p);
   }
 }
 
@@ -378,7 +385,7 @@ void for_each_vector(const AdamRange& r, const Op& op_in) {
     alignas(64) float tm[kLanes] = {};
     alignas(64) float tv[kLanes] = {};
     alignas(64) unsigned char tg[kLanes * 4] = {};
-    alignas(64) unsigned char to[kLanes * 2] = {};
+    alignas(64) unsigned char to[kLanes * 4] = {};
     constexpr std::size_t grad_size = dtype_size(G);  // constexpr: no out-of-line call (see top)
     std::memcpy(tp, p_in + i, rest * 4);
     std::memcpy(tm, m_in + i, rest * 4);
@@ -388,14 +395,18 @@ void for_each_vector(const AdamRange& r, const Op& op_in) {
     std::memcpy(p + i, tp, rest * 4);
     std::memcpy(m + i, tm, rest * 4);
     std::memcpy(v + i, tv, rest * 4);
-    if constexpr (O != Out::none) std::memcpy(static_cast<unsigned char*>(out) + i * 2, to, rest * 2);
+    if constexpr (O != Out::none)
+      std::memcpy(static_cast<unsigned char*>(out) + i * kOutSize<O>, to, rest * kOutSize<O>);
   }
 }
 
 // Calls run.template operator()<G, O>() for the range's gradient type and output.
 template <class Run>
 void with_types(DType grad_dtype, const void* out_ptr, DType out_dtype, const Run& run) {
-  const Out out = out_ptr == nullptr ? Out::none : (out_dtype == DType::f16 ? Out::f16 : Out::bf16);
+  const Out out = out_ptr == nullptr           ? Out::none
+                  : out_dtype == DType::f32   ? Out::f32
+                  : out_dtype == DType::f16   ? Out::f16
+                                              : Out::bf16;
   auto with_grad = [&]<Out O>() {
     switch (grad_dtype) {
       case DType::f32: run.template operator()<DType::f32, O>(); return;
@@ -407,6 +418,7 @@ void with_types(DType grad_dtype, const void* out_ptr, DType out_dtype, const Ru
     case Out::none: with_grad.template operator()<Out::none>(); return;
     case Out::bf16: with_grad.template operator()<Out::bf16>(); return;
     case Out::f16: with_grad.template operator()<Out::f16>(); return;
+    case Out::f32: with_grad.template operator()<Out::f32>(); return;
   }
 }
 
@@ -508,7 +520,7 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
     alignas(64) std::uint16_t tm[kLanes] = {};
     alignas(64) std::uint16_t tv[kLanes] = {};
     alignas(64) unsigned char tg[kLanes * 4] = {};
-    alignas(64) unsigned char to[kLanes * 2] = {};
+    alignas(64) unsigned char to[kLanes * 4] = {};
     constexpr std::size_t grad_size = dtype_size(G);
     std::memcpy(tp, in.p + i, rest * 4);
     std::memcpy(tm, in.m + i, rest * 2);
@@ -521,7 +533,8 @@ void for_each_bf16_states_vector(const CompactAdamRange& r, const Op& op_in) {
     std::memcpy(p + i, tp, rest * 4);
     std::memcpy(m + i, tm, rest * 2);
     std::memcpy(v + i, tv, rest * 2);
-    if constexpr (O != Out::none) std::memcpy(static_cast<unsigned char*>(out) + i * 2, to, rest * 2);
+    if constexpr (O != Out::none)
+      std::memcpy(static_cast<unsigned char*>(out) + i * kOutSize<O>, to, rest * kOutSize<O>);
   }
 }
 
@@ -673,7 +686,7 @@ void for_each_int8_run(const CompactAdamRange& r, const Run& run) {
   for (std::size_t begin = 0; begin < whole; begin += kInt8RunBlocks * kInt8Block) {
     const std::size_t len = whole - begin < kInt8RunBlocks * kInt8Block ? whole - begin : kInt8RunBlocks * kInt8Block;
     const void* grad = static_cast<const unsigned char*>(r.grad) + begin * grad_size;
-    void* out = O == Out::none ? nullptr : static_cast<unsigned char*>(r.out) + begin * 2;
+    void* out = O == Out::none ? nullptr : static_cast<unsigned char*>(r.out) + begin * kOutSize<O>;
     const std::size_t block = begin / kInt8Block;
     run({from.p + begin, from.m + begin, from.v + begin, from.m_scale + block, from.v_scale + block}, r.master + begin,
         qm + begin, qv + begin, grad, out, len, r.m_scale + block, r.v_scale + block);
@@ -684,7 +697,7 @@ void for_each_int8_run(const CompactAdamRange& r, const Run& run) {
   alignas(64) std::uint8_t tm[kInt8Block] = {};
   alignas(64) std::uint8_t tv[kInt8Block] = {};
   alignas(64) unsigned char tg[kInt8Block * 4] = {};
-  alignas(64) unsigned char to[kInt8Block * 2] = {};
+  alignas(64) unsigned char to[kInt8Block * 4] = {};
   std::memcpy(tp, from.p + whole, len * 4);
   std::memcpy(tm, from.m + whole, len);
   std::memcpy(tv, from.v + whole, len);
@@ -696,7 +709,8 @@ void for_each_int8_run(const CompactAdamRange& r, const Run& run) {
   std::memcpy(r.master + whole, tp, len * 4);
   std::memcpy(qm + whole, tm, len);
   std::memcpy(qv + whole, tv, len);
-  if constexpr (O != Out::none) std::memcpy(static_cast<unsigned char*>(r.out) + whole * 2, to, len * 2);
+  if constexpr (O != Out::none)
+    std::memcpy(static_cast<unsigned char*>(r.out) + whole * kOutSize<O>, to, len * kOutSize<O>);
 }
 
 }  // namespace

@@ -24,8 +24,8 @@ struct AdamRange {
   float* v = nullptr;
   const void* grad = nullptr;
   DType grad_dtype = DType::f32;
-  void* out = nullptr;          // optional low-precision copy of the updated parameters
-  DType out_dtype = DType::bf16;  // f16 or bf16 when `out` is set
+  void* out = nullptr;            // optional copy of the updated parameters
+  DType out_dtype = DType::bf16;  // f16, bf16 or f32 when `out` is set
   std::size_t count = 0;
   // Where the states are read from when that is not master, m and v themselves (an update that
   // keeps the old states, CpuAdam::step_from): all three, not overlapping the destinations, or none.

@@ -75,9 +75,6 @@ void CpuAdam::check_grad_and_out(std::size_t n, ConstTensorSpan grad, TensorSpan
   r.grad_dtype = grad.dtype;
   if (out.data != nullptr) {
     if (out.count != n) throw Error(size_mismatch("out", out.count, n));
-    if (out.dtype == DType::f32)
-      throw Error("CpuAdam::step: the parameter copy must be bf16 or fp16, got fp32; the master "
-                  "weights already are the fp32 parameters");
     r.out = out.data;
     r.out_dtype = out.dtype;
   }

@@ -49,7 +49,8 @@ class CpuAdam {
   CpuAdam(const AdamHyperParams& hyper, int threads, std::vector<int> cpus, Isa isa);
 
   // Updates master, m, v in place; when `out.data` is set, writes the updated parameters there
-  // as out.dtype (bf16 or f16). All spans must have the same length and must not overlap. Not
+  // as out.dtype (bf16, f16, or f32: parameters kept apart from the master weights, written in the
+  // same pass instead of copied after it). All spans must have the same length and must not overlap. Not
   // thread-safe: one step at a time per CpuAdam. Throws zest::Error on mismatched arguments.
   void step(std::span<float> master, std::span<float> m, std::span<float> v,
             ConstTensorSpan grad, const AdamStepArgs& args, TensorSpan out = {});

@@ -607,5 +607,49 @@ TEST(CompactStates, StepFromWritesWhatTheStepInPlaceWritesAndKeepsTheSource) {
                Error);
 }
 
+// fp32 parameters kept apart from the master (the engine's) are written in the update's pass: they
+// hold the updated master's bits exactly, for every state format and variant, over several tiles
+// and a ragged tail, nothing outside them is written, and writing them changes nothing else.
+TEST(CompactStates, Fp32ParametersWrittenInThePassEqualTheMaster) {
+  const AdamHyperParams hp{OptimizerType::adamw, 1e-2, 0.9, 0.999, 1e-8, 0.1};
+  const std::size_t n = 2 * CpuAdam::kTileElements + 77;
+  constexpr std::uint32_t kGuard = 0x7fa5a5a5u;
+  for (StatesFormat format : {StatesFormat::f32, StatesFormat::bf16, StatesFormat::int8}) {
+    for (Isa isa : supported_isas()) {
+      const std::string what = std::string(isa_name(isa)) + (format == StatesFormat::f32    ? " fp32 states"
+                                                             : format == StatesFormat::bf16 ? " bf16 states"
+                                                                                            : " int8 states");
+      const StatesLayout layout({format, DType::f32}, n);
+      std::mt19937 rng(11);
+      std::vector<char> with(layout.bytes(), 0);
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      for (std::size_t i = 0; i < n; ++i) layout.master(with.data())[i] = uniform(rng);
+      std::vector<char> without = with;
+      std::vector<float> out(n + 2, bits_float(kGuard));
+      CpuAdam adam(hp, 2, {}, isa);
+      const auto step = [&](std::vector<char>& states, const Grads& g, std::int64_t t, TensorSpan params) {
+        float* const master = layout.master(states.data());
+        const ConstTensorSpan grad{g.data(), g.dtype, n};
+        if (format == StatesFormat::f32)
+          adam.step({master, n}, {master + n, n}, {master + 2 * n, n}, grad, {t}, params);
+        else
+          adam.step_compact({master, n}, layout.moments(states.data(), 0, n), grad, {t}, {5, 0}, params);
+      };
+      for (std::int64_t t = 1; t <= 2; ++t) {
+        const Grads g = random_grads(DType::f32, n, rng);
+        step(with, g, t, {out.data() + 1, DType::f32, n});
+        step(without, g, t, {});
+      }
+      EXPECT_TRUE(with == without) << what << ": writing the parameters changed the states";
+      const float* const master = layout.master(with.data());
+      EXPECT_EQ(float_bits(out[0]), kGuard) << what;
+      EXPECT_EQ(float_bits(out[n + 1]), kGuard) << what;
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < n; ++i) differ += float_bits(out[i + 1]) != float_bits(master[i]);
+      EXPECT_EQ(differ, 0u) << what << ": parameters that are not the master's bits";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zest::optim
