@@ -449,8 +449,7 @@ TensorView Engine::GroupLease::grad(std::size_t tensor) const {
 TensorView Engine::grad(std::size_t tensor) {
   State& s = *state_;
   s.tensor(tensor, "Engine::grad");
-  const auto& place = s.layout.tensor(tensor);
-  return s.view(tensor, s.grads->grad(place.group) + dtype_size(s.config.precision.dtype) * place.offset);
+  return s.view(tensor, s.grads->grad(tensor));
 }
 
 void Engine::grads_ready(int group) {

@@ -64,6 +64,9 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
   for (int g = 1; g < layout.group_count(); ++g) smallest_group_ = std::min(smallest_group_, layout.group(g).padded);
   staging_of_.assign(groups, -1);
   staged_at_.assign(groups, 0);
+  in_place_.assign(groups, false);
+  asked_.assign(layout.tensor_count(), false);
+  read_ = device.create_event();
   accumulated_.assign(groups, false);
   summed_.assign(groups, false);
   reductions_.assign(groups, 0);
@@ -75,10 +78,27 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
   parts_.reserve(groups);
 }
 
-char* GradBuckets::grad(int g) {
-  if (staging_of_[static_cast<std::size_t>(g)] < 0) place(g);
-  const Slot& slot = slots_[static_cast<std::size_t>(staging_of_[static_cast<std::size_t>(g)])];
-  return static_cast<char*>(slot.buffer.data()) + bytes(staged_at_[static_cast<std::size_t>(g)]);
+char* GradBuckets::grad(std::size_t t) {
+  const TensorPlace& tensor = layout_.tensor(t);
+  const int g = tensor.group;
+  const auto gi = static_cast<std::size_t>(g);
+  if (in_place_[gi] || (staging_of_[gi] < 0 && writes_in_place(g))) {
+    asked_[t] = true;
+    return grad_in_place(g) + bytes(tensor.offset);
+  }
+  if (staging_of_[gi] < 0) place(g);
+  const Slot& slot = slots_[static_cast<std::size_t>(staging_of_[gi])];
+  return static_cast<char*>(slot.buffer.data()) + bytes(staged_at_[gi] + tensor.offset);
+}
+
+char* GradBuckets::grad_in_place(int g) {
+  if (!in_place_[static_cast<std::size_t>(g)]) {
+    // The last step may still be reading the accumulated gradient on the comm stream.
+    if (!read_waited_) read_->synchronize();
+    read_waited_ = true;
+    in_place_[static_cast<std::size_t>(g)] = true;
+  }
+  return accumulated() + bytes(shard_at(g));
 }
 
 // Appends the group to the open bucket; a group that does not fit seals it and opens another.
@@ -108,6 +128,7 @@ void GradBuckets::seal(int slot) {
 }
 
 void GradBuckets::ready(int g) {
+  if (in_place_[static_cast<std::size_t>(g)]) return ready_in_place(g);
   const int slot = staging_of_[static_cast<std::size_t>(g)];
   staging_of_[static_cast<std::size_t>(g)] = -1;
   accumulated_[static_cast<std::size_t>(g)] = true;
@@ -115,13 +136,34 @@ void GradBuckets::ready(int g) {
   if (--b.writing == 0 && b.sealed) reduce(slot);
 }
 
+// What a bucket's reduction would leave in a world of one: the group's sum in the accumulated
+// gradient, zeros for the tensors not written (a free bucket is all zeros, and so is the padding,
+// which nothing writes).
+void GradBuckets::ready_in_place(int g) {
+  in_place_[static_cast<std::size_t>(g)] = false;
+  const GroupPlace& group = layout_.group(g);
+  for (std::size_t t = group.first_tensor; t < group.end_tensor; ++t) {
+    const TensorPlace& tensor = layout_.tensor(t);
+    if (!asked_[t]) clear_accumulated(accumulated() + bytes(shard_at(g) + tensor.offset), tensor.numel);
+    asked_[t] = false;
+  }
+  accumulated_[static_cast<std::size_t>(g)] = true;
+  summed_[static_cast<std::size_t>(g)] = true;
+  ++reductions_[static_cast<std::size_t>(g)];
+}
+
 void GradBuckets::flush() {
-  for (std::size_t g = 0; g < staging_of_.size(); ++g)
-    if (staging_of_[g] >= 0)
+  for (int g = 0; g < layout_.group_count(); ++g)
+    if (requested(g))
       throw Error(std::string("Engine::step: the gradient of group ").append(std::to_string(g))
                       .append(" was requested but grads_ready(").append(std::to_string(g))
                       .append(") was not called; call it once the group's gradients are written"));
   if (open_ >= 0) seal(open_);
+  // A group without a gradient this step is stepped with zeros (momentum decays, weight decay
+  // applies); what the accumulated gradient holds there is the last step's.
+  for (int g = 0; g < layout_.group_count(); ++g)
+    if (!accumulated_[static_cast<std::size_t>(g)])
+      clear_accumulated(accumulated() + bytes(shard_at(g)), layout_.group(g).shard);
 }
 
 // The collective over a bucket: stage 0 all-reduces it (every rank updates every parameter); stages
@@ -233,13 +275,20 @@ bool GradBuckets::any_grad() const {
   return std::any_of(accumulated_.begin(), accumulated_.end(), [](bool a) { return a; });
 }
 
+// Nothing is cleared: each group's next reduction (or write in place) overwrites its accumulated
+// gradient, and flush() clears those of groups that get none.
 void GradBuckets::end_step() {
   std::fill(accumulated_.begin(), accumulated_.end(), false);
   std::fill(summed_.begin(), summed_.end(), false);
   std::fill(reductions_.begin(), reductions_.end(), 0);
-  if (!host_grads_) return device_.memset_async(grads_.data(), 0, grads_.bytes(), stream_);
+  stream_.record(*read_);
+  read_waited_ = false;
+}
+
+void GradBuckets::clear_accumulated(char* at, std::size_t elements) {
+  if (!host_grads_) return device_.memset_async(at, 0, bytes(elements), stream_);
   // Ordered after the step's reads like the device's memset: a host task on the same stream.
-  stream_.host_task([data = host_grads_.data(), n = host_grads_.bytes()] { std::memset(data, 0, n); });
+  stream_.host_task([at, n = bytes(elements)] { std::memset(at, 0, n); });
 }
 
 Slot& GradBuckets::borrow(int group) { return slots_[static_cast<std::size_t>(slots_.take(group))]; }

@@ -71,10 +71,15 @@ class GradBuckets {
               const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
               QuantizedReduceScatter* quantized = nullptr);
 
-  // Where group g's gradient of this micro-batch is written (its segment, padded; overwrite it):
-  // its place in the open bucket, taken on the first call after the group's last ready().
-  char* grad(int g);
-  bool requested(int g) const { return staging_of_[static_cast<std::size_t>(g)] >= 0; }
+  // Where tensor t's gradient of this micro-batch is written (overwrite it), at its place in its
+  // group's segment: in the open bucket, taken on the group's first call after its last ready();
+  // or, in a world of one, for the group's first contribution of a step, in the accumulated
+  // gradient itself (there is nothing to reduce: no bucket, no copy out of it, no clearing of it).
+  // Either way a tensor of the group not asked for before ready() counts as a zero gradient.
+  char* grad(std::size_t t);
+  bool requested(int g) const {
+    return staging_of_[static_cast<std::size_t>(g)] >= 0 || in_place_[static_cast<std::size_t>(g)];
+  }
   // The group's gradient is complete: its bucket is reduced once every group in it is.
   void ready(int g);
   // step(): throws Error when a group's gradient was requested and not marked ready; otherwise the
@@ -89,8 +94,8 @@ class GradBuckets {
   // stream, computed where the gradients are (a host shard: by the host, then copied to `out`).
   void grad_stats(GradStatsScalars* out);
   std::size_t pinned_bytes() const { return host_grads_.bytes() + landing_.bytes(); }
-  // Forgets this step's gradients: the next reduction of each group overwrites; the accumulated
-  // gradient is zeroed on the comm stream (ordered after whatever read it).
+  // Forgets this step's gradients, after the step's reads of them are enqueued: the next reduction
+  // (or write in place) of each group overwrites its accumulated gradient.
   void end_step();
 
   // Watches the host shard from now on (null: nobody); plan.grads_on_host only.
@@ -109,6 +114,15 @@ class GradBuckets {
   // Where group g's reduced shard is kept in the accumulated gradient, elements.
   std::size_t shard_at(int g) const;
   void place(int g);
+  // grad()'s in a world of one: the group's first contribution of a step goes to its accumulated
+  // gradient (the host shard, plan.grads_on_host, keeps its buckets: they hold the device's part).
+  bool writes_in_place(int g) const {
+    return comm_.size() == 1 && !host_grads_ && !summed_[static_cast<std::size_t>(g)];
+  }
+  char* grad_in_place(int g);
+  void ready_in_place(int g);
+  // Zeroes `elements` of the accumulated gradient at `at`, on the comm stream.
+  void clear_accumulated(char* at, std::size_t elements);
   void seal(int slot);
   void reduce(int slot);
   // Adds (or, when `first`, copies) `count` reduced elements at `src` in a bucket to the
@@ -161,6 +175,10 @@ class GradBuckets {
   std::size_t smallest_group_ = 0;  // elements: a bucket with less room left is full
   std::vector<int> staging_of_;     // group -> slot its gradient is being written to, or -1
   std::vector<std::size_t> staged_at_;  // group -> its offset in that slot, elements
+  std::vector<bool> in_place_;      // group -> being written in the accumulated gradient (grad_in_place)
+  std::vector<bool> asked_;         // tensor -> grad() asked for it since its group's grad_in_place
+  std::unique_ptr<Event> read_;     // recorded after the last step's reads of the accumulated gradient
+  bool read_waited_ = false;        // grad_in_place waited for read_ since then
   std::vector<bool> accumulated_;   // group -> has a gradient this step
   std::vector<bool> summed_;        // group -> grads_ holds its reduced sum: the next one adds to it
   std::vector<int> reductions_;     // group -> reductions enqueued this step

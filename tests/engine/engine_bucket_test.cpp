@@ -309,11 +309,17 @@ TEST(Buckets, TrainerErrorsNameTheGroupAndWhatToDo) {
     auto a = engine.acquire(5), b = engine.acquire(4), c = engine.acquire(3);
     a.grad(5);
     b.grad(4);
-    try {
+    if (comm->size() == 1) {
+      // One rank writes a step's first gradients where the step reads them: no bucket to run out of.
       c.grad(3);
-      ADD_FAILURE() << "a third group's gradient with two buckets in use";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("call grads_ready(group)"), std::string::npos) << e.what();
+      engine.grads_ready(3);
+    } else {
+      try {
+        c.grad(3);
+        ADD_FAILURE() << "a third group's gradient with two buckets in use";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("call grads_ready(group)"), std::string::npos) << e.what();
+      }
     }
     engine.grads_ready(5);
     try {

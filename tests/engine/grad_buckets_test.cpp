@@ -2,10 +2,11 @@
 // identity), for stages 0-3 in fp32, bf16 and fp16, and at stages 2-3 with the gradient shard on
 // the host (the whole optimizer offloaded): the gradients written for every group in backward order
 // are, after flush(), exactly what reduced(g) (where the step reads) and grad_stats() give, element
-// for element, padding zero; two micro-batches are summed, and the next step's first reduction
-// overwrites instead of adding; the device memory is the plan's (grads, two buckets) and does not
-// grow over steps; flush() refuses a group requested and not ready, and a third bucket is refused
-// naming the remedy.
+// for element, padding zero; two micro-batches are summed (the first written in place, one rank
+// having nothing to reduce), and the next step's first contribution overwrites instead of adding; a
+// tensor or group not written is zero; the device memory is the plan's (grads, two buckets) and
+// does not grow over steps; flush() refuses a group requested and not ready, and a third bucket is
+// refused naming the remedy.
 #include "engine/grad_buckets.hpp"
 
 #include <gtest/gtest.h>
@@ -34,6 +35,7 @@ namespace {
 const std::vector<ParamSpec> kParams = {
     {"a", {10}, 0}, {"b", {100}, 1}, {"c1", {50}, 2}, {"c2", {3, 20}, 2}, {"d", {200}, 3}};
 constexpr std::size_t kBucketElements = 256;
+constexpr std::size_t kNone = static_cast<std::size_t>(-1);
 
 // Small integers: exact in every dtype, and so are their sums.
 float value(std::size_t tensor, std::size_t i, int micro) {
@@ -85,25 +87,28 @@ struct Rig {
 
   DType dtype() const { return config.precision.dtype; }
 
-  // One micro-batch's backward, last group first (but `skipped`): each group's tensors written where
-  // grad() says (its padding left alone), then handed over.
-  void backward(int micro, int skipped = -1) {
+  // One micro-batch's backward, last group first (but `skipped`): each tensor (but `unwritten`,
+  // not even asked for) written where grad() says (the padding left alone), then its group handed over.
+  void backward(int micro, int skipped = -1, std::size_t unwritten = kNone) {
     for (int g = layout.group_count() - 1; g >= 0; --g) {
       if (g == skipped) continue;
       EXPECT_FALSE(buckets.requested(g));
-      char* const at = buckets.grad(g);
-      EXPECT_TRUE(buckets.requested(g));
       const GroupPlace& group = layout.group(g);
-      for (std::size_t t = group.first_tensor; t < group.end_tensor; ++t)
-        for (std::size_t i = 0; i < layout.tensor(t).numel; ++i)
-          store_from_float(at, dtype(), layout.tensor(t).offset + i, value(t, i, micro));
+      for (std::size_t t = group.first_tensor; t < group.end_tensor; ++t) {
+        if (t == unwritten) continue;
+        char* const at = buckets.grad(t);
+        EXPECT_TRUE(buckets.requested(g));
+        for (std::size_t i = 0; i < layout.tensor(t).numel; ++i) store_from_float(at, dtype(), i, value(t, i, micro));
+      }
       buckets.ready(g);
     }
   }
 
   // After flush(): every group's reduced gradient (but `skipped`'s: zero) is the sum of micro-batches
-  // `micros` (padding zero), and grad_stats() their sum of squares.
-  void expect_reduced(const std::vector<int>& micros, int skipped = -1) {
+  // `micros` (but `unwritten`'s in micro-batch `unwritten_in`: zero there), padding zero, and
+  // grad_stats() their sum of squares.
+  void expect_reduced(const std::vector<int>& micros, int skipped = -1, std::size_t unwritten = kNone,
+                      int unwritten_in = -1) {
     buckets.grad_stats(stats.as<GradStatsScalars>());
     stream->synchronize();
     double sum_squares = 0;
@@ -113,7 +118,8 @@ struct Rig {
       for (std::size_t t = group.first_tensor; t < group.end_tensor; ++t)
         for (std::size_t i = 0; i < layout.tensor(t).numel; ++i)
           for (int m : micros)
-            if (g != skipped) expected[layout.tensor(t).offset + i] += value(t, i, m);
+            if (g != skipped && !(t == unwritten && m == unwritten_in))
+              expected[layout.tensor(t).offset + i] += value(t, i, m);
       const char* const reduced = buckets.reduced(g);
       for (std::size_t i = 0; i < group.padded; ++i) {
         ASSERT_EQ(load_as_float(reduced, dtype(), i), expected[i]) << "group " << g << " element " << i;
@@ -165,6 +171,37 @@ TEST_P(GradBucketsTest, MicroBatchesAddUpAndTheNextStepStartsAfresh) {
   rig.expect_reduced({2, 3}, 1);
 }
 
+// A tensor whose gradient is not asked for in a contribution adds zero: in the first (written in
+// place in a world of one, over the last step's values) and in the second (a bucket).
+TEST_P(GradBucketsTest, ATensorNotWrittenIsAZeroGradient) {
+  Rig rig(GetParam(), 2);
+  // Step 0 writes everything; step 1 leaves tensor 3 out of its first micro-batch, step 2 tensor 2
+  // out of its second.
+  for (int step = 0; step < 3; ++step) {
+    const int first = 2 * step;
+    const std::size_t unwritten = step == 0 ? kNone : step == 1 ? 3 : 2;
+    const int unwritten_in = step == 1 ? first : first + 1;
+    rig.backward(first, -1, unwritten_in == first ? unwritten : kNone);
+    rig.backward(first + 1, -1, unwritten_in == first + 1 ? unwritten : kNone);
+    rig.buckets.flush();
+    rig.expect_reduced({first, first + 1}, -1, unwritten, unwritten_in);
+    rig.buckets.end_step();
+  }
+}
+
+// In a world of one, a step's first contribution is written where the step reads it (no bucket, no
+// copy), later ones in a bucket; a host shard (written from device memory) always takes a bucket.
+TEST_P(GradBucketsTest, AWorldOfOneWritesTheFirstContributionInPlace) {
+  Rig rig(GetParam(), 2);
+  const bool in_place = !GetParam().host_shard;
+  for (int micro = 0; micro < 2; ++micro) {
+    const char* const at = rig.buckets.grad(4);
+    EXPECT_EQ(at == rig.buckets.reduced(3), in_place && micro == 0) << "micro-batch " << micro;
+    rig.buckets.ready(3);
+  }
+  rig.stream->synchronize();
+}
+
 TEST_P(GradBucketsTest, TheDeviceHoldsThePlannedMemoryAndNoMore) {
   Rig rig(GetParam(), 2);
   const MemoryStats built = rig.device->memory_stats();
@@ -199,26 +236,31 @@ INSTANTIATE_TEST_SUITE_P(GradBuckets, GradBucketsTest,
 
 // The refusals GradBuckets makes itself (the Engine checks grads_ready's group before ready()).
 TEST(GradBucketsRefusals, StepWithAGradientNotHandedOver) {
-  Rig rig({2, DType::f32, false}, 1);
-  rig.buckets.grad(3);
-  rig.buckets.ready(3);
-  rig.buckets.grad(1);
-  try {
-    rig.buckets.flush();
-    ADD_FAILURE() << "flush() accepted group 1's gradient without ready(1)";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("the gradient of group 1 was requested but grads_ready(1) was not called"), std::string::npos)
-        << what;
+  for (int micro : {0, 1}) {  // written in place, then in a bucket
+    Rig rig({2, DType::f32, false}, 2);
+    if (micro == 1) rig.backward(0);
+    rig.buckets.grad(4);
+    rig.buckets.ready(3);
+    rig.buckets.grad(1);
+    try {
+      rig.buckets.flush();
+      ADD_FAILURE() << "flush() accepted group 1's gradient without ready(1), micro-batch " << micro;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("the gradient of group 1 was requested but grads_ready(1) was not called"), std::string::npos)
+          << what;
+    }
+    rig.stream->synchronize();
   }
-  rig.stream->synchronize();
 }
 
+// The second micro-batch's gradients take buckets (the first's are written in place in a world of one).
 TEST(GradBucketsRefusals, AThirdBucketWhileTwoAreBeingWritten) {
-  Rig rig({0, DType::f32, false}, 1);
-  rig.buckets.grad(3);  // fills a bucket alone
-  rig.buckets.grad(2);
-  rig.buckets.grad(1);  // fills the second with group 2
+  Rig rig({0, DType::f32, false}, 2);
+  rig.backward(0);
+  rig.buckets.grad(4);  // group 3 fills a bucket alone
+  rig.buckets.grad(2);  // group 2
+  rig.buckets.grad(1);  // group 1 fills the second with group 2
   try {
     rig.buckets.grad(0);
     ADD_FAILURE() << "group 0 got a third bucket of two";
