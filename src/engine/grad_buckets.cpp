@@ -71,6 +71,15 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
   summed_.assign(groups, false);
   reductions_.assign(groups, 0);
   final_now_.reserve(groups);
+  if (host_grads_ || device.host_accessible()) {
+    group_stats_math_ = host_grads_ ? host_math_ : &math_;
+    group_spans_.resize(groups);
+    for (int g = 0; g < layout.group_count(); ++g)
+      group_spans_[static_cast<std::size_t>(g)] = {reduced(g), layout.group(g).shard};
+    group_stats_.resize(groups);
+    stats_done_.assign(groups, false);
+    stats_order_.reserve(groups);
+  }
   // Zeros where the step reads before anything is written: unwritten gradients, padding.
   if (grads_) device.memset_async(grads_.data(), 0, grads_.bytes(), stream_);
   for (const Slot& slot : slots_) device.memset_async(slot.buffer.data(), 0, slot.buffer.bytes(), stream_);
@@ -149,7 +158,16 @@ void GradBuckets::ready_in_place(int g) {
   }
   accumulated_[static_cast<std::size_t>(g)] = true;
   summed_[static_cast<std::size_t>(g)] = true;
-  ++reductions_[static_cast<std::size_t>(g)];
+  if (++reductions_[static_cast<std::size_t>(g)] >= micro_batches_) group_stats(g);
+}
+
+// After the group's last reduction of the step (or a further one: a trainer's extra micro-batch
+// computes them again), on the stream.
+void GradBuckets::group_stats(int g) {
+  if (group_stats_math_ == nullptr) return;
+  group_stats_math_->grad_stats({&group_spans_[static_cast<std::size_t>(g)], 1}, dtype_,
+                                &group_stats_[static_cast<std::size_t>(g)], stream_);
+  stats_done_[static_cast<std::size_t>(g)] = true;
 }
 
 void GradBuckets::flush() {
@@ -227,6 +245,7 @@ void GradBuckets::reduce(int slot) {
       const bool first = !summed_[static_cast<std::size_t>(e.group)];
       summed_[static_cast<std::size_t>(e.group)] = true;
       accumulate(accumulated() + bytes(shard_at(e.group)), parts_[i], layout_.group(e.group).shard, first, landed);
+      if (reductions >= micro_batches_) group_stats(e.group);
     }
   }
   if (watcher_)
@@ -260,15 +279,32 @@ std::size_t GradBuckets::shard_at(int g) const {
 }
 
 void GradBuckets::grad_stats(GradStatsScalars* out) {
-  spans_.clear();
-  for (int g = 0; g < layout_.group_count(); ++g)
-    if (accumulated_[static_cast<std::size_t>(g)]) spans_.push_back({reduced(g), layout_.group(g).shard});
-  if (!host_grads_) return math_.grad_stats(spans_, dtype_, out, stream_);
-  // The ranks agree on the statistics with a collective over device memory: the host's result
-  // joins the device's scalars.
-  auto* host = static_cast<GradStatsScalars*>(staging_.scalars());
-  host_math_->grad_stats(spans_, dtype_, host, stream_);
-  device_.copy_async(out, host, sizeof(GradStatsScalars), stream_);
+  if (group_stats_math_ == nullptr) {
+    spans_.clear();
+    for (int g = 0; g < layout_.group_count(); ++g)
+      if (accumulated_[static_cast<std::size_t>(g)]) spans_.push_back({reduced(g), layout_.group(g).shard});
+    return math_.grad_stats(spans_, dtype_, out, stream_);
+  }
+  // Groups reduced fewer times than gradient_accumulation_steps have none yet.
+  stats_order_.clear();
+  for (int g = 0; g < layout_.group_count(); ++g) {
+    if (!accumulated_[static_cast<std::size_t>(g)]) continue;
+    if (!stats_done_[static_cast<std::size_t>(g)]) group_stats(g);
+    stats_order_.push_back(g);
+  }
+  // A host shard's statistics reach the device's scalars, over which the ranks agree, by a copy.
+  auto* const sum = host_grads_ ? static_cast<GradStatsScalars*>(staging_.scalars()) : out;
+  stream_.host_task([this, sum] {
+    double sum_squares = 0;
+    bool nonfinite = false;
+    for (int g : stats_order_) {
+      sum_squares += group_stats_[static_cast<std::size_t>(g)].sum_squares;
+      nonfinite = nonfinite || group_stats_[static_cast<std::size_t>(g)].nonfinite != 0;
+    }
+    *sum = {{nonfinite ? 0.0f : static_cast<float>(sum_squares), nonfinite ? 1.0f : 0.0f}, sum_squares,
+            nonfinite ? 1 : 0};
+  });
+  if (host_grads_) device_.copy_async(out, sum, sizeof(GradStatsScalars), stream_);
 }
 
 bool GradBuckets::any_grad() const {
@@ -281,6 +317,7 @@ void GradBuckets::end_step() {
   std::fill(accumulated_.begin(), accumulated_.end(), false);
   std::fill(summed_.begin(), summed_.end(), false);
   std::fill(reductions_.begin(), reductions_.end(), 0);
+  std::fill(stats_done_.begin(), stats_done_.end(), false);
   stream_.record(*read_);
   read_waited_ = false;
 }

@@ -92,6 +92,9 @@ class GradBuckets {
   bool any_grad() const;
   // After flush(): the statistics of this step's gradients into `out` (device memory), on the comm
   // stream, computed where the gradients are (a host shard: by the host, then copied to `out`).
+  // Where the host reads them (the cpu backend, a host shard) each group's statistics are computed
+  // as soon as its last reduction of the step is (while backward goes on, its gradient still in
+  // cache), and this only adds them up, in group order (the same sum as reading them all here).
   void grad_stats(GradStatsScalars* out);
   std::size_t pinned_bytes() const { return host_grads_.bytes() + landing_.bytes(); }
   // Forgets this step's gradients, after the step's reads of them are enqueued: the next reduction
@@ -123,6 +126,15 @@ class GradBuckets {
   void ready_in_place(int g);
   // Zeroes `elements` of the accumulated gradient at `at`, on the comm stream.
   void clear_accumulated(char* at, std::size_t elements);
+  // Where the host reads the gradients: group g's statistics, on the stream (grad_stats).
+  void group_stats(int g);
+
+  // Where the host reads the gradients: the math that computes their statistics group by group.
+  DeviceMath* group_stats_math_ = nullptr;
+  std::vector<GradSpan> group_spans_;          // group -> its reduced shard, for that math's tasks
+  std::vector<GradStatsScalars> group_stats_;  // group -> its statistics, written on the stream
+  std::vector<bool> stats_done_;               // group -> group_stats_ holds this step's
+  std::vector<int> stats_order_;               // grad_stats's: the groups summed, reserved
   void seal(int slot);
   void reduce(int slot);
   // Adds (or, when `first`, copies) `count` reduced elements at `src` in a bucket to the

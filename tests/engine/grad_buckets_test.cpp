@@ -202,6 +202,29 @@ TEST_P(GradBucketsTest, AWorldOfOneWritesTheFirstContributionInPlace) {
   rig.stream->synchronize();
 }
 
+// On the cpu backend (and for a host shard) each group's statistics are taken at its last
+// reduction of the step, while backward goes on: what the accumulated gradient holds after that
+// does not change grad_stats(); a group whose last reduction has not come by step() (fewer
+// micro-batches than configured) gets its statistics then.
+TEST_P(GradBucketsTest, StatisticsAreTakenAtEachGroupsLastReduction) {
+  for (int micro_batches : {1, 2}) {
+    Rig rig(GetParam(), micro_batches);
+    rig.backward(0);
+    rig.stream->synchronize();
+    // Group 3 (tensor 4, reduced before flush(): a bucket alone) is final (one micro-batch) or
+    // not (two): the step's statistics read the values at its last reduction, or those at step().
+    char* const group3 = const_cast<char*>(rig.buckets.reduced(3));
+    for (std::size_t i = 0; i < rig.layout.tensor(4).numel; ++i) store_from_float(group3, rig.dtype(), i, 0.0F);
+    rig.buckets.flush();
+    rig.buckets.grad_stats(rig.stats.as<GradStatsScalars>());
+    rig.stream->synchronize();
+    double sum_squares = 0;
+    for (std::size_t t = 0; t < (micro_batches == 1 ? 5u : 4u); ++t)
+      for (std::size_t i = 0; i < rig.layout.tensor(t).numel; ++i) sum_squares += value(t, i, 0) * value(t, i, 0);
+    EXPECT_EQ(rig.stats.as<GradStatsScalars>()->sum_squares, sum_squares) << micro_batches << " micro-batch(es)";
+  }
+}
+
 TEST_P(GradBucketsTest, TheDeviceHoldsThePlannedMemoryAndNoMore) {
   Rig rig(GetParam(), 2);
   const MemoryStats built = rig.device->memory_stats();
