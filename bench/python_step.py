@@ -140,7 +140,8 @@ def main():
 
     params = sum(p.numel() for p in zest_model.parameters())
     if rank == 0:
-        print(f"{params} parameters, {world} rank(s) ({'zest over MPI' if mpi else 'zest over the gloo group'}), "
+        launch = "one process" if world == 1 else "zest over MPI" if mpi else "zest over the gloo group"
+        print(f"{params} parameters, {world} rank(s) ({launch}), "
               f"stage {args.stage}, {args.steps} timed iterations x {args.rounds} rounds")
         for key, what in (("step_ratio", "step()"), ("iteration_ratio", "iteration")):
             med, lo, hi = spread(key)
