@@ -10,7 +10,9 @@
 // a step overwrites it) and zeroed for its next use. Stage 0 all-reduces and accumulates every group
 // in full; stages 1-3 reduce-scatter and accumulate this rank's shard (stage 1 at its place in a
 // full-sized gradient, ZeRO-1's memory; stages 2-3 in a shard-sized one). Two buckets exist
-// (MemoryPlan::kStagingSlots).
+// (MemoryPlan::kStagingSlots). A world of one has nothing to reduce: a step's first contribution of
+// each group is written straight into the accumulated gradient, and only later micro-batches take
+// buckets.
 //
 // With the whole optimizer offloaded at stages 2-3 (MemoryPlan::grads_on_host) the accumulated
 // shard lives in pinned host memory, where the CPU Adam reads it: after each bucket's reduction its
@@ -118,7 +120,8 @@ class GradBuckets {
   std::size_t shard_at(int g) const;
   void place(int g);
   // grad()'s in a world of one: the group's first contribution of a step goes to its accumulated
-  // gradient (the host shard, plan.grads_on_host, keeps its buckets: they hold the device's part).
+  // gradient. Not for a host shard (plan.grads_on_host): the trainer writes device memory, which a
+  // bucket carries to the host.
   bool writes_in_place(int g) const {
     return comm_.size() == 1 && !host_grads_ && !summed_[static_cast<std::size_t>(g)];
   }
@@ -128,13 +131,6 @@ class GradBuckets {
   void clear_accumulated(char* at, std::size_t elements);
   // Where the host reads the gradients: group g's statistics, on the stream (grad_stats).
   void group_stats(int g);
-
-  // Where the host reads the gradients: the math that computes their statistics group by group.
-  DeviceMath* group_stats_math_ = nullptr;
-  std::vector<GradSpan> group_spans_;          // group -> its reduced shard, for that math's tasks
-  std::vector<GradStatsScalars> group_stats_;  // group -> its statistics, written on the stream
-  std::vector<bool> stats_done_;               // group -> group_stats_ holds this step's
-  std::vector<int> stats_order_;               // grad_stats's: the groups summed, reserved
   void seal(int slot);
   void reduce(int slot);
   // Adds (or, when `first`, copies) `count` reduced elements at `src` in a bucket to the
@@ -197,6 +193,13 @@ class GradBuckets {
   const int micro_batches_;         // gradient_accumulation_steps
   ShardWatcher* watcher_ = nullptr;
   std::vector<int> final_now_;      // reduce()'s: the groups the bucket made final, reserved
+
+  // Where the host reads the gradients: the math that computes their statistics group by group.
+  DeviceMath* group_stats_math_ = nullptr;
+  std::vector<GradSpan> group_spans_;          // group -> its reduced shard, for that math's tasks
+  std::vector<GradStatsScalars> group_stats_;  // group -> its statistics, written on the stream
+  std::vector<bool> stats_done_;               // group -> group_stats_ holds this step's
+  std::vector<int> stats_order_;               // grad_stats's: the groups summed, reserved
 };
 
 }  // namespace zest::engine
