@@ -54,13 +54,14 @@ def batch(step, per_rank, context, rank):
 
 
 class Trainer:
-    """One model and its optimizer; time() runs iterations and returns the step() and iteration times."""
+    """One model and its optimizer; run() times a round of iterations."""
 
-    def __init__(self, name, model, forward, opt):
-        self.name, self.model, self.forward, self.opt = name, model, forward, opt
+    def __init__(self, name, forward, opt):
+        self.name, self.forward, self.opt = name, forward, opt
         self.step_count, self.loss = 0, None
 
-    def iterate(self, args, rank, timed):
+    def iterate(self, args, rank):
+        """One iteration; returns its step() time and its whole time."""
         x, y = batch(self.step_count, args.batch, args.context, rank)
         self.step_count += 1
         began = time.perf_counter()
@@ -72,15 +73,14 @@ class Trainer:
         self.opt.zero_grad()
         ended = time.perf_counter()
         self.loss = loss.item()
-        if timed:
-            self.steps.append(stepped - stepping)
-            self.iterations.append(ended - began)
+        return stepped - stepping, ended - began
 
     def run(self, args, rank):
-        self.steps, self.iterations = [], []
-        for i in range(args.warmup + args.steps):
-            self.iterate(args, rank, timed=i >= args.warmup)
-        return statistics.median(self.steps), statistics.median(self.iterations)
+        """--warmup untimed iterations, then --steps timed: the median step() and iteration times."""
+        for _ in range(args.warmup):
+            self.iterate(args, rank)
+        steps, iterations = zip(*(self.iterate(args, rank) for _ in range(args.steps)))
+        return statistics.median(steps), statistics.median(iterations)
 
 
 def main():
@@ -121,7 +121,7 @@ def main():
     torch_forward = nn.parallel.DistributedDataParallel(torch_model) if world > 1 else torch_model
     torch_opt = torch.optim.AdamW(torch_model.parameters(), lr=LR, betas=BETAS, weight_decay=WD, fused=True)
     peer = "DDP + fused AdamW" if world > 1 else "fused AdamW"
-    trainers = [Trainer("zest", zest_model, zest_model, zest_opt), Trainer(peer, torch_model, torch_forward, torch_opt)]
+    trainers = [Trainer("zest", zest_model, zest_opt), Trainer(peer, torch_forward, torch_opt)]
 
     rounds = []
     for r in range(args.rounds):
