@@ -63,8 +63,8 @@ class CpuDeviceMath final : public DeviceMath {
         adam_.set_hyper(s.hyper ? *s.hyper : hyper_);
         std::span<float> master(s.master, s.count), m(s.m, s.count), v(s.v, s.count);
         const optim::ConstTensorSpan grad{s.grad, grad_dtype, s.count};
-        // The kernel writes the parameters (fp32 ones too: the engine's are apart from the master)
-        // in its pass over the states.
+        // The kernel writes the parameters in its pass over the states (fp32 ones too, where they
+        // are apart from the master; out is null where the master is the parameters).
         const optim::TensorSpan out{s.out, out_dtype, s.count};
         if (s.compact.format == StatesFormat::f32)
           adam_.step(master, m, v, grad, args, out);

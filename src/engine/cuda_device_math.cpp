@@ -104,9 +104,10 @@ class CudaDeviceMath final : public DeviceMath {
       first = last;
     }
     if (!low_precision) {
-      // fp32 parameters are the master weights: copy them where the trainer reads them.
+      // fp32 parameters apart from the master weights: copy them where the trainer reads them (none
+      // where the master is the parameters: out is null).
       for (const AdamShard& a : shards)
-        if (a.count > 0)
+        if (a.count > 0 && a.out != nullptr)
           ZEST_CUDA_CHECK(cudaMemcpyAsync(a.out, a.master, a.count * sizeof(float), cudaMemcpyDeviceToDevice, s));
     }
   }

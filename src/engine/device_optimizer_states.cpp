@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "zest/error.hpp"
 
@@ -10,7 +11,8 @@ namespace zest::engine {
 
 DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout,
                                              const MemoryPlan& plan, DType dtype, HostStaging& staging,
-                                             const HyperRuns& runs, const StatesOptions& states)
+                                             const HyperRuns& runs, const StatesOptions& states,
+                                             std::vector<float*> params_shards)
     : device_(device),
       stream_(stream),
       math_(math),
@@ -20,7 +22,15 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       runs_(runs),
       range_(plan.device_states),
       options_(states),
-      layout_of_states_(states.form(), plan.device_states.count()) {
+      layout_of_states_(states.form(), plan.device_states.count()),
+      params_shards_(std::move(params_shards)) {
+  if (plan.master_in_params != !params_shards_.empty() ||
+      (plan.master_in_params && params_shards_.size() != static_cast<std::size_t>(layout.group_count())))
+    throw Error(std::string("device optimizer states: the plan ")
+                    .append(plan.master_in_params ? "keeps" : "does not keep")
+                    .append(" the master weights in the parameters, but ").append(std::to_string(params_shards_.size()))
+                    .append(" parameter shards were given for ").append(std::to_string(layout.group_count()))
+                    .append(" groups; this is a zest bug"));
   if (states.master == DType::bf16 && !device.host_accessible())
     throw Error("a bf16 master (optimizer.master: bf16) on this device is not implemented: its Adam keeps an fp32 "
                 "master. Use optimizer.master: fp32 (bf16 or int8 optimizer.states stay compact on the device), or "
@@ -46,6 +56,34 @@ void DeviceOptimizerStates::check_range(std::size_t offset, std::size_t count) c
                     .append(std::to_string(range_.begin)).append(", ").append(std::to_string(range_.end)).append(")"));
 }
 
+float* DeviceOptimizerStates::at(int k, std::size_t offset) const {
+  float* const states = states_.as<float>();
+  const std::size_t in_range = offset - range_.begin;
+  if (params_shards_.empty()) return states + static_cast<std::size_t>(k) * range_.count() + in_range;
+  if (k > 0) return states + static_cast<std::size_t>(k - 1) * range_.count() + in_range;
+  for (int g = 0; g < layout_.group_count(); ++g) {
+    const auto& place = layout_.group(g);
+    if (offset < place.shard_offset + place.shard)
+      return params_shards_[static_cast<std::size_t>(g)] + (offset - place.shard_offset);
+  }
+  throw Error(std::string("device optimizer states: element ").append(std::to_string(offset))
+                  .append(" lies past every group's shard; this is a zest bug"));
+}
+
+template <class F>
+void DeviceOptimizerStates::for_each_master_piece(std::size_t offset, std::size_t count, F f) const {
+  if (params_shards_.empty()) {
+    if (count > 0) f(at(0, offset), 0, count);
+    return;
+  }
+  for (int g = 0; g < layout_.group_count(); ++g) {
+    const auto& place = layout_.group(g);
+    const std::size_t lo = std::max(offset, place.shard_offset);
+    const std::size_t hi = std::min(offset + count, place.shard_offset + place.shard);
+    if (lo < hi) f(params_shards_[static_cast<std::size_t>(g)] + (lo - place.shard_offset), lo - offset, hi - lo);
+  }
+}
+
 void DeviceOptimizerStates::write_master(std::size_t offset, const float* values, std::size_t count) {
   check_range(offset, count);
   if (!layout_of_states_.form().plain()) {
@@ -57,7 +95,9 @@ void DeviceOptimizerStates::write_master(std::size_t offset, const float* values
   for (std::size_t first = 0; first < count; first += staging_.elements()) {
     const std::size_t n = std::min(staging_.elements(), count - first);
     std::memcpy(staging_.f32(), values + first, n * sizeof(float));
-    device_.copy_async(at(0, offset + first), staging_.f32(), n * sizeof(float), stream_);
+    for_each_master_piece(offset + first, n, [&](float* master, std::size_t first_in, std::size_t k) {
+      device_.copy_async(master, staging_.f32() + first_in, k * sizeof(float), stream_);
+    });
     stream_.synchronize();  // the staging is refilled next
   }
 }
@@ -72,7 +112,9 @@ void DeviceOptimizerStates::read_master(std::size_t offset, float* values, std::
   }
   for (std::size_t first = 0; first < count; first += staging_.elements()) {
     const std::size_t n = std::min(staging_.elements(), count - first);
-    device_.copy_async(staging_.f32(), at(0, offset + first), n * sizeof(float), stream_);
+    for_each_master_piece(offset + first, n, [&](float* master, std::size_t first_in, std::size_t k) {
+      device_.copy_async(staging_.f32() + first_in, master, k * sizeof(float), stream_);
+    });
     stream_.synchronize();
     std::memcpy(values + first, staging_.f32(), n * sizeof(float));
   }
@@ -92,14 +134,22 @@ void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, 
   // The three states of a piece side by side in the fp32 staging.
   const std::size_t piece = staging_.elements() / 3;
   float* const host[] = {staging_.f32(), staging_.f32() + piece, staging_.f32() + 2 * piece};
+  const auto copy = [&](std::size_t from, std::size_t n, bool to_host) {
+    const auto move = [&](float* device, float* on_host, std::size_t bytes) {
+      if (to_host) device_.copy_async(on_host, device, bytes, stream_);
+      else device_.copy_async(device, on_host, bytes, stream_);
+    };
+    for_each_master_piece(from, n, [&](float* master, std::size_t first_in, std::size_t k) {
+      move(master, host[0] + first_in, k * sizeof(float));
+    });
+    for (int k = 1; k < 3; ++k) move(at(k, from), host[k], n * sizeof(float));
+    stream_.synchronize();
+  };
   for (std::size_t first = 0; first < count; first += piece) {
     const std::size_t n = std::min(piece, count - first);
-    for (int k = 0; k < 3; ++k) device_.copy_async(host[k], at(k, offset + first), n * sizeof(float), stream_);
-    stream_.synchronize();
+    copy(offset + first, n, true);
     visit(host[0], host[1], host[2], first, n);
-    if (!write_back) continue;
-    for (int k = 0; k < 3; ++k) device_.copy_async(at(k, offset + first), host[k], n * sizeof(float), stream_);
-    stream_.synchronize();
+    if (write_back) copy(offset + first, n, false);
   }
 }
 
@@ -152,7 +202,8 @@ void DeviceOptimizerStates::copy_piece(const optim::StatesLayout& piece, char* h
 void DeviceOptimizerStates::add_shard(int g, ShardRange part, const char* grad, char* out) {
   for_each_run(runs_, part.begin, part.end, [&](std::size_t lo, std::size_t hi, const optim::AdamHyperParams& hyper) {
     const std::size_t in = (lo - part.begin) * dtype_size(dtype_);
-    AdamShard shard{nullptr, nullptr, nullptr, grad + in, out + in, hi - lo, &hyper};
+    // A master in the parameters is updated in place: no copy to write.
+    AdamShard shard{nullptr, nullptr, nullptr, grad + in, params_shards_.empty() ? out + in : nullptr, hi - lo, &hyper};
     if (layout_of_states_.form().plain()) {
       shard.master = at(0, lo);
       shard.m = at(1, lo);

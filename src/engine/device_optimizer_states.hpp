@@ -4,7 +4,9 @@
 // (DeviceMath) on the comm stream. Host access (set_param, get_param, checkpoints) goes through the
 // engine's pinned staging in chunks; compact states are visited in place where the device is host
 // memory (cpu), and elsewhere a chunk of whole int8 blocks at a time, laid out in the staging as a
-// piece of their own. Offsets are of the shard buffer and must lie in plan.device_states.
+// piece of their own. Where plan.master_in_params, the master weights are the fp32 parameters' own
+// shard: the buffer holds m and v, and the Adam updates the parameters in place. Offsets are of the
+// shard buffer and must lie in plan.device_states.
 #pragma once
 
 #include <vector>
@@ -24,8 +26,11 @@ class DeviceOptimizerStates final : public OptimizerStates {
   // stage 3's parameters are offloaded, the buffer their updates pass through (plan.update_out).
   // `states`: the format and rounding of m and v (kept by the caller); a bf16 master needs a
   // host-accessible device (Error otherwise: the CUDA Adam keeps an fp32 master).
+  // `params_shards`: where plan.master_in_params, each layout group's shard of the fp32 parameters
+  // on the device (ParamGather::shard_out), which then are the master weights; empty otherwise.
   DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout, const MemoryPlan& plan,
-                        DType dtype, HostStaging& staging, const HyperRuns& runs, const StatesOptions& states);
+                        DType dtype, HostStaging& staging, const HyperRuns& runs, const StatesOptions& states,
+                        std::vector<float*> params_shards = {});
 
   void write_master(std::size_t offset, const float* values, std::size_t count) override;
   void read_master(std::size_t offset, float* values, std::size_t count) override;
@@ -46,10 +51,13 @@ class DeviceOptimizerStates final : public OptimizerStates {
   void copy_piece(const optim::StatesLayout& piece, char* host, std::size_t lo, bool to_host);
   // Throws Error unless [offset, offset + count) lies in range_.
   void check_range(std::size_t offset, std::size_t count) const;
-  // State k (0 master, 1 m, 2 v) of shard element `offset`, fp32 states only.
-  float* at(int k, std::size_t offset) const {
-    return layout_of_states_.master(states_.as<char>()) + static_cast<std::size_t>(k) * range_.count() + (offset - range_.begin);
-  }
+  // fp32 states only. State k (0 master, 1 m, 2 v) of shard element `offset`; a master in the
+  // parameters is contiguous within one group's shard only.
+  float* at(int k, std::size_t offset) const;
+  // Calls f(master, first, n) for consecutive pieces of the master weights of [offset, offset +
+  // count), each contiguous (one group's, where they are the parameters), `first` counted from offset.
+  template <class F>
+  void for_each_master_piece(std::size_t offset, std::size_t count, F f) const;
 
   Device& device_;
   Stream& stream_;
@@ -62,6 +70,7 @@ class DeviceOptimizerStates final : public OptimizerStates {
   const StatesOptions& options_;
   const optim::StatesLayout layout_of_states_;
   DeviceBuffer states_;
+  const std::vector<float*> params_shards_;  // per group, where the master is the parameters
   std::vector<float> visit_scratch_;  // compact states' m and v widened for visit_states
   DeviceBuffer update_out_;  // offloaded parameters: one group's updated shard on its way to the host
   std::vector<AdamShard> shards_;  // the stream reads them until the step's math has run

@@ -260,8 +260,13 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
                                                   s.plan, *s.staging, s.quantized_reduce.get());
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
+    std::vector<float*> params_shards;  // the master weights, where they are the parameters
+    if (s.plan.master_in_params)
+      for (int g = 0; g < s.layout.group_count(); ++g)
+        params_shards.push_back(reinterpret_cast<float*>(s.params->shard_out(g)));
     return std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,
-                                                           config.precision.dtype, *s.staging, s.runs, s.states_options);
+                                                           config.precision.dtype, *s.staging, s.runs, s.states_options,
+                                                           std::move(params_shards));
   };
   const auto offloaded = [&] {
     return std::make_unique<engine::OffloadedOptimizer>(device, s.plan.optimizer_offload,

@@ -208,8 +208,11 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
   const std::size_t grads = bytes(config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
   (p.grads_on_host ? p.host_grads : p.grads) = grads;
   add(MemoryCategory::grads, p.grads);
-  p.device_states_bytes =
-      optim::StatesLayout::bytes({config.optimizer.states, config.optimizer.master}, p.device_states.count());
+  const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
+  p.master_in_params = config.precision.dtype == DType::f32 && form.plain() && !p.offload_optimizer &&
+                       !p.offload_params;
+  p.device_states_bytes = optim::StatesLayout::bytes(form, p.device_states.count()) -
+                          (p.master_in_params ? p.device_states.count() * sizeof(float) : 0);
   add(MemoryCategory::optimizer_states, p.device_states_bytes);
   p.scalars = sizeof(GradStatsScalars);
   add(MemoryCategory::buffers, p.scalars);
@@ -272,7 +275,6 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
   for (std::size_t t = 0; t < layout.tensor_count(); ++t) largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
   // At least 3: the device-resident states pass through it for checkpoints a third each; compact
   // ones, on a device the host cannot read, a whole int8 block at least at a time.
-  const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
   const std::size_t least = form.plain() || p.device_states.count() == 0
                                 ? 3
                                 : optim::StatesLayout::bytes(form, optim::kInt8Block) / sizeof(float);

@@ -25,24 +25,25 @@ expect_row() {
 }
 
 # --- 1,000,000 fp32 parameters in one layer (a multiple of 64: no padding), 2 ranks on one node.
-# Stage 0 per rank: params 4,000,000 B (3.8 MiB), grads the same, master+m+v 12,000,000 B
-# (11.4 MiB), buffers two gradient buckets of the layer + 24 B of step scalars = 8,000,024 B
-# (7.6 MiB), total 28,000,024 B (26.7 MiB). Pinned per rank: 256 B of scalars + 1,000,000 fp32
+# Stage 0 per rank: params 4,000,000 B (3.8 MiB), grads the same, m+v 8,000,000 B (7.6 MiB: fp32
+# parameters and states on the device, so the parameters are the master weights), buffers two
+# gradient buckets of the layer + 24 B of step scalars = 8,000,024 B (7.6 MiB), total 24,000,024 B
+# (22.9 MiB). Pinned per rank: 256 B of scalars + 1,000,000 fp32
 # staging values = 4,000,256 B; two ranks per node: 8,000,512 B (7.6 MiB).
 run estimate --params 1000000 --layers 1 --ranks-per-node 2 --dtype fp32
 expect_rc 0 "small model"
 [ ! -s "$work/err" ] || fail "small model: unexpected stderr: $(cat "$work/err")"
 expect_text "$work/out" "zest estimate: 1.0M parameters (1000000) in 1 layers, fp32, fp32 optimizer states; 2 ranks per node x 1 node = 2 ranks" "small model"
-expect_row "stage 0" "26.7 MiB 3.8 MiB 3.8 MiB 11.4 MiB 7.6 MiB 7.6 MiB 0 B" "small model"
-# Stage 2 on 2 ranks: grads and optimizer states halve (2,000,000 B = 1.9 MiB; 6,000,000 B =
-# 5.7 MiB): 20,000,024 B = 19.1 MiB.
-expect_row "stage 2" "19.1 MiB 3.8 MiB 1.9 MiB 5.7 MiB 7.6 MiB 7.6 MiB 0 B" "small model"
+expect_row "stage 0" "22.9 MiB 3.8 MiB 3.8 MiB 7.6 MiB 7.6 MiB 7.6 MiB 0 B" "small model"
+# Stage 2 on 2 ranks: grads and optimizer states halve (2,000,000 B = 1.9 MiB; 4,000,000 B =
+# 3.8 MiB): 18,000,024 B = 17.2 MiB.
+expect_row "stage 2" "17.2 MiB 3.8 MiB 1.9 MiB 3.8 MiB 7.6 MiB 7.6 MiB 0 B" "small model"
 # Stage 3: params halve too; one gathered buffer (never more than the layers) adds the layer's
-# 4,000,000 B to the buffers (12,000,024 B = 11.4 MiB): 22,000,024 B = 21.0 MiB.
-expect_row "stage 3" "21.0 MiB 1.9 MiB 1.9 MiB 5.7 MiB 11.4 MiB 7.6 MiB 0 B" "small model"
+# 4,000,000 B to the buffers (12,000,024 B = 11.4 MiB): 20,000,024 B = 19.1 MiB.
+expect_row "stage 3" "19.1 MiB 1.9 MiB 1.9 MiB 3.8 MiB 11.4 MiB 7.6 MiB 0 B" "small model"
 # Stage 3 with a secondary partition: half the layer (the 2 ranks of the node), 2,000,000 B more
-# params: 24,000,024 B = 22.9 MiB.
-expect_row "stage 3, secondary host" "22.9 MiB 3.8 MiB 1.9 MiB 5.7 MiB 11.4 MiB 7.6 MiB 0 B" "small model"
+# params: 22,000,024 B = 21.0 MiB.
+expect_row "stage 3, secondary host" "21.0 MiB 3.8 MiB 1.9 MiB 3.8 MiB 11.4 MiB 7.6 MiB 0 B" "small model"
 rows=$(grep -cE '^stage [0-3]' "$work/out")
 [ "$rows" -eq 13 ] || fail "small model: $rows configuration rows, expected 13"
 for name in "stage 1, optimizer cpu" "stage 1, optimizer nvme" "stage 2, optimizer nvme" \

@@ -78,6 +78,34 @@ TEST(MemoryPlan, AnEstimateAtTheSmallestSubGroupListsNothing) {
 
 // A layout whose elements (each group padded for its partitions) would not leave room for the
 // byte counts derived from it is an error naming the cause, never a wrapped size.
+// The master weights are the parameters' own memory only where both are fp32 on the device: fp32
+// parameters and states, nothing offloaded; the device then holds 8 bytes of states per parameter.
+TEST(MemoryPlan, TheMasterIsTheParametersOnlyWhereBothAreFp32OnTheDevice) {
+  const Layout layout({{"a", {1000}, 0}, {"b", {77, 13}, 1}}, 2);
+  const auto plan = [&](auto change) {
+    Config c;
+    change(c);
+    return plan_memory(c, layout);
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    const MemoryPlan p = plan([&](Config& c) { c.stage = stage; });
+    EXPECT_TRUE(p.master_in_params) << stage;
+    EXPECT_EQ(p.device_states_bytes, 8 * layout.shard_numel()) << stage;
+  }
+  const MemoryPlan apart[] = {
+      plan([](Config& c) { c.precision.dtype = DType::bf16; }),
+      plan([](Config& c) { c.optimizer.states = StatesFormat::bf16; }),
+      plan([](Config& c) { c.offload.optimizer.device = OffloadDevice::cpu; }),
+      plan([](Config& c) {
+        c.stage = 3;
+        c.offload.param.device = OffloadDevice::cpu;
+      }),
+  };
+  for (const MemoryPlan& p : apart) EXPECT_FALSE(p.master_in_params);
+  EXPECT_EQ(apart[0].device_states_bytes, 12 * layout.shard_numel());
+  EXPECT_EQ(apart[3].device_states_bytes, 12 * layout.shard_numel());
+}
+
 TEST(Layout, ElementsPastTheLimitAreRefused) {
   std::vector<ParamSpec> model;
   for (int g = 0; g < 8; ++g)

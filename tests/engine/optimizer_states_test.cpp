@@ -1,7 +1,8 @@
 // DeviceOptimizerStates and SplitOptimizerStates alone, on the cpu device, one rank, and the step's
 // arguments (step_args.hpp). What it proves:
 // - device states: a step's master weights, m and v equal a double-precision reference Adam; the
-//   parameters written to the device are the master weights; visit_states reads what it wrote back;
+//   parameters written to the device are the master weights (fp32 states alone on the device: the
+//   parameters are the master, stepped in place); visit_states reads what it wrote back;
 //   with the parameters going to a HostParamSink (stage 3 offloaded parameters), each group is
 //   begun and ended once and holds its updated part;
 // - compact states on a device the host cannot read (a stand-in: host memory that says so) pass
@@ -77,7 +78,11 @@ struct Rig {
         n(layout.shard_numel()),
         grads(device->allocate(n * sizeof(float), MemoryCategory::grads)),
         outs(device->allocate(n * sizeof(float), MemoryCategory::params)) {
-    auto on_device = std::make_unique<DeviceOptimizerStates>(*device, *stream, *math, layout, plan, DType::f32, staging, runs, states_options);
+    std::vector<float*> params_shards;  // fp32 states on the device alone: the master is `outs`
+    if (plan.master_in_params)
+      for (int g = 0; g < layout.group_count(); ++g) params_shards.push_back(outs.as<float>() + layout.group(g).shard_offset);
+    auto on_device = std::make_unique<DeviceOptimizerStates>(*device, *stream, *math, layout, plan, DType::f32, staging,
+                                                             runs, states_options, std::move(params_shards));
     if (ratio < 1) {
       auto offloaded = std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, DType::f32, 1,
                                                             nullptr, runs, states_options);
@@ -166,6 +171,18 @@ void expect_reference(Rig& rig) {
 
 TEST(DeviceOptimizerStates, StepEqualsTheReferenceAdam) {
   Rig rig(1.0, false);
+  expect_reference(rig);
+}
+
+// fp32 states on the device alone: the master weights are the parameters' memory (8 bytes of
+// states per parameter), written by write_master and stepped in place, so a write to the
+// parameters between steps is what the next step starts from, as with torch's AdamW.
+TEST(DeviceOptimizerStates, AMasterInTheParametersIsTheirMemory) {
+  Rig rig(1.0, false);
+  ASSERT_TRUE(rig.plan.master_in_params);
+  EXPECT_EQ(rig.plan.device_states_bytes, 2 * rig.n * sizeof(float));
+  EXPECT_EQ(std::memcmp(rig.outs.data(), rig.init.data(), rig.n * sizeof(float)), 0);
+  for (std::size_t i = 0; i < rig.n; i += 3) rig.outs.as<float>()[i] = rig.init[i] = -2.0f * rig.init[i];
   expect_reference(rig);
 }
 

@@ -91,3 +91,26 @@ def test_zeroing_grad_in_place_names_what_to_do_instead(device):
     assert "zest::torch" not in message  # no C++ names for a Python user
     model.zero_grad()  # set_to_none, torch's default: fine
     opt.close()
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_write_to_fp32_parameters_between_steps_is_what_the_next_step_updates(stage, device):
+    """As with torch's AdamW: at stages 0-2 with fp32 parameters and states, the parameters are zest's
+    master weights, so `p.mul_()` between steps is what the next step starts from (a separate
+    master would overwrite it: off by half a weight)."""
+    model, ref = small(device), small(device)
+    opt = zest.torch.Optimizer(model, {"stage": stage, "optimizer": {"lr": 1e-2, "weight_decay": 0.01}})
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    x = torch.linspace(-1, 1, 8, device=device).reshape(2, 4)
+    for step in range(3):
+        for m, o in ((model, opt), (ref, ref_opt)):
+            m(x).square().sum().backward()
+            o.step()
+            m.zero_grad()
+            if step == 0:
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p.mul_(0.5)
+    for got, want in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+    opt.close()
