@@ -28,7 +28,8 @@ passed=0 failed=0 skipped=0 skipped_cases=0 status=0 skip_report=""
 run_tests() {
   local dir=$1
   shift
-  echo "== meson test in $dir $*"
+  # The time so far, so that CI's log shows where its minutes go (it is kept under ~45).
+  echo "== meson test in $dir $* (${SECONDS}s after the start)"
   meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" || status=1
   # Meson's own summary: "Ok: N", "Fail: N", "Skipped: N", "Timeout: N", "Unexpected Pass: N".
   log="$dir/meson-logs/testlog.txt"
@@ -83,5 +84,6 @@ run_tests "$fuzz_build" --suite fuzz --no-rebuild
 # passed, by reason), then the closing line.
 echo "== skipped, and why"
 printf '%s' "$skip_report" | grep -v '^$' || echo "  nothing"
+echo "== ${SECONDS}s in all"
 echo "$passed passed, $failed failed, $skipped skipped; inside the tests that passed, $skipped_cases GoogleTest or pytest case(s) skipped (reasons above)"
 [ "$failed" -eq 0 ] && [ "$status" -eq 0 ]
