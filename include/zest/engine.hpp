@@ -203,7 +203,7 @@ class Engine {
   // there only inside step() and load() (and set_param). A stage-3 group's gathered parameters
   // live in a pool slot: valid while a lease on the group is held, possibly elsewhere next time.
   // A trainer's write to param(t).data between steps reaches the optimizer only at stages 0-2
-  // with fp32 parameters and states on the device (MemoryPlan::master_in_params: the parameters
+  // with fp32 parameters and an fp32 master on the device (MemoryPlan::master_in_params: the parameters
   // are the master weights, as torch's are); elsewhere the next step overwrites it from the master
   // (set_param writes both).
   // Gradient pointers (grad()) are valid from the call until the group's grads_ready().

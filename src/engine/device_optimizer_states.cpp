@@ -22,7 +22,8 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       runs_(runs),
       range_(plan.device_states),
       options_(states),
-      layout_of_states_(states.form(), plan.device_states.count()),
+      layout_of_states_(states.form(), plan.device_states.count(),
+                        plan.master_in_params ? optim::StatesLayout::Master::elsewhere : optim::StatesLayout::Master::here),
       params_shards_(std::move(params_shards)) {
   if (plan.master_in_params != !params_shards_.empty() ||
       (plan.master_in_params && params_shards_.size() != static_cast<std::size_t>(layout.group_count())))
@@ -57,10 +58,10 @@ void DeviceOptimizerStates::check_range(std::size_t offset, std::size_t count) c
 }
 
 float* DeviceOptimizerStates::at(int k, std::size_t offset) const {
-  float* const states = states_.as<float>();
+  char* const base = states_.as<char>();
   const std::size_t in_range = offset - range_.begin;
-  if (params_shards_.empty()) return states + static_cast<std::size_t>(k) * range_.count() + in_range;
-  if (k > 0) return states + static_cast<std::size_t>(k - 1) * range_.count() + in_range;
+  if (k > 0) return reinterpret_cast<float*>(k == 1 ? layout_of_states_.m(base) : layout_of_states_.v(base)) + in_range;
+  if (params_shards_.empty()) return layout_of_states_.master(base) + in_range;
   for (int g = 0; g < layout_.group_count(); ++g) {
     const auto& place = layout_.group(g);
     if (offset < place.shard_offset + place.shard)
@@ -127,8 +128,13 @@ void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, 
     if (!device_.host_accessible()) return visit_staged(offset - range_.begin, count, write_back, visit);
     // Host memory: visited in place once the stream is idle.
     stream_.synchronize();
-    visit_laid_out(layout_of_states_, states_.as<char>(), offset - range_.begin, count, 0, write_back, visit,
-                   visit_scratch_);
+    if (params_shards_.empty())
+      return visit_laid_out(layout_of_states_, states_.as<char>(), offset - range_.begin, count, 0, write_back, visit,
+                            visit_scratch_);
+    for_each_master_piece(offset, count, [&](float* master, std::size_t first_in, std::size_t k) {
+      visit_laid_out(layout_of_states_, states_.as<char>(), offset + first_in - range_.begin, k, first_in, write_back,
+                     visit, visit_scratch_, master);
+    });
     return;
   }
   // The three states of a piece side by side in the fp32 staging.
@@ -176,7 +182,8 @@ void DeviceOptimizerStates::visit_staged(std::size_t at, std::size_t count, bool
 void DeviceOptimizerStates::copy_piece(const optim::StatesLayout& piece, char* host, std::size_t lo, bool to_host) {
   const optim::StatesLayout& whole = layout_of_states_;
   char* const device = states_.as<char>();
-  const std::size_t master = dtype_size(whole.form().master), state = optim::state_bytes(whole.format());
+  const std::size_t master = whole.master_here() ? dtype_size(whole.form().master) : 0;
+  const std::size_t state = optim::state_bytes(whole.format());
   const std::size_t scales = optim::StatesLayout::blocks(whole.format(), piece.count()) * sizeof(float);
   const auto bytes_of = [](float* f) { return reinterpret_cast<char*>(f); };
   struct Region {
@@ -190,13 +197,17 @@ void DeviceOptimizerStates::copy_piece(const optim::StatesLayout& piece, char* h
       {whole.v(device) + lo * state, piece.v(host), piece.count() * state},
       {bytes_of(whole.m_scales(device) + lo / optim::kInt8Block), bytes_of(piece.m_scales(host)), scales},
       {bytes_of(whole.v_scales(device) + lo / optim::kInt8Block), bytes_of(piece.v_scales(host)), scales}};
-  for (const Region& r : regions) {
-    if (r.bytes == 0) continue;
-    if (to_host)
-      device_.copy_async(r.host, r.device, r.bytes, stream_);
-    else
-      device_.copy_async(r.device, r.host, r.bytes, stream_);
-  }
+  const auto copy = [&](char* on_device, char* on_host, std::size_t bytes) {
+    if (to_host) device_.copy_async(on_host, on_device, bytes, stream_);
+    else device_.copy_async(on_device, on_host, bytes, stream_);
+  };
+  for (const Region& r : regions)
+    if (r.bytes > 0) copy(r.device, r.host, r.bytes);
+  // A master in the parameters goes to the piece's master in the staging, group by group.
+  if (whole.master_here()) return;
+  for_each_master_piece(range_.begin + lo, piece.count(), [&](float* on_device, std::size_t first_in, std::size_t k) {
+    copy(bytes_of(on_device), bytes_of(piece.master(host) + first_in), k * sizeof(float));
+  });
 }
 
 void DeviceOptimizerStates::add_shard(int g, ShardRange part, const char* grad, char* out) {
@@ -215,7 +226,7 @@ void DeviceOptimizerStates::add_shard(int g, ShardRange part, const char* grad, 
       if (options_.master == DType::bf16)
         shard.bf16_master = layout_of_states_.bf16_master(base) + (lo - range_.begin);
       else
-        shard.master = layout_of_states_.master(base) + (lo - range_.begin);
+        shard.master = at(0, lo);
     }
     shards_.push_back(shard);
   });

@@ -5,7 +5,8 @@
 // engine's pinned staging in chunks; compact states are visited in place where the device is host
 // memory (cpu), and elsewhere a chunk of whole int8 blocks at a time, laid out in the staging as a
 // piece of their own. Where plan.master_in_params, the master weights are the fp32 parameters' own
-// shard: the buffer holds m and v, and the Adam updates the parameters in place. Offsets are of the
+// shard: the buffer holds m and v (StatesLayout::Master::elsewhere), and the Adam updates the
+// parameters in place. Offsets are of the
 // shard buffer and must lie in plan.device_states.
 #pragma once
 
@@ -51,8 +52,8 @@ class DeviceOptimizerStates final : public OptimizerStates {
   void copy_piece(const optim::StatesLayout& piece, char* host, std::size_t lo, bool to_host);
   // Throws Error unless [offset, offset + count) lies in range_.
   void check_range(std::size_t offset, std::size_t count) const;
-  // fp32 states only. State k (0 master, 1 m, 2 v) of shard element `offset`; a master in the
-  // parameters is contiguous within one group's shard only.
+  // State k (0 master, 1 m, 2 v) of shard element `offset`: the master where it is fp32, m and v
+  // where they are fp32. A master in the parameters is contiguous within one group's shard only.
   float* at(int k, std::size_t offset) const;
   // Calls f(master, first, n) for consecutive pieces of the master weights of [offset, offset +
   // count), each contiguous (one group's, where they are the parameters), `first` counted from offset.

@@ -209,10 +209,11 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
   (p.grads_on_host ? p.host_grads : p.grads) = grads;
   add(MemoryCategory::grads, p.grads);
   const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
-  p.master_in_params = config.precision.dtype == DType::f32 && form.plain() && !p.offload_optimizer &&
+  p.master_in_params = config.precision.dtype == DType::f32 && form.master == DType::f32 && !p.offload_optimizer &&
                        !p.offload_params;
-  p.device_states_bytes = optim::StatesLayout::bytes(form, p.device_states.count()) -
-                          (p.master_in_params ? p.device_states.count() * sizeof(float) : 0);
+  p.device_states_bytes = optim::StatesLayout::bytes(
+      form, p.device_states.count(),
+      p.master_in_params ? optim::StatesLayout::Master::elsewhere : optim::StatesLayout::Master::here);
   add(MemoryCategory::optimizer_states, p.device_states_bytes);
   p.scalars = sizeof(GradStatsScalars);
   add(MemoryCategory::buffers, p.scalars);

@@ -8,13 +8,17 @@
 namespace zest::engine {
 
 void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t at, std::size_t n, std::size_t first,
-                    bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch) {
+                    bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch,
+                    float* master) {
   if (at > layout.count() || n > layout.count() - at)
     throw Error(std::string("optimizer states: elements [").append(std::to_string(at)).append(", ")
                     .append(std::to_string(at + n)).append(") outside the piece's ").append(std::to_string(layout.count())));
-  float* const master = layout.master(base);
+  if (layout.master_here() == (master != nullptr))
+    throw Error("optimizer states: give the master exactly where the layout does not hold it; this is a zest bug");
+  // The master of element `at`, in the layout or given.
+  if (layout.master_here()) master = layout.master(base) + at;
   if (layout.form().plain()) {
-    visit(master + at, master + layout.count() + at, master + 2 * layout.count() + at, first, n);
+    visit(master, reinterpret_cast<float*>(layout.m(base)) + at, reinterpret_cast<float*>(layout.v(base)) + at, first, n);
     return;
   }
   const bool bf16_master = layout.form().master == DType::bf16;
@@ -33,7 +37,7 @@ void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t a
     if (bf16_master)
       for (std::size_t i = 0; i < hi - lo; ++i) wide_master[i] = bf16_to_float(bf16[i]);
     const std::size_t from = std::max(lo, at), to = std::min(hi, end);
-    float* const p = bf16_master ? wide_master + (from - lo) : master + from;
+    float* const p = bf16_master ? wide_master + (from - lo) : master + (from - at);
     visit(p, m + (from - lo), v + (from - lo), first + (from - at), to - from);
     if (!write_back) continue;
     optim::narrow_moments(m, v, states);

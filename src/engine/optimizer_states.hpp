@@ -109,8 +109,11 @@ class OptimizerStates {
 // `scratch` (grown once to 3 * kVisitChunk floats) and, with `write_back`, narrowed back after the
 // visit. A round trip leaves compact states as they were (optim::narrow_moments; a bf16 master
 // rounds to nearest).
+// Where the layout holds no master (StatesLayout::Master::elsewhere), `master` is the fp32 master of
+// [at, at + n), visited in place.
 inline constexpr std::size_t kVisitChunk = std::size_t{1} << 16;
 void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t at, std::size_t n, std::size_t first,
-                    bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch);
+                    bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch,
+                    float* master = nullptr);
 
 }  // namespace zest::engine

@@ -4,9 +4,10 @@
 //   [ master: count fp32 or bf16 | m: count states | v: count states | m scales | v scales ]
 //
 // a state being a float (fp32), a bf16 bit pattern (bf16) or a code byte (int8), and the scales (int8
-// only) one float per block of kInt8Block elements from element 0. The engine keeps one such buffer
-// per piece of its states (an offloaded sub-group; the device's part), so a piece moves to and from
-// NVMe as one region, and the bytes the plan counts are the bytes allocated.
+// only) one float per block of kInt8Block elements from element 0. A layout without its master
+// (Master::elsewhere: the engine's fp32 parameters are the master weights) starts at m. The engine
+// keeps one such buffer per piece of its states (an offloaded sub-group; the device's part), so a
+// piece moves to and from NVMe as one region, and the bytes the plan counts are the bytes allocated.
 #pragma once
 
 #include <cstddef>
@@ -33,17 +34,26 @@ struct StatesForm {
 
 class StatesLayout {
  public:
-  StatesLayout(StatesForm form, std::size_t count) : form_(form), count_(count) {}
+  enum class Master { here, elsewhere };
+  // Master::elsewhere needs an fp32 master (Error otherwise: only fp32 parameters can be one).
+  StatesLayout(StatesForm form, std::size_t count, Master master = Master::here)
+      : form_(form), count_(count), master_(master) {
+    if (master == Master::elsewhere && form.master != DType::f32)
+      throw Error("StatesLayout: only an fp32 master can live outside the states (in fp32 parameters)");
+  }
 
   // Bytes of the whole buffer for `count` elements.
-  static constexpr std::size_t bytes(StatesForm form, std::size_t count) {
-    return scales_offset(form, count) + 2 * blocks(form.moments, count) * sizeof(float);
+  static constexpr std::size_t bytes(StatesForm form, std::size_t count, Master master = Master::here) {
+    return scales_offset(form, count, master) + 2 * blocks(form.moments, count) * sizeof(float);
   }
   // Where the scales start: after master, m and v, rounded up to a float (a count the engine
   // uses, a multiple of 64, needs no rounding).
-  static constexpr std::size_t scales_offset(StatesForm form, std::size_t count) {
-    const std::size_t end = count * (dtype_size(form.master) + 2 * state_bytes(form.moments));
+  static constexpr std::size_t scales_offset(StatesForm form, std::size_t count, Master master = Master::here) {
+    const std::size_t end = count * (master_bytes(form, master) + 2 * state_bytes(form.moments));
     return (end + alignof(float) - 1) / alignof(float) * alignof(float);
+  }
+  static constexpr std::size_t master_bytes(StatesForm form, Master master) {
+    return master == Master::here ? dtype_size(form.master) : 0;
   }
   // Scales per state: one per block for int8, none otherwise.
   static constexpr std::size_t blocks(StatesFormat format, std::size_t count) {
@@ -53,14 +63,16 @@ class StatesLayout {
   StatesForm form() const { return form_; }
   StatesFormat format() const { return form_.moments; }
   std::size_t count() const { return count_; }
-  std::size_t bytes() const { return bytes(form_, count_); }
+  bool master_here() const { return master_ == Master::here; }
+  std::size_t bytes() const { return bytes(form_, count_, master_); }
 
-  // The master weights: fp32 (master()) or bf16 bit patterns (bf16_master()), as the form says.
+  // The master weights: fp32 (master()) or bf16 bit patterns (bf16_master()), as the form says;
+  // only where the layout holds them (master_here()).
   float* master(char* base) const { return reinterpret_cast<float*>(base); }
   std::uint16_t* bf16_master(char* base) const { return reinterpret_cast<std::uint16_t*>(base); }
-  char* m(char* base) const { return base + count_ * dtype_size(form_.master); }
+  char* m(char* base) const { return base + count_ * master_bytes(form_, master_); }
   char* v(char* base) const { return m(base) + count_ * state_bytes(form_.moments); }
-  float* m_scales(char* base) const { return reinterpret_cast<float*>(base + scales_offset(form_, count_)); }
+  float* m_scales(char* base) const { return reinterpret_cast<float*>(base + scales_offset(form_, count_, master_)); }
   float* v_scales(char* base) const { return m_scales(base) + blocks(form_.moments, count_); }
 
   // The moments of elements [at, at + n) of the buffer at `base`, for CpuAdam::step_compact. For
@@ -81,6 +93,7 @@ class StatesLayout {
  private:
   StatesForm form_;
   std::size_t count_;
+  Master master_;
 };
 
 // The int8 states' codes (make_dynamic_code), built once: signed for m, unsigned for v.

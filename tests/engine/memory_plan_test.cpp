@@ -79,7 +79,8 @@ TEST(MemoryPlan, AnEstimateAtTheSmallestSubGroupListsNothing) {
 // A layout whose elements (each group padded for its partitions) would not leave room for the
 // byte counts derived from it is an error naming the cause, never a wrapped size.
 // The master weights are the parameters' own memory only where both are fp32 on the device: fp32
-// parameters and states, nothing offloaded; the device then holds 8 bytes of states per parameter.
+// parameters and master, nothing offloaded; the device then holds m and v alone (fp32: 8 bytes per
+// parameter; bf16: 4; int8: 2 and a scale per 64 for each).
 TEST(MemoryPlan, TheMasterIsTheParametersOnlyWhereBothAreFp32OnTheDevice) {
   const Layout layout({{"a", {1000}, 0}, {"b", {77, 13}, 1}}, 2);
   const auto plan = [&](auto change) {
@@ -92,9 +93,16 @@ TEST(MemoryPlan, TheMasterIsTheParametersOnlyWhereBothAreFp32OnTheDevice) {
     EXPECT_TRUE(p.master_in_params) << stage;
     EXPECT_EQ(p.device_states_bytes, 8 * layout.shard_numel()) << stage;
   }
+  const std::size_t n = layout.shard_numel();
+  EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::bf16; }).device_states_bytes, 4 * n);
+  EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::int8; }).device_states_bytes, 2 * n + 2 * n / 64 * 4);
   const MemoryPlan apart[] = {
       plan([](Config& c) { c.precision.dtype = DType::bf16; }),
-      plan([](Config& c) { c.optimizer.states = StatesFormat::bf16; }),
+      plan([](Config& c) {
+        c.precision.dtype = DType::bf16;
+        c.optimizer.states = StatesFormat::int8;
+        c.optimizer.master = DType::bf16;
+      }),
       plan([](Config& c) { c.offload.optimizer.device = OffloadDevice::cpu; }),
       plan([](Config& c) {
         c.stage = 3;
@@ -102,8 +110,9 @@ TEST(MemoryPlan, TheMasterIsTheParametersOnlyWhereBothAreFp32OnTheDevice) {
       }),
   };
   for (const MemoryPlan& p : apart) EXPECT_FALSE(p.master_in_params);
-  EXPECT_EQ(apart[0].device_states_bytes, 12 * layout.shard_numel());
-  EXPECT_EQ(apart[3].device_states_bytes, 12 * layout.shard_numel());
+  EXPECT_EQ(apart[0].device_states_bytes, 12 * n);
+  EXPECT_EQ(apart[1].device_states_bytes, 4 * n + 2 * n / 64 * 4);
+  EXPECT_EQ(apart[3].device_states_bytes, 12 * n);
 }
 
 TEST(Layout, ElementsPastTheLimitAreRefused) {

@@ -186,6 +186,32 @@ TEST(DeviceOptimizerStates, AMasterInTheParametersIsTheirMemory) {
   expect_reference(rig);
 }
 
+// With compact moments too: the fp32 master is the parameters (m and v alone in the states'
+// buffer), read, visited and stepped there, on the cpu device and through the staging.
+TEST(DeviceOptimizerStates, ACompactStatesMasterInTheParametersIsTheirMemory) {
+  for (const StatesFormat format : {StatesFormat::bf16, StatesFormat::int8}) {
+    SCOPED_TRACE(states_format_name(format));
+    const optim::StatesForm form{format, DType::f32};
+    Rig cpu(1.0, false, form);
+    Rig opaque(1.0, false, form, std::make_unique<OpaqueDevice>(std::size_t{64} << 20));
+    for (Rig* rig : {&cpu, &opaque}) {
+      ASSERT_TRUE(rig->plan.master_in_params);
+      EXPECT_EQ(rig->plan.device_states_bytes, optim::StatesLayout::bytes(form, rig->n) - rig->n * sizeof(float));
+      const auto params = [rig] { return std::vector<float>(rig->outs.as<float>(), rig->outs.as<float>() + rig->n); };
+      EXPECT_EQ(params(), rig->init);
+      rig->step({1, 0.5, 1.0}, nullptr);
+      EXPECT_NE(params(), rig->init);  // stepped in place
+      rig->outs.as<float>()[700] = 42.0f;
+      EXPECT_EQ(rig->master(), params());
+      std::vector<float> seen(rig->n);
+      rig->states->visit_states(0, rig->n, false, [&](float* master, float*, float*, std::size_t first, std::size_t k) {
+        std::memcpy(seen.data() + first, master, k * sizeof(float));
+      });
+      EXPECT_EQ(seen, params());
+    }
+  }
+}
+
 TEST(DeviceOptimizerStates, VisitWritesBackWhatItLeaves) {
   Rig rig(1.0, false);
   rig.states->visit_states(10, 500, true, [](float*, float* m, float*, std::size_t first, std::size_t k) {
