@@ -78,7 +78,7 @@ struct Rig {
         n(layout.shard_numel()),
         grads(device->allocate(n * sizeof(float), MemoryCategory::grads)),
         outs(device->allocate(n * sizeof(float), MemoryCategory::params)) {
-    std::vector<float*> params_shards;  // fp32 states on the device alone: the master is `outs`
+    std::vector<float*> params_shards;  // states on the device alone, an fp32 master: it is `outs`
     if (plan.master_in_params)
       for (int g = 0; g < layout.group_count(); ++g) params_shards.push_back(outs.as<float>() + layout.group(g).shard_offset);
     auto on_device = std::make_unique<DeviceOptimizerStates>(*device, *stream, *math, layout, plan, DType::f32, staging,
