@@ -60,15 +60,18 @@ void DeviceOptimizerStates::check_range(std::size_t offset, std::size_t count) c
 float* DeviceOptimizerStates::at(int k, std::size_t offset) const {
   char* const base = states_.as<char>();
   const std::size_t in_range = offset - range_.begin;
-  if (k > 0) return reinterpret_cast<float*>(k == 1 ? layout_of_states_.m(base) : layout_of_states_.v(base)) + in_range;
-  if (params_shards_.empty()) return layout_of_states_.master(base) + in_range;
-  for (int g = 0; g < layout_.group_count(); ++g) {
-    const auto& place = layout_.group(g);
-    if (offset < place.shard_offset + place.shard)
-      return params_shards_[static_cast<std::size_t>(g)] + (offset - place.shard_offset);
-  }
-  throw Error(std::string("device optimizer states: element ").append(std::to_string(offset))
-                  .append(" lies past every group's shard; this is a zest bug"));
+  if (k == 0) return layout_of_states_.master(base) + in_range;
+  return reinterpret_cast<float*>(k == 1 ? layout_of_states_.m(base) : layout_of_states_.v(base)) + in_range;
+}
+
+float* DeviceOptimizerStates::master_of(int g, std::size_t offset) const {
+  if (params_shards_.empty()) return at(0, offset);
+  return params_shards_[static_cast<std::size_t>(g)] + (offset - layout_.group(g).shard_offset);
+}
+
+void DeviceOptimizerStates::copy(char* device, char* host, std::size_t bytes, bool to_host) {
+  if (to_host) device_.copy_async(host, device, bytes, stream_);
+  else device_.copy_async(device, host, bytes, stream_);
 }
 
 template <class F>
@@ -81,7 +84,7 @@ void DeviceOptimizerStates::for_each_master_piece(std::size_t offset, std::size_
     const auto& place = layout_.group(g);
     const std::size_t lo = std::max(offset, place.shard_offset);
     const std::size_t hi = std::min(offset + count, place.shard_offset + place.shard);
-    if (lo < hi) f(params_shards_[static_cast<std::size_t>(g)] + (lo - place.shard_offset), lo - offset, hi - lo);
+    if (lo < hi) f(master_of(g, lo), lo - offset, hi - lo);
   }
 }
 
@@ -140,22 +143,19 @@ void DeviceOptimizerStates::visit_states(std::size_t offset, std::size_t count, 
   // The three states of a piece side by side in the fp32 staging.
   const std::size_t piece = staging_.elements() / 3;
   float* const host[] = {staging_.f32(), staging_.f32() + piece, staging_.f32() + 2 * piece};
-  const auto copy = [&](std::size_t from, std::size_t n, bool to_host) {
-    const auto move = [&](float* device, float* on_host, std::size_t bytes) {
-      if (to_host) device_.copy_async(on_host, device, bytes, stream_);
-      else device_.copy_async(device, on_host, bytes, stream_);
-    };
+  const auto bytes_of = [](float* f) { return reinterpret_cast<char*>(f); };
+  const auto copy_states = [&](std::size_t from, std::size_t n, bool to_host) {
     for_each_master_piece(from, n, [&](float* master, std::size_t first_in, std::size_t k) {
-      move(master, host[0] + first_in, k * sizeof(float));
+      copy(bytes_of(master), bytes_of(host[0] + first_in), k * sizeof(float), to_host);
     });
-    for (int k = 1; k < 3; ++k) move(at(k, from), host[k], n * sizeof(float));
+    for (int k = 1; k < 3; ++k) copy(bytes_of(at(k, from)), bytes_of(host[k]), n * sizeof(float), to_host);
     stream_.synchronize();
   };
   for (std::size_t first = 0; first < count; first += piece) {
     const std::size_t n = std::min(piece, count - first);
-    copy(offset + first, n, true);
+    copy_states(offset + first, n, true);
     visit(host[0], host[1], host[2], first, n);
-    if (write_back) copy(offset + first, n, false);
+    if (write_back) copy_states(offset + first, n, false);
   }
 }
 
@@ -197,16 +197,12 @@ void DeviceOptimizerStates::copy_piece(const optim::StatesLayout& piece, char* h
       {whole.v(device) + lo * state, piece.v(host), piece.count() * state},
       {bytes_of(whole.m_scales(device) + lo / optim::kInt8Block), bytes_of(piece.m_scales(host)), scales},
       {bytes_of(whole.v_scales(device) + lo / optim::kInt8Block), bytes_of(piece.v_scales(host)), scales}};
-  const auto copy = [&](char* on_device, char* on_host, std::size_t bytes) {
-    if (to_host) device_.copy_async(on_host, on_device, bytes, stream_);
-    else device_.copy_async(on_device, on_host, bytes, stream_);
-  };
   for (const Region& r : regions)
-    if (r.bytes > 0) copy(r.device, r.host, r.bytes);
+    if (r.bytes > 0) copy(r.device, r.host, r.bytes, to_host);
   // A master in the parameters goes to the piece's master in the staging, group by group.
   if (whole.master_here()) return;
   for_each_master_piece(range_.begin + lo, piece.count(), [&](float* on_device, std::size_t first_in, std::size_t k) {
-    copy(bytes_of(on_device), bytes_of(piece.master(host) + first_in), k * sizeof(float));
+    copy(bytes_of(on_device), bytes_of(piece.master(host) + first_in), k * sizeof(float), to_host);
   });
 }
 
@@ -216,7 +212,7 @@ void DeviceOptimizerStates::add_shard(int g, ShardRange part, const char* grad, 
     // A master in the parameters is updated in place: no copy to write.
     AdamShard shard{nullptr, nullptr, nullptr, grad + in, params_shards_.empty() ? out + in : nullptr, hi - lo, &hyper};
     if (layout_of_states_.form().plain()) {
-      shard.master = at(0, lo);
+      shard.master = master_of(g, lo);
       shard.m = at(1, lo);
       shard.v = at(2, lo);
     } else {
@@ -226,7 +222,7 @@ void DeviceOptimizerStates::add_shard(int g, ShardRange part, const char* grad, 
       if (options_.master == DType::bf16)
         shard.bf16_master = layout_of_states_.bf16_master(base) + (lo - range_.begin);
       else
-        shard.master = at(0, lo);
+        shard.master = master_of(g, lo);
     }
     shards_.push_back(shard);
   });

@@ -52,9 +52,14 @@ class DeviceOptimizerStates final : public OptimizerStates {
   void copy_piece(const optim::StatesLayout& piece, char* host, std::size_t lo, bool to_host);
   // Throws Error unless [offset, offset + count) lies in range_.
   void check_range(std::size_t offset, std::size_t count) const;
-  // State k (0 master, 1 m, 2 v) of shard element `offset`: the master where it is fp32, m and v
-  // where they are fp32. A master in the parameters is contiguous within one group's shard only.
+  // State k (0 master, 1 m, 2 v) of shard element `offset` in the states' buffer: the master where
+  // the buffer holds it in fp32, m and v where they are fp32.
   float* at(int k, std::size_t offset) const;
+  // The fp32 master of shard element `offset` of group g: in the buffer, or in the parameters
+  // (contiguous within one group's shard only).
+  float* master_of(int g, std::size_t offset) const;
+  // Queues a copy of `bytes` between the device and the host, the way `to_host` says.
+  void copy(char* device, char* host, std::size_t bytes, bool to_host);
   // Calls f(master, first, n) for consecutive pieces of the master weights of [offset, offset +
   // count), each contiguous (one group's, where they are the parameters), `first` counted from offset.
   template <class F>
