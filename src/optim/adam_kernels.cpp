@@ -70,22 +70,6 @@ inline VecU stochastic_round_bf16_high(VecF x, VecU r) {
 inline VecF max_keeping(VecF a, VecF acc) { return _mm512_max_ps(a, acc); }
 inline float horizontal_max(VecF x) { return _mm512_reduce_max_ps(x); }
 
-// table[index] for a table of N floats held in N / 16 registers (N a multiple of 32, index < N),
-// without a gather: each vpermt2ps reads 32 entries by the index's low 5 bits, then blends by the
-// higher bits pick the right 32. (A 16-lane gather per table read made the int8 kernel
-// gather-bound: 0.03 of its roofline.)
-template <std::uint32_t N>
-inline VecF table_lookup(const __m512 (&table)[N / 16], VecU index) {
-  const __m512i i = __builtin_bit_cast(__m512i, index);
-  __m512 part[N / 32];
-  for (std::uint32_t k = 0; k < N / 32; ++k) part[k] = _mm512_permutex2var_ps(table[2 * k], i, table[2 * k + 1]);
-  for (std::uint32_t bit = 32, count = N / 32; bit < N; bit *= 2, count /= 2) {
-    const __mmask16 upper = _mm512_test_epi32_mask(i, _mm512_set1_epi32(static_cast<int>(bit)));
-    for (std::uint32_t k = 0; k < count / 2; ++k) part[k] = _mm512_mask_blend_ps(upper, part[2 * k], part[2 * k + 1]);
-  }
-  return part[0];
-}
-
 // The float x >= 0 rounded to 16 significant bits, to nearest, ties away from 0: for the products
 // of DynamicCode::value_step, none of which lies halfway, that is make_dynamic_code's rounding.
 inline __m512i round_to_16_bits(__m512 x) {
@@ -93,20 +77,27 @@ inline __m512i round_to_16_bits(__m512 x) {
                           _mm512_set1_epi32(~0xff));
 }
 
-template <std::uint32_t N>
-inline void load_table(const float* from, __m512 (&table)[N / 16]) {
-  for (std::uint32_t k = 0; k < N / 16; ++k) table[k] = _mm512_loadu_ps(from + 16 * k);
-}
-
-// The int8 code of N magnitudes (128: m, 256: v), its tables loaded into registers once per range
-// (read from the DynamicCode inside the loop they were reloaded for every vpermt2ps).
+// The int8 code's values in closed form (DynamicCode::value_step), for m (N = 128) and v (N = 256):
+// ten vector operations on two registers. m's 128 values as a register table took 8 registers,
+// 4 vpermt2ps, 3 blends and a copy of the table per permute (vpermt2ps overwrites it), and
+// spilled in the update loop; v's 256 more so.
 template <std::uint32_t N>
 struct Int8Decoder {
-  __m512 values[N / 16];
-  explicit Int8Decoder(const DynamicCode& code) { load_table<N>(code.values, values); }
-  VecF value(VecU byte) const { return table_lookup<N>(values, byte); }
-  // A signed (m) byte times the scale, as dequantize: the lookup reads bits 0..6 of the byte only,
-  // and its top bit flips the sign.
+  __m512 step, base;
+  explicit Int8Decoder(const DynamicCode& code)
+      : step(_mm512_loadu_ps(code.value_step)), base(_mm512_loadu_ps(code.value_base)) {}
+  // The value of magnitude byte b (bits 0..6 for m, whose top bit is the sign: dropped here).
+  VecF value(VecU byte) const {
+    // 2b + 1 with b = byte & (N - 1): one ternary logic operation on byte << 1.
+    const __m512i twice = _mm512_slli_epi32(__builtin_bit_cast(__m512i, byte), 1);
+    const __m512i odd_word = _mm512_ternarylogic_epi32(twice, _mm512_set1_epi32(static_cast<int>(2 * N - 2)),
+                                                       _mm512_set1_epi32(1), 0xea);  // (a & b) | c
+    const __m512 odd = _mm512_cvtepi32_ps(odd_word);
+    const __m512i slot = _mm512_srli_epi32(_mm512_castps_si512(odd), 23);  // 128 + k; 127 for b = 0
+    const __m512 n = _mm512_fmadd_ps(odd, _mm512_set1_ps(4.5f), _mm512_permutexvar_ps(slot, base));
+    return __builtin_bit_cast(VecF, round_to_16_bits(_mm512_mul_ps(n, _mm512_permutexvar_ps(slot, step))));
+  }
+  // A signed (m) byte times the scale, as dequantize: bits 0..6 give the magnitude, bit 7 the sign.
   VecF signed_value(VecU byte, VecF scale) const {
     const __m512 magnitude = _mm512_mul_ps(value(byte), scale);
     return _mm512_mask_xor_ps(magnitude, _mm512_test_epi32_mask(__builtin_bit_cast(__m512i, byte), _mm512_set1_epi32(0x80)),
@@ -121,21 +112,16 @@ inline VecU signed_byte(VecU word, VecU magnitude) {
   return __builtin_bit_cast(VecU, _mm512_mask_or_epi32(m, negative, m, _mm512_set1_epi32(0x80)));
 }
 
-// The 256 values of v in closed form (DynamicCode::value_step): a 16-register table besides m's 8
-// spills in the update loop, and 8 vpermt2ps and 7 blends cost more than this arithmetic.
-template <>
-struct Int8Decoder<256> {
-  __m512 step, base;
-  explicit Int8Decoder(const DynamicCode& code)
-      : step(_mm512_loadu_ps(code.value_step)), base(_mm512_loadu_ps(code.value_base)) {}
-  VecF value(VecU byte) const {
-    const __m512i b = __builtin_bit_cast(__m512i, byte);
-    const __m512 odd = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(b, b), _mm512_set1_epi32(1)));
-    const __m512i slot = _mm512_srli_epi32(_mm512_castps_si512(odd), 23);  // 128 + k; 127 for b = 0
-    const __m512 n = _mm512_fmadd_ps(odd, _mm512_set1_ps(4.5f), _mm512_permutexvar_ps(slot, base));
-    return __builtin_bit_cast(VecF, round_to_16_bits(_mm512_mul_ps(n, _mm512_permutexvar_ps(slot, step))));
-  }
-};
+// unsigned_code_byte with a mask: the magnitude raised to at least 1 where |v| is neither 0 nor NaN
+// (0 < bits of |v| <= 0x7f800000: one unsigned comparison of bits - 1), three operations where the
+// branch-free word arithmetic took nine.
+inline VecU unsigned_byte(VecU word, VecU magnitude) {
+  const __m512i x = _mm512_and_si512(__builtin_bit_cast(__m512i, word), _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 finite_nonzero =
+      _mm512_cmplt_epu32_mask(_mm512_sub_epi32(x, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7f800000));
+  const __m512i m = __builtin_bit_cast(__m512i, magnitude);
+  return __builtin_bit_cast(VecU, _mm512_mask_max_epu32(m, finite_nonzero, m, _mm512_set1_epi32(1)));
+}
 
 // The byte nearest to a in closed form (DynamicCode::decade_slope), equal to the binary search
 // dynamic_encode_magnitude on every float: dynamic_encode_from_guess's one exact comparison decides.
@@ -241,6 +227,15 @@ struct Int8Decoder {
   }
 };
 inline VecU signed_byte(VecU word, VecU magnitude) { return signed_code_byte(word, magnitude); }
+// unsigned_code_byte with compares: the magnitude raised to at least 1 where 0 < bits of |v| <=
+// 0x7f800000 (neither 0 nor NaN).
+inline VecU unsigned_byte(VecU word, VecU magnitude) {
+  const __m256i x = _mm256_and_si256(__builtin_bit_cast(__m256i, word), _mm256_set1_epi32(0x7fffffff));
+  const __m256i raise = _mm256_and_si256(_mm256_cmpgt_epi32(x, _mm256_setzero_si256()),
+                                         _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800001), x));
+  return __builtin_bit_cast(VecU, _mm256_max_epu32(__builtin_bit_cast(__m256i, magnitude),
+                                                   _mm256_and_si256(raise, _mm256_set1_epi32(1))));
+}
 template <std::uint32_t N>
 struct Int8Encoder {
   const DynamicCode& code;
@@ -313,6 +308,7 @@ struct Int8Decoder {
   }
 };
 inline VecU signed_byte(VecU word, VecU magnitude) { return signed_code_byte(word, magnitude); }
+inline VecU unsigned_byte(VecU word, VecU magnitude) { return unsigned_code_byte(word, magnitude); }
 template <std::uint32_t N>
 struct Int8Encoder {
   const DynamicCode& code;
@@ -657,7 +653,7 @@ ZEST_KERNEL_INLINE void int8_run(const Int8Sources& in, float* p, std::uint8_t* 
         const VecU mw = as_words(load_f32(new_m + i));
         const VecU vw = as_words(load_f32(new_v + i));
         store_low8(qm + i, signed_byte(mw, codecs.m_encoder.encode(scaled(as_floats(mw & 0x7fffffffu), m_r[block]))));
-        store_low8(qv + i, unsigned_code_byte(vw, codecs.v_encoder.encode(scaled(as_floats(vw & 0x7fffffffu), v_r[block]))));
+        store_low8(qv + i, unsigned_byte(vw, codecs.v_encoder.encode(scaled(as_floats(vw & 0x7fffffffu), v_r[block]))));
       }
     };
     // |x| * pre * inv (block_reciprocal); pre is 1 but for blocks of subnormal scale, so the

@@ -1,7 +1,7 @@
 // The SIMD int8 codecs of adam_kernels.cpp against their definitions, outside the kernel: this
 // program includes the kernel source, compiled for one instruction set (see meson.build), and
-// checks that Int8Encoder::encode equals the binary search dynamic_encode_magnitude, and the
-// decoders dequantize, on every input that matters. The closed-form encoder is exact by an error
+// checks that Int8Encoder::encode equals the binary search dynamic_encode_magnitude, the decoders
+// dequantize and the code bytes signed_code_byte and unsigned_code_byte, on every input that matters. The closed-form encoder is exact by an error
 // bound (DynamicCode::decade_slope), so the check is what proves it: the test runs a dense sample
 // (every float within 2^14 units in the last place of each midpoint, decade threshold and power of
 // two, every 61st float of [0, 1] and beyond, Inf and NaN; ~1 s); `--all` checks all 2^31
@@ -108,6 +108,27 @@ void encode_all(Checker& checker, const DynamicCode& code) {
   }
 }
 
+// The kernel's unsigned_byte against unsigned_code_byte: random words and the special ones (±0,
+// the smallest subnormal, the largest finite, ±Inf, NaN), each with magnitude 0 and others.
+void unsigned_codes(Checker& checker) {
+  std::vector<std::uint32_t> words{0u, 0x80000000u, 1u, 0x80000001u, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
+                                   0x7f800001u, 0x7fc00000u, 0xffffffffu, 0x3f800000u};
+  std::uint32_t seed = 7;
+  for (int t = 0; t < 100000; ++t) words.push_back(seed = seed * 1664525u + 1013904223u);
+  for (std::size_t i = 0; i < words.size(); i += kLanes) {
+    VecU word{};
+    VecU magnitude{};
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      word[l] = words[(i + l) % words.size()];
+      magnitude[l] = (i / kLanes + l) % 3 == 0 ? 0 : (word[l] >> 9) % 256;
+    }
+    const VecU got = unsigned_byte(word, magnitude);
+    for (std::size_t l = 0; l < kLanes; ++l)
+      if (got[l] != unsigned_code_byte<std::uint32_t>(word[l], magnitude[l]) && ++checker.failures <= 10)
+        std::printf("unsigned byte %08x %u\n", static_cast<unsigned>(word[l]), static_cast<unsigned>(magnitude[l]));
+  }
+}
+
 bool supported() {
 #if defined(__AVX512F__)
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -133,6 +154,7 @@ int main(int argc, char** argv) {
   checker.decode<128>(m_code);
   checker.decode<256>(v_code);
   checker.signed_codes(m_code);
+  unsigned_codes(checker);
   if (all) {
     encode_all<128>(checker, m_code);
     encode_all<256>(checker, v_code);
