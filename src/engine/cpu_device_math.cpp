@@ -104,6 +104,32 @@ class CpuDeviceMath final : public DeviceMath {
     stream.host_task([=, this] { quantizer_.cast_from_f32({in, count}, optim::TensorSpan{out, dtype, count}); });
   }
 
+  void quantize_pieces(const void* in, DType dtype, std::size_t piece, std::size_t in_pieces,
+                       std::span<const std::size_t> order, optim::QuantBits bits, void* out,
+                       Stream& stream) override {
+    stream.host_task([=, this] {
+      quantizer_.quantize_pieces(optim::ConstTensorSpan{in, dtype, in_pieces * piece}, piece, order, bits,
+                                 {static_cast<std::byte*>(out), order.size() * optim::quantized_bytes(bits, piece)});
+    });
+  }
+
+  void dequantize_sum(const void* in, optim::QuantBits bits, std::size_t piece, std::size_t sums, std::size_t terms,
+                      float* out, Stream& stream) override {
+    stream.host_task([=, this] {
+      quantizer_.dequantize_sum(
+          {static_cast<const std::byte*>(in), terms * sums * optim::quantized_bytes(bits, piece)}, bits, piece,
+          terms, {out, sums * piece});
+    });
+  }
+
+  void dequantize_pieces(const void* in, optim::QuantBits bits, std::size_t piece, std::size_t pieces, void* out,
+                         DType dtype, Stream& stream) override {
+    stream.host_task([=, this] {
+      quantizer_.dequantize_pieces({static_cast<const std::byte*>(in), pieces * optim::quantized_bytes(bits, piece)},
+                                   bits, piece, optim::TensorSpan{out, dtype, pieces * piece});
+    });
+  }
+
  private:
   optim::AdamHyperParams hyper_;
   optim::CpuAdam adam_;

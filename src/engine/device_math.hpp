@@ -90,6 +90,22 @@ class DeviceMath {
                               Stream& stream) = 0;
   // out[i] = in[i] rounded to `dtype` (nearest even; fp32: a copy).
   virtual void cast_from_f32(const float* in, std::size_t count, void* out, DType dtype, Stream& stream) = 0;
+
+  // The pieces of a quantized collective, one call for all of them (the cpu backend: one task
+  // whose tiles share one pass over its threads; the defaults here, which the cuda backend keeps:
+  // the calls above, one per piece). The same bits either way. Records are
+  // optim::quantized_bytes(bits, piece) bytes each, back to back.
+  // Record r of `out` (order.size() records) = piece order[r] of `in`, which holds `in_pieces`
+  // pieces back to back (every order[r] < in_pieces).
+  virtual void quantize_pieces(const void* in, DType dtype, std::size_t piece, std::size_t in_pieces,
+                               std::span<const std::size_t> order, optim::QuantBits bits, void* out, Stream& stream);
+  // Piece s of `out` (`sums` fp32 pieces) = the sum of records t * sums + s of `in` over t < terms,
+  // each decoded and added in t's order (a dequantize, then dequantize_adds).
+  virtual void dequantize_sum(const void* in, optim::QuantBits bits, std::size_t piece, std::size_t sums,
+                              std::size_t terms, float* out, Stream& stream);
+  // Piece r of `out` (`pieces` pieces of `dtype`) = record r of `in` decoded.
+  virtual void dequantize_pieces(const void* in, optim::QuantBits bits, std::size_t piece, std::size_t pieces,
+                                 void* out, DType dtype, Stream& stream);
 };
 
 // The math for `device`'s backend. `threads`: the CPU Adam's threads (cpu only; 0 = one per cpu of

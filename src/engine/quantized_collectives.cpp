@@ -35,10 +35,7 @@ void QuantizedGather::all_gather(const void* own, void* full, std::size_t shard,
   char* const mine = at(codes_, static_cast<std::size_t>(comm_.rank()) * record);
   math_.quantize(own, dtype_, shard, QuantBits::int8, mine, stream);
   comm_.all_gather(mine, codes_.data(), words(record), DType::f32, stream);
-  const std::size_t shard_bytes = shard * dtype_size(dtype_);
-  for (std::size_t r = 0; r < ranks; ++r)
-    math_.dequantize(at(codes_, r * record), QuantBits::int8, shard, static_cast<char*>(full) + r * shard_bytes,
-                     dtype_, stream);
+  math_.dequantize_pieces(codes_.data(), QuantBits::int8, shard, ranks, full, dtype_, stream);
 }
 
 QuantizedReduceScatter::QuantizedReduceScatter(Device& device, Communicator& world, Communicator& host,
@@ -69,6 +66,12 @@ QuantizedReduceScatter::QuantizedReduceScatter(Device& device, Communicator& wor
                     .append(std::to_string(hosts_)).append(" ranks) communicators to cover the ")
                     .append(std::to_string(world.size()))
                     .append(" ranks; start the same number of ranks on each host, or set comm.quantize.grads: none"));
+  // Record j * hosts_ + k of the host's all-to-all: place j's rank on host k's piece.
+  host_order_.resize(hosts_ * per_host_);
+  for (std::size_t j = 0; j < per_host_; ++j)
+    for (std::size_t k = 0; k < hosts_; ++k)
+      host_order_[j * hosts_ + k] = static_cast<std::size_t>(rank_at_[k * per_host_ + j]);
+  for (std::size_t k = 0; k < hosts_; ++k) across_order_.push_back(k);
   send_codes_ = device.allocate(plan.quant_reduce_codes, MemoryCategory::buffers);
   recv_codes_ = device.allocate(plan.quant_reduce_codes, MemoryCategory::buffers);
   sums_ = device.allocate(plan.quant_reduce_sums, MemoryCategory::buffers);
@@ -79,32 +82,20 @@ void QuantizedReduceScatter::reduce_scatter(const void* send, void* recv, std::s
     throw Error(std::string("QuantizedReduceScatter: a piece of ").append(std::to_string(piece))
                     .append(" elements is larger than the planned ").append(std::to_string(capacity_)));
   const std::size_t record = quantized_bytes(bits_, piece);
-  const std::size_t piece_bytes = piece * dtype_size(dtype_);
   auto* const sums = sums_.as<float>();
+  const std::size_t ranks = rank_at_.size();
   // Inside the host: place j's chunk holds the pieces of every host's j-th rank, in host order.
-  for (std::size_t j = 0; j < per_host_; ++j)
-    for (std::size_t k = 0; k < hosts_; ++k)
-      math_.quantize(static_cast<const char*>(send) + static_cast<std::size_t>(rank_at_[k * per_host_ + j]) * piece_bytes,
-                     dtype_, piece, bits_, at(send_codes_, (j * hosts_ + k) * record), stream);
+  math_.quantize_pieces(send, dtype_, piece, ranks, host_order_, bits_, send_codes_.data(), stream);
   host_.all_to_all(send_codes_.data(), recv_codes_.data(), words(hosts_ * record), DType::f32, stream);
-  // The host's sum of each host's piece for this rank's place: from every peer, in place order.
-  for (std::size_t j = 0; j < per_host_; ++j)
-    for (std::size_t k = 0; k < hosts_; ++k) {
-      const char* const codes = at(recv_codes_, (j * hosts_ + k) * record);
-      if (j == 0) math_.dequantize(codes, bits_, piece, sums + k * piece, DType::f32, stream);
-      else math_.dequantize_add(codes, bits_, piece, sums + k * piece, stream);
-    }
+  // The host's sum of each host's piece for this rank's place: record j * hosts_ + k is peer j's
+  // code of host k's piece, so sum k adds places 0, 1, ... in order.
+  math_.dequantize_sum(recv_codes_.data(), bits_, piece, hosts_, per_host_, sums, stream);
   if (hosts_ > 1) {
     // Across hosts: host k's sum goes to the rank of this place on host k; the sums that arrive are
     // every host's sum of this rank's piece.
-    for (std::size_t k = 0; k < hosts_; ++k)
-      math_.quantize(sums + k * piece, DType::f32, piece, bits_, at(send_codes_, k * record), stream);
+    math_.quantize_pieces(sums, DType::f32, piece, hosts_, across_order_, bits_, send_codes_.data(), stream);
     across_->all_to_all(send_codes_.data(), recv_codes_.data(), words(record), DType::f32, stream);
-    for (std::size_t k = 0; k < hosts_; ++k) {
-      const char* const codes = at(recv_codes_, k * record);
-      if (k == 0) math_.dequantize(codes, bits_, piece, sums, DType::f32, stream);
-      else math_.dequantize_add(codes, bits_, piece, sums, stream);
-    }
+    math_.dequantize_sum(recv_codes_.data(), bits_, piece, 1, hosts_, sums, stream);
   }
   math_.cast_from_f32(sums, piece, recv, dtype_, stream);
 }

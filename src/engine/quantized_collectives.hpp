@@ -67,6 +67,10 @@ class QuantizedReduceScatter {
   const DType dtype_;
   const std::size_t hosts_, per_host_;
   std::vector<int> rank_at_;  // [host * per_host_ + place]: the world rank
+  // The pieces each all-to-all's records hold, in record order (quantize_pieces): inside the host,
+  // record place * hosts_ + host is rank_at_[host * per_host_ + place]'s; across hosts, record k is
+  // host k's sum.
+  std::vector<std::size_t> host_order_, across_order_;
   const std::size_t capacity_;  // elements of one piece the buffers hold
   DeviceBuffer send_codes_, recv_codes_;
   DeviceBuffer sums_;  // fp32: the host's sums of hosts_ pieces, then the sum of this rank's

@@ -49,6 +49,26 @@ void check_disjoint(const char* who, const void* a, std::size_t a_bytes, const v
     throw Error(prefix(who).append(what).append("; use separate buffers"));
 }
 
+// `records` records of `piece` elements each, back to back in `bytes` bytes (the pieces calls).
+void check_records(const char* who, const char* name, std::size_t bytes, QuantBits bits, std::size_t piece,
+                   std::size_t records) {
+  const std::size_t want = records * quantized_bytes(bits, piece);
+  if (bytes != want)
+    throw Error(prefix(who).append(name).append(" has ").append(std::to_string(bytes)).append(" bytes, but ")
+                    .append(std::to_string(records)).append(" records of ").append(std::to_string(piece))
+                    .append(" elements take ").append(std::to_string(want))
+                    .append(" (quantized_bytes of a piece, times the records); pass a span of exactly that size"));
+}
+
+// How many whole pieces of `piece` elements `count` holds (Error where it is not whole).
+std::size_t whole_pieces(const char* who, const char* name, std::size_t count, std::size_t piece) {
+  if (piece == 0 ? count != 0 : count % piece != 0)
+    throw Error(prefix(who).append(name).append(" has ").append(std::to_string(count))
+                    .append(" elements, not a whole number of pieces of ").append(std::to_string(piece))
+                    .append("; pass whole pieces"));
+  return piece == 0 ? 0 : count / piece;
+}
+
 // A range of `count` elements from a block boundary: its first block's record and its elements.
 template <class T>
 T* at_block(T* base, std::size_t block, std::size_t record_bytes) {
@@ -110,6 +130,88 @@ void BlockQuantizer::for_each_tile(std::size_t count, const Body& body) {
     return;
   }
   arena_.for_each_tile(blocks, kTileBlocks, [&](std::size_t begin, std::size_t end) { body(begin, end); });
+}
+
+template <class Body>
+void BlockQuantizer::for_each_piece_tile(std::size_t pieces, std::size_t piece, const Body& body) {
+  constexpr std::size_t tile = kTileBlocks * kQuantBlock;
+  const std::size_t tiles = (piece + tile - 1) / tile;  // per piece
+  const auto run = [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      const std::size_t first = (i % tiles) * tile;
+      body(i / tiles, first, std::min(first + tile, piece));
+    }
+  };
+  if (pieces * tiles <= 1) {
+    if (pieces * tiles == 1) run(0, 1);
+    return;
+  }
+  arena_.for_each_tile(pieces * tiles, 1, run);
+}
+
+void BlockQuantizer::quantize_pieces(ConstTensorSpan in, std::size_t piece, std::span<const std::size_t> order,
+                                     QuantBits bits, std::span<std::byte> out) {
+  const char* const who = "BlockQuantizer::quantize_pieces";
+  check_format(who, in.dtype, bits);
+  const std::size_t pieces = whole_pieces(who, "the input", in.count, piece);
+  for (std::size_t r = 0; r < order.size(); ++r)
+    if (order[r] >= pieces)
+      throw Error(prefix(who).append("record ").append(std::to_string(r)).append(" takes piece ")
+                      .append(std::to_string(order[r])).append(", but the input holds ").append(std::to_string(pieces))
+                      .append("; pass piece indices below that"));
+  check_pointer(who, "the input", in.data, in.count, dtype_size(in.dtype), "its elements");
+  check_pointer(who, "the quantized buffer", out.data(), out.size(), 4, "its scales are floats");
+  check_records(who, "the quantized buffer", out.size(), bits, piece, order.size());
+  check_disjoint(who, out.data(), out.size(), in.data, in.count * dtype_size(in.dtype));
+  const std::size_t block_record = quant_record_bytes(bits, kQuantBlock), piece_record = quantized_bytes(bits, piece);
+  const std::size_t size = dtype_size(in.dtype);
+  const auto kernel = kernels_->quantize;
+  for_each_piece_tile(order.size(), piece, [&](std::size_t r, std::size_t first, std::size_t last) {
+    kernel(static_cast<const unsigned char*>(in.data) + (order[r] * piece + first) * size, in.dtype, last - first, bits,
+           reinterpret_cast<std::uint8_t*>(out.data()) + r * piece_record + first / kQuantBlock * block_record);
+  });
+}
+
+void BlockQuantizer::dequantize_sum(std::span<const std::byte> in, QuantBits bits, std::size_t piece,
+                                    std::size_t terms, std::span<float> out) {
+  const char* const who = "BlockQuantizer::dequantize_sum";
+  check_format(who, DType::f32, bits);
+  if (terms == 0) throw Error(prefix(who).append("a sum needs at least one term; pass terms >= 1"));
+  const std::size_t sums = whole_pieces(who, "the output", out.size(), piece);
+  check_pointer(who, "the quantized buffer", in.data(), in.size(), 4, "its scales are floats");
+  check_records(who, "the quantized buffer", in.size(), bits, piece, terms * sums);
+  check_pointer(who, "the output", out.data(), out.size(), 4, "its elements");
+  check_disjoint(who, in.data(), in.size(), out.data(), out.size_bytes());
+  const std::size_t block_record = quant_record_bytes(bits, kQuantBlock), piece_record = quantized_bytes(bits, piece);
+  const auto* const records = reinterpret_cast<const std::uint8_t*>(in.data());
+  const auto decode = kernels_->dequantize;
+  const auto add = kernels_->dequantize_add;
+  for_each_piece_tile(sums, piece, [&](std::size_t s, std::size_t first, std::size_t last) {
+    float* const to = out.data() + s * piece + first;
+    for (std::size_t t = 0; t < terms; ++t) {
+      const std::uint8_t* const from = records + (t * sums + s) * piece_record + first / kQuantBlock * block_record;
+      if (t == 0) decode(from, bits, last - first, to, DType::f32);
+      else add(from, bits, last - first, to);
+    }
+  });
+}
+
+void BlockQuantizer::dequantize_pieces(std::span<const std::byte> in, QuantBits bits, std::size_t piece,
+                                       TensorSpan out) {
+  const char* const who = "BlockQuantizer::dequantize_pieces";
+  check_format(who, out.dtype, bits);
+  const std::size_t pieces = whole_pieces(who, "the output", out.count, piece);
+  check_pointer(who, "the quantized buffer", in.data(), in.size(), 4, "its scales are floats");
+  check_records(who, "the quantized buffer", in.size(), bits, piece, pieces);
+  check_pointer(who, "the output", out.data, out.count, dtype_size(out.dtype), "its elements");
+  check_disjoint(who, in.data(), in.size(), out.data, out.count * dtype_size(out.dtype));
+  const std::size_t block_record = quant_record_bytes(bits, kQuantBlock), piece_record = quantized_bytes(bits, piece);
+  const std::size_t size = dtype_size(out.dtype);
+  const auto kernel = kernels_->dequantize;
+  for_each_piece_tile(pieces, piece, [&](std::size_t r, std::size_t first, std::size_t last) {
+    kernel(reinterpret_cast<const std::uint8_t*>(in.data()) + r * piece_record + first / kQuantBlock * block_record,
+           bits, last - first, static_cast<unsigned char*>(out.data) + (r * piece + first) * size, out.dtype);
+  });
 }
 
 void BlockQuantizer::quantize(ConstTensorSpan in, QuantBits bits, std::span<std::byte> out) {

@@ -72,6 +72,22 @@ class BlockQuantizer {
   // out.count == in.size(), not overlapping: the 16-bit wire format of uncompressed collectives.
   void cast_from_f32(std::span<const float> in, TensorSpan out);
 
+  // The pieces of a quantized collective in one call each, their tiles sharing one pass over the
+  // arena (one call per piece forked and joined the threads per piece). Records are
+  // quantized_bytes(bits, piece) bytes each, back to back.
+  // Record r of `out` (order.size() records) = piece order[r] of `in` (in.count / piece whole
+  // pieces, back to back) quantized: the bytes of one quantize per piece.
+  void quantize_pieces(ConstTensorSpan in, std::size_t piece, std::span<const std::size_t> order, QuantBits bits,
+                       std::span<std::byte> out);
+  // The sums of a quantized reduction: `in` holds terms x S records, record t * S + s being term t
+  // of sum s; piece s of `out` (S = out.size() / piece pieces, fp32) = its terms decoded and added
+  // in t's order, the bits of a dequantize then dequantize_adds. Each tile of a sum stays in cache
+  // across its terms.
+  void dequantize_sum(std::span<const std::byte> in, QuantBits bits, std::size_t piece, std::size_t terms,
+                      std::span<float> out);
+  // Piece r of `out` (out.count / piece pieces, in out.dtype) = record r decoded.
+  void dequantize_pieces(std::span<const std::byte> in, QuantBits bits, std::size_t piece, TensorSpan out);
+
   // Not thread-safe: one call at a time per BlockQuantizer.
   Isa isa() const { return kernels_->isa; }
   int threads() const { return arena_.threads(); }
@@ -80,6 +96,10 @@ class BlockQuantizer {
   // body(first block, end block) over the tiles of `count` elements.
   template <class Body>
   void for_each_tile(std::size_t count, const Body& body);
+  // body(piece index, first element, end element) over the tiles of `pieces` pieces of `piece`
+  // elements each (a tile: kTileBlocks blocks of one piece).
+  template <class Body>
+  void for_each_piece_tile(std::size_t pieces, std::size_t piece, const Body& body);
 
   const QuantKernels* kernels_;
   PinnedArena arena_;

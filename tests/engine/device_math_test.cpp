@@ -5,7 +5,9 @@
 //   flag, with the reduced pair (sum, flag) zeroed to (0, 1) so the ranks' sum says "nonfinite";
 // - adam_step equals a double-precision AdamW and Adam written here, per shard with its own
 //   hyper-parameters (or the math's own), writes fp32 parameters as the master weights and bf16 ones
-//   as the master rounded to nearest even, with the loss scale and clip coefficient applied.
+//   as the master rounded to nearest even, with the loss scale and clip coefficient applied;
+// - the pieces calls of the quantized collectives (one task for all pieces) give the bytes and bits
+//   of DeviceMath's defaults, one quantize or dequantize per piece, which the cuda backend keeps.
 #include "engine/device_math.hpp"
 
 #include <gtest/gtest.h>
@@ -14,9 +16,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "runtime/half.hpp"
+#include "zest/error.hpp"
 
 namespace zest::engine {
 namespace {
@@ -150,6 +154,48 @@ TEST(CpuDeviceMath, AdamStepEqualsTheReferencePerShardWithItsOwnHyperParameters)
   rig.math->adam_step(f32_call, DType::f32, DType::f32, {4, 1.0, 1.0}, *rig.stream);
   rig.stream->synchronize();
   EXPECT_EQ(std::memcmp(shards[0].out_f32.data(), shards[0].master.data(), kCount * sizeof(float)), 0);
+}
+
+TEST(CpuDeviceMath, PiecesCallsEqualTheDefaultsOfOneCallPerPiece) {
+  Rig rig;
+  rig.math = make_cpu_device_math({}, 2);
+  const std::vector<std::size_t> order{2, 0, 1, 2};
+  for (optim::QuantBits bits : {optim::QuantBits::int8, optim::QuantBits::int4}) {
+    for (std::size_t piece : {std::size_t{300}, std::size_t{2 * 16384 + 5}}) {
+      const std::size_t record = optim::quantized_bytes(bits, piece);
+      std::vector<float> in(3 * piece);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(i, static_cast<int>(piece));
+      std::vector<float> fused(order.size() * record / 4, -1.0f), one_by_one(fused.size(), -2.0f);
+      rig.math->quantize_pieces(in.data(), DType::f32, piece, 3, order, bits, fused.data(), *rig.stream);
+      rig.math->DeviceMath::quantize_pieces(in.data(), DType::f32, piece, 3, order, bits, one_by_one.data(),
+                                            *rig.stream);
+      // 2 sums of 2 terms, and every record decoded to bf16.
+      std::vector<float> sums(2 * piece, -1.0f), sums_one_by_one(2 * piece, -2.0f);
+      rig.math->dequantize_sum(fused.data(), bits, piece, 2, 2, sums.data(), *rig.stream);
+      rig.math->DeviceMath::dequantize_sum(fused.data(), bits, piece, 2, 2, sums_one_by_one.data(), *rig.stream);
+      std::vector<std::uint16_t> decoded(order.size() * piece, 1), decoded_one_by_one(decoded.size(), 2);
+      rig.math->dequantize_pieces(fused.data(), bits, piece, order.size(), decoded.data(), DType::bf16, *rig.stream);
+      rig.math->DeviceMath::dequantize_pieces(fused.data(), bits, piece, order.size(), decoded_one_by_one.data(),
+                                              DType::bf16, *rig.stream);
+      rig.stream->synchronize();
+      const std::string at = "int" + std::to_string(static_cast<int>(bits)) + " piece " + std::to_string(piece);
+      EXPECT_EQ(std::memcmp(fused.data(), one_by_one.data(), fused.size() * 4), 0) << at;
+      EXPECT_EQ(std::memcmp(sums.data(), sums_one_by_one.data(), sums.size() * 4), 0) << at;
+      EXPECT_EQ(decoded, decoded_one_by_one) << at;
+      EXPECT_NE(sums[0], -1.0f) << at;  // written
+    }
+  }
+  // An order beyond the input's pieces is refused by the defaults too, naming the record.
+  std::vector<float> in(600), out(2 * optim::quantized_bytes(optim::QuantBits::int8, 300) / 4);
+  const std::vector<std::size_t> far{0, 2};
+  try {
+    rig.math->DeviceMath::quantize_pieces(in.data(), DType::f32, 300, 2, far, optim::QuantBits::int8, out.data(),
+                                          *rig.stream);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("record 1 takes piece 2 of 2"), std::string::npos) << e.what();
+  }
+  rig.stream->synchronize();
 }
 
 }  // namespace

@@ -393,5 +393,81 @@ TEST(BlockQuant, CastFromF32EqualsTheScalarRoundingOnEveryVariant) {
                {"output", "2-byte aligned"});
 }
 
+// The pieces calls of the quantized collectives (quantize_pieces, dequantize_sum,
+// dequantize_pieces) give the bytes and bits of one call per piece, on every variant, one thread
+// and threaded, for pieces of one element, of a partial block and of several tiles; and refuse
+// what does not fit.
+TEST(BlockQuant, PiecesCallsEqualOneCallPerPiece) {
+  const std::vector<std::size_t> order{3, 0, 4, 4, 1, 2};  // repeats allowed: the records are copies
+  for (Isa isa : supported_isas()) {
+    for (int threads : {1, 3}) {
+      BlockQuantizer quantizer(threads, {}, isa);
+      for (QuantBits bits : kBits) {
+        for (std::size_t piece : {std::size_t{1}, std::size_t{300}, 2 * BlockQuantizer::kTileBlocks * kQuantBlock + 77}) {
+          const std::size_t record = quantized_bytes(bits, piece);
+          for (DType dtype : {DType::f32, DType::bf16}) {
+            const std::string at = where(isa, bits, dtype, piece) + " threads " + std::to_string(threads);
+            const test::TypedValues in = as_dtype(mixed_values(5 * piece, 11 + static_cast<std::uint32_t>(piece)), dtype);
+            std::vector<std::uint8_t> want;
+            for (std::size_t r : order) {
+              Quantized one(bits, piece);
+              quantizer.quantize({static_cast<const unsigned char*>(in.data()) + r * piece * dtype_size(dtype), dtype, piece},
+                                 bits, one.span());
+              const std::vector<std::uint8_t> bytes = one.vec();
+              want.insert(want.end(), bytes.begin(), bytes.end());
+            }
+            std::vector<float> got(order.size() * record / 4 + 1, -1.0f);
+            quantizer.quantize_pieces({in.data(), dtype, 5 * piece}, piece, order, bits,
+                                      {reinterpret_cast<std::byte*>(got.data()), order.size() * record});
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0) << at;
+          }
+          // 2 sums of 3 terms over the six records above (f32 pieces): sum s adds records s, 2 + s, 4 + s.
+          const std::vector<float> x = mixed_values(5 * piece, 3 + static_cast<std::uint32_t>(piece));
+          std::vector<float> records(order.size() * record / 4 + 1);
+          const std::span<const std::byte> codes{reinterpret_cast<const std::byte*>(records.data()), order.size() * record};
+          quantizer.quantize_pieces({x.data(), DType::f32, x.size()}, piece, order, bits,
+                                    {reinterpret_cast<std::byte*>(records.data()), codes.size()});
+          std::vector<float> want(2 * piece);
+          for (std::size_t s = 0; s < 2; ++s)
+            for (std::size_t t = 0; t < 3; ++t) {
+              const auto term = codes.subspan((2 * t + s) * record, record);
+              if (t == 0) quantizer.dequantize(term, bits, {want.data() + s * piece, DType::f32, piece});
+              else quantizer.dequantize_add(term, bits, {want.data() + s * piece, piece});
+            }
+          std::vector<float> sums(2 * piece, -1.0f);
+          quantizer.dequantize_sum(codes, bits, piece, 3, sums);
+          const std::string at = where(isa, bits, DType::f32, piece) + " threads " + std::to_string(threads);
+          EXPECT_EQ(first_difference(stored_bits(sums, DType::f32), stored_bits(want, DType::f32)), -1) << at;
+          for (DType dtype : {DType::f32, DType::f16}) {
+            std::vector<float> one(order.size() * piece, -1.0f), all(order.size() * piece, -1.0f);
+            for (std::size_t r = 0; r < order.size(); ++r)
+              quantizer.dequantize(codes.subspan(r * record, record), bits,
+                                   {reinterpret_cast<unsigned char*>(one.data()) + r * piece * dtype_size(dtype), dtype, piece});
+            quantizer.dequantize_pieces(codes, bits, piece, {all.data(), dtype, order.size() * piece});
+            EXPECT_EQ(first_difference(output_bits(all.data(), dtype, all.size()), output_bits(one.data(), dtype, one.size())),
+                      -1) << at << " " << dtype_name(dtype);
+          }
+        }
+      }
+    }
+  }
+  BlockQuantizer quantizer(1);
+  std::vector<float> x(600, 1.0f), out(2 * quantized_bytes(QuantBits::int8, 300) / 4);
+  const std::span<std::byte> codes{reinterpret_cast<std::byte*>(out.data()), out.size() * 4};
+  const std::vector<std::size_t> far{0, 2};
+  expect_error([&] { quantizer.quantize_pieces({x.data(), DType::f32, 600}, 300, far, QuantBits::int8, codes); },
+               {"record 1 takes piece 2", "holds 2"});
+  expect_error([&] { quantizer.quantize_pieces({x.data(), DType::f32, 599}, 300, order, QuantBits::int8, codes); },
+               {"599 elements, not a whole number of pieces of 300"});
+  const std::vector<std::size_t> two{0, 1};
+  expect_error([&] { quantizer.quantize_pieces({x.data(), DType::f32, 600}, 300, two, QuantBits::int8, codes.first(8)); },
+               {"2 records of 300 elements take", "exactly that size"});
+  expect_error([&] { quantizer.dequantize_sum(codes, QuantBits::int8, 300, 0, x); }, {"at least one term"});
+  expect_error([&] { quantizer.dequantize_sum(codes, QuantBits::int8, 300, 2, x); },
+               {"4 records of 300 elements take"});  // 2 terms of 2 sums, where the codes hold 2 records
+  expect_error([&] { quantizer.dequantize_pieces(codes, QuantBits::int8, 300, {x.data(), DType::f32, 301}); },
+               {"301 elements, not a whole number"});
+}
+
 }  // namespace
 }  // namespace zest::optim
