@@ -32,11 +32,17 @@ esac
 git -C "$root" rev-parse --verify --quiet "$base^{commit}" > /dev/null || die "'$base' is not a revision"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-git -C "$root" show "$base:src/optim/adam_kernels.cpp" > "$work/base_kernels.cpp"
-common=(-O3 -std=c++20 -ffp-contract=off "${flags[@]}" -I"$root/src" -I"$root/include")
+# The base's whole src/ and include/, so its kernel compiles with its own headers (compact_math.hpp
+# and the rest); kernel_ab.cpp calls both through the working tree's CompactAdamRange, which the
+# two revisions must therefore share.
+mkdir "$work/base"
+git -C "$root" archive "$base" src include | tar -x -C "$work/base"
+flags+=(-O3 -std=c++20 -ffp-contract=off)
 pids=()
-g++ "${common[@]}" -DZEST_ADAM_ISA_NS=base_ns -c "$work/base_kernels.cpp" -o "$work/base.o" & pids+=($!)
-g++ "${common[@]}" -DZEST_ADAM_ISA_NS=work_ns -c "$root/src/optim/adam_kernels.cpp" -o "$work/work.o" & pids+=($!)
+g++ "${flags[@]}" -I"$work/base/src" -I"$work/base/include" -DZEST_ADAM_ISA_NS=base_ns \
+  -c "$work/base/src/optim/adam_kernels.cpp" -o "$work/base.o" & pids+=($!)
+g++ "${flags[@]}" -I"$root/src" -I"$root/include" -DZEST_ADAM_ISA_NS=work_ns \
+  -c "$root/src/optim/adam_kernels.cpp" -o "$work/work.o" & pids+=($!)
 g++ -O3 -std=c++20 -I"$root/src" -I"$root/include" -c "$root/bench/kernel_ab.cpp" -o "$work/main.o" & pids+=($!)
 for pid in "${pids[@]}"; do wait "$pid" || die "compiling failed (above)"; done
 g++ "$work/main.o" "$work/base.o" "$work/work.o" -o "$work/kernel_ab"
