@@ -51,7 +51,7 @@ inline std::uint32_t reference_fmix32(std::uint32_t h) {
 inline std::uint32_t reference_random_bits(std::uint64_t seed, std::int64_t step, std::uint64_t index) {
   const std::uint64_t key = reference_splitmix64(seed ^ reference_splitmix64(static_cast<std::uint64_t>(step)));
   const auto word = [](std::uint64_t x, int which) { return static_cast<std::uint32_t>(x >> (32 * which)); };
-  return reference_fmix32(reference_fmix32(word(index, 0) ^ word(key, 0)) + (word(index, 1) ^ word(key, 1)));
+  return reference_fmix32(word(index, 0) ^ (word(key, 0) + reference_fmix32(word(index, 1) ^ word(key, 1))));
 }
 
 // The 16 random bits that round a bf16 master weight: the same hash with the key's bits inverted.
@@ -59,7 +59,7 @@ inline std::uint16_t reference_master_bits(std::uint64_t seed, std::int64_t step
   const std::uint64_t key = ~reference_splitmix64(seed ^ reference_splitmix64(static_cast<std::uint64_t>(step)));
   const auto word = [](std::uint64_t x, int which) { return static_cast<std::uint32_t>(x >> (32 * which)); };
   return static_cast<std::uint16_t>(
-      reference_fmix32(reference_fmix32(word(index, 0) ^ word(key, 0)) + (word(index, 1) ^ word(key, 1))) & 0xffffu);
+      reference_fmix32(word(index, 0) ^ (word(key, 0) + reference_fmix32(word(index, 1) ^ word(key, 1)))) & 0xffffu);
 }
 
 // x rounded to bf16, to the neighbour above in magnitude with probability (|x| - lo) / (hi - lo),
