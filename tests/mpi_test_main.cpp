@@ -3,7 +3,8 @@
 // MPI is initialized here with MPI_THREAD_MULTIPLE, so MpiSessions the tests create find it
 // initialized and leave finalizing to this main. Rank 0 prints gtest's usual output; the other
 // ranks print only their failures, tagged with the rank. Every rank exits nonzero when any rank
-// failed, so mpirun reports the failure whichever rank saw it.
+// failed, so mpirun reports the failure whichever rank saw it; a fatal failure on any rank aborts
+// the job at once, before the others hang in a collective it left.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -33,6 +34,26 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
   int rank_;
 };
 
+// On every rank of a world larger than one: a fatal failure (a failed ASSERT, an exception) ends
+// the test on this rank alone, while the others may wait in a collective it will never join, until
+// meson's timeout. Aborting the job at once ends the run with the failure printed instead.
+class AbortOnFatalFailure : public testing::EmptyTestEventListener {
+ public:
+  explicit AbortOnFatalFailure(int rank) : rank_(rank) {}
+
+  void OnTestPartResult(const testing::TestPartResult& result) override {
+    if (!result.fatally_failed()) return;
+    std::fprintf(stderr, "[rank %d] a fatal failure: aborting every rank (the others may be waiting in a "
+                 "collective this rank left)\n", rank_);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+ private:
+  int rank_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,6 +77,8 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
   }
+  // After the printers, so the failure is printed before the job ends.
+  if (size > 1) testing::UnitTest::GetInstance()->listeners().Append(new AbortOnFatalFailure(rank));
 
   const int local_failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = local_failed;
