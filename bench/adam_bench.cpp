@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "adam_peers.hpp"
 #include "args/args.hpp"
 #include "bench_commands.hpp"
@@ -92,16 +94,6 @@ double median(std::vector<double> v) {
 
 double spread(const std::vector<double>& t) {
   return (*std::max_element(t.begin(), t.end()) - *std::min_element(t.begin(), t.end())) / median(t);
-}
-
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') out.append(1, '\\').append(1, c);
-    else if (static_cast<unsigned char>(c) < 0x20) out.append(" ");
-    else out.append(1, c);
-  }
-  return out.append("\"");
 }
 
 // The peers' check: their parameters after kCheckSteps steps on kCheckParams parameters (several
@@ -227,10 +219,14 @@ int bench_adam(int argc, char** argv) {
       const kernels::CudaAdamBenchResult r = kernels::bench_cuda_adam(n, mode->grad, mode->out,
                                                                       mode->out_dtype, static_cast<int>(reps));
       if (json) {
-        std::printf("{\"device\": \"cuda\", \"mode\": \"%s\", \"params\": %zu, \"params_per_s\": %.6g, "
-                    "\"bytes_per_param\": %.0f, \"copy_bytes_per_s\": %.6g, \"copy_fraction\": %.4f}\n",
-                    mode->name, n, r.params_per_s, bytes_per_param, r.copy_bytes_per_s,
-                    r.params_per_s * bytes_per_param / r.copy_bytes_per_s);
+        const nlohmann::ordered_json out = {{"device", "cuda"},
+                                            {"mode", mode->name},
+                                            {"params", n},
+                                            {"params_per_s", r.params_per_s},
+                                            {"bytes_per_param", bytes_per_param},
+                                            {"copy_bytes_per_s", r.copy_bytes_per_s},
+                                            {"copy_fraction", r.params_per_s * bytes_per_param / r.copy_bytes_per_s}};
+        std::printf("%s\n", out.dump().c_str());
       } else {
         std::printf("cuda adam %s, %zu params: %.3g params/s = %.1f GB/s, %.2f of copy bandwidth (%.1f GB/s)\n",
                     mode->name, n, r.params_per_s, r.params_per_s * bytes_per_param / 1e9,
@@ -380,36 +376,53 @@ int bench_adam(int argc, char** argv) {
       const auto of_roofline = [&](double pps, double bytes) { return pps * bytes / roof_bytes_per_s; };
       const double ahead_pps = ahead ? static_cast<double>(n) / median(arm.t_ahead) : 0.0;
       if (json) {
-        std::printf("{\"device\": \"cpu\", \"mode\": \"%s\", \"states\": \"%s\", \"master\": \"%s\", \"isa\": \"%s\", "
-                    "\"threads\": %d, \"params\": %zu, \"reps\": %lld, \"bytes_per_param\": %.4g, "
-                    "\"roofline_bytes_per_param\": %.4g, \"params_per_s\": %.6g, "
-                    "\"roofline_params_per_s\": %.6g, \"roofline_ratio\": %.4f, "
-                    "\"scalar_params_per_s\": %.6g, \"scalar_ratio\": %.4f, \"spread\": %.3f",
-                    mode->name, states_name.c_str(), master_name.c_str(), optim::isa_name(ours.isa()), ours.threads(), n,
-                    reps, bytes_per_param, roofline_bytes_per_param, ours_pps, roof_pps,
-                    of_roofline(ours_pps, bytes_per_param), scalar_pps, of_roofline(scalar_pps, bytes_per_param),
-                    spread(arm.t_ours));
-        if (ahead)
-          std::printf(", \"ahead_params_per_s\": %.6g, \"ahead_ratio\": %.4f, \"ahead_spread\": %.3f", ahead_pps,
-                      ahead_pps / ours_pps, spread(arm.t_ahead));
+        nlohmann::ordered_json out = {{"device", "cpu"},
+                                      {"mode", mode->name},
+                                      {"states", states_name},
+                                      {"master", master_name},
+                                      {"isa", optim::isa_name(ours.isa())},
+                                      {"threads", ours.threads()},
+                                      {"params", n},
+                                      {"reps", reps},
+                                      {"bytes_per_param", bytes_per_param},
+                                      {"roofline_bytes_per_param", roofline_bytes_per_param},
+                                      {"params_per_s", ours_pps},
+                                      {"roofline_params_per_s", roof_pps},
+                                      {"roofline_ratio", of_roofline(ours_pps, bytes_per_param)},
+                                      {"scalar_params_per_s", scalar_pps},
+                                      {"scalar_ratio", of_roofline(scalar_pps, bytes_per_param)},
+                                      {"spread", spread(arm.t_ours)}};
+        if (ahead) {
+          out["ahead_params_per_s"] = ahead_pps;
+          out["ahead_ratio"] = ahead_pps / ours_pps;
+          out["ahead_spread"] = spread(arm.t_ahead);
+        }
         if (peers) {
-          std::printf(", \"weight_decay\": %g, \"peer_versions\": %s, \"check_params\": %zu, \"check_steps\": %d, "
-                      "\"peers\": [", hp.weight_decay, json_string(peers->versions()).c_str(), kCheckParams, kCheckSteps);
+          out["weight_decay"] = hp.weight_decay;
+          out["peer_versions"] = peers->versions();
+          out["check_params"] = kCheckParams;
+          out["check_steps"] = kCheckSteps;
+          nlohmann::ordered_json& rows = out["peers"] = nlohmann::ordered_json::array();
           for (std::size_t j = 0; j < AdamPeers::kNames.size(); ++j) {
-            std::printf("%s{\"name\": \"%s\", ", j ? ", " : "", AdamPeers::kNames[j]);
             if (!peers->why_not(j).empty()) {
-              std::printf("\"error\": %s}", json_string(peers->why_not(j)).c_str());
+              rows.push_back({{"name", AdamPeers::kNames[j]}, {"error", peers->why_not(j)}});
               continue;
             }
             const double pps = static_cast<double>(n) / median(arm.t_peer[j]);
-            std::printf("\"params\": %zu, \"median_s\": %.6g, \"params_per_s\": %.6g, \"roofline_ratio\": %.6g, "
-                        "\"spread\": %.3f, \"zest_ratio\": %.6g, \"check_max_abs_diff\": %.3g}",
-                        n, median(arm.t_peer[j]), pps, of_roofline(pps, fp32_bytes_per_param), spread(arm.t_peer[j]),
-                        ours_pps / pps, check_diff[j]);
+            rows.push_back({{"name", AdamPeers::kNames[j]},
+                            {"params", n},
+                            {"median_s", median(arm.t_peer[j])},
+                            {"params_per_s", pps},
+                            {"roofline_ratio", of_roofline(pps, fp32_bytes_per_param)},
+                            {"spread", spread(arm.t_peer[j])},
+                            {"zest_ratio", ours_pps / pps},
+                            {"check_max_abs_diff", check_diff[j]}});
           }
-          std::printf("], \"median_s\": %.6g, \"roofline_median_s\": %.6g", median(arm.t_ours), median(arm.t_roof));
+          out["median_s"] = median(arm.t_ours);
+          out["roofline_median_s"] = median(arm.t_roof);
         }
-        std::printf("}\n");
+        // What the peers' Python printed may be any bytes: replaced where not UTF-8, not a lost row.
+        std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
         continue;
       }
       std::printf("cpu adam %s, %s states, %s master, %zu params, %d thread(s), %s, median of %lld:\n", mode->name,

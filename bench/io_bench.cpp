@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "args/args.hpp"
 #include "bench_commands.hpp"
 #include "offload/nvme_store.hpp"
@@ -188,26 +190,27 @@ int bench_io(int argc, char** argv) {
     const double w = median(f.ours_write), r = median(f.ours_read);
     const double sw = median(f.sync_write), sr = median(f.sync_read);
     if (json) {
-      const auto list = [](const std::vector<double>& v) {
-        std::string text = "[";
-        for (std::size_t i = 0; i < v.size(); ++i) {
-          char number[32];
-          std::snprintf(number, sizeof number, "%s%.4g", i ? ", " : "", v[i]);
-          text.append(number);
-        }
-        return text.append("]");
-      };
-      std::printf(
-          "{\"path\": \"%s\", \"direct\": %s, \"fixed_buffers\": %s, \"size_bytes\": %zu, \"block_size\": %zu, "
-          "\"queue_depth\": %d, \"threads\": %d, \"directories\": %zu, \"reps\": %lld,\n"
-          " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g,\n"
-          " \"sync_write_bytes_per_s\": %.4g, \"sync_read_bytes_per_s\": %.4g,\n"
-          " \"write_ratio_vs_sync\": %.3f, \"read_ratio_vs_sync\": %.3f,\n"
-          " \"write_samples\": %s, \"read_samples\": %s,\n"
-          " \"sync_write_samples\": %s, \"sync_read_samples\": %s}\n",
-          store.path().c_str(), store.direct() ? "true" : "false", fixed ? "true" : "false", total, io.block_size,
-          io.queue_depth, io.threads, paths.size(), reps, w, r, sw, sr, w / sw, r / sr, list(f.ours_write).c_str(), list(f.ours_read).c_str(),
-          list(f.sync_write).c_str(), list(f.sync_read).c_str());
+      const nlohmann::ordered_json out = {{"path", store.path()},
+                                          {"direct", store.direct()},
+                                          {"fixed_buffers", fixed},
+                                          {"size_bytes", total},
+                                          {"block_size", io.block_size},
+                                          {"queue_depth", io.queue_depth},
+                                          {"threads", io.threads},
+                                          {"directories", paths.size()},
+                                          {"reps", reps},
+                                          {"write_bytes_per_s", w},
+                                          {"read_bytes_per_s", r},
+                                          {"sync_write_bytes_per_s", sw},
+                                          {"sync_read_bytes_per_s", sr},
+                                          {"write_ratio_vs_sync", w / sw},
+                                          {"read_ratio_vs_sync", r / sr},
+                                          {"write_samples", f.ours_write},
+                                          {"read_samples", f.ours_read},
+                                          {"sync_write_samples", f.sync_write},
+                                          {"sync_read_samples", f.sync_read}};
+      // A path that is not UTF-8 is replaced in the output, not a reason to lose the figures.
+      std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     } else {
       std::printf("zest bench io: %s, %.2f GiB, %s blocks, queue depth %d x %d ring(s), %s%s, median of %lld\n",
                   store.location().c_str(), static_cast<double>(total) / static_cast<double>(std::size_t{1} << 30),

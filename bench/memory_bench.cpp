@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "args/args.hpp"
@@ -451,13 +452,11 @@ Config default_config() {
 void write_peer_inputs(const std::string& dir, const Config& config, const train::TrainConfig& train,
                        const charlm::TextCorpus& corpus, int steps) {
   const charlm::CharMlp model(train.model, 1, 1);
-  std::string tensors;
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
   std::vector<float> init;
   for (std::size_t t = 0; t < model.parameters().size(); ++t) {
     const charlm::ParamInfo& p = model.parameters()[t];
-    std::string shape;
-    for (std::size_t d : p.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-    tensors += std::string(tensors.empty() ? "" : ",\n    ") + "{\"name\": \"" + p.name + "\", \"shape\": [" + shape + "]}";
+    tensors.push_back({{"name", p.name}, {"shape", p.shape}});
     std::vector<float> values(p.numel());
     model.init_tensor(t, 0, values, train.seed);
     init.insert(init.end(), values.begin(), values.end());
@@ -471,16 +470,24 @@ void write_peer_inputs(const std::string& dir, const Config& config, const train
   }
   const auto& m = train.model;
   const auto& opt = config.optimizer;
-  char head[1024];
-  std::snprintf(head, sizeof head,
-                "{\n  \"vocab\": %zu, \"context\": %zu, \"embed\": %zu, \"hidden\": %zu, \"layers\": %zu, "
-                "\"activation\": \"%s\",\n  \"global_batch\": %zu, \"steps\": %d, \"dtype\": \"%s\",\n"
-                "  \"optimizer\": \"%s\", \"lr\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g, "
-                "\"weight_decay\": %.9g,\n  \"tensors\": [\n    ",
-                m.vocab, m.context, m.embed, m.hidden, m.layers, m.activation == charlm::Activation::gelu ? "gelu" : "tanh",
-                train.global_batch, steps, std::string(dtype_name(config.precision.dtype)).c_str(),
-                opt.type == OptimizerType::adam ? "adam" : "adamw", opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
-  const std::string json = std::string(head) + tensors + "\n  ]\n}\n";
+  const nlohmann::ordered_json description = {
+      {"vocab", m.vocab},
+      {"context", m.context},
+      {"embed", m.embed},
+      {"hidden", m.hidden},
+      {"layers", m.layers},
+      {"activation", m.activation == charlm::Activation::gelu ? "gelu" : "tanh"},
+      {"global_batch", train.global_batch},
+      {"steps", steps},
+      {"dtype", dtype_name(config.precision.dtype)},
+      {"optimizer", opt.type == OptimizerType::adam ? "adam" : "adamw"},
+      {"lr", opt.lr},
+      {"beta1", opt.beta1},
+      {"beta2", opt.beta2},
+      {"eps", opt.eps},
+      {"weight_decay", opt.weight_decay},
+      {"tensors", tensors}};
+  const std::string json = description.dump(2) + "\n";
   checkpoint::write_file_synced((std::filesystem::path(dir) / "model.json").string(), json.data(), json.size());
   checkpoint::write_file_synced((std::filesystem::path(dir) / "init.f32").string(), init.data(), init.size() * sizeof(float));
   checkpoint::write_file_synced((std::filesystem::path(dir) / "batches.i32").string(), batches.data(),

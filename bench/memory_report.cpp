@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace zest::bench {
 namespace {
 
@@ -17,21 +19,57 @@ std::string printf_string(const char* format, auto... args) {
   return line;
 }
 
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
+nlohmann::ordered_json by_purpose(const std::array<std::size_t, kHostPurposeCount>& bytes) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (std::size_t p = 0; p < kHostPurposeCount; ++p)
+    out[std::string(host_purpose_name(static_cast<HostPurpose>(p)))] = bytes[p];
+  return out;
 }
 
-std::string purposes_json(const std::array<std::size_t, kHostPurposeCount>& bytes) {
-  std::string out = "{";
-  for (std::size_t p = 0; p < kHostPurposeCount; ++p)
-    out += (p ? ", " : "") + json_string(std::string(host_purpose_name(static_cast<HostPurpose>(p)))) +
-           printf_string(": %zu", bytes[p]);
-  return out + "}";
+nlohmann::ordered_json record_json(const MemoryRecord& r) {
+  nlohmann::ordered_json out = {
+      {"name", r.name},
+      {"system", r.system},
+      {"error", r.error},
+      {"stage", r.stage},
+      {"offload_optimizer", r.offload_optimizer},
+      {"offload_param", r.offload_param},
+      {"offload_ratio", r.offload_ratio},
+      {"states", r.states},
+      {"ranks", r.ranks},
+      {"params", r.params},
+      {"peak_device_bytes", r.peak_device_bytes},
+      {"peak_params_bytes", r.peak_params_bytes},
+      {"peak_grads_bytes", r.peak_grads_bytes},
+      {"peak_optimizer_states_bytes", r.peak_optimizer_bytes},
+      {"peak_buffers_bytes", r.peak_buffers_bytes},
+      {"peak_host_pinned_bytes", r.peak_host_pinned_bytes},
+      {"nvme_bytes", r.nvme_bytes},
+      {"start_host_rss_bytes", r.start_host_rss_bytes},
+      {"peak_host_rss_bytes", r.peak_host_rss_bytes},
+      {"host_need_bytes", r.host_need_bytes},
+      {"estimate_pinned_bytes", r.estimate_pinned_bytes},
+      {"peak_pinned_by_purpose", by_purpose(r.peak_pinned_by)},
+      {"estimate_pinned_by_purpose", by_purpose(r.estimate_pinned_by)},
+      {"ratio_to_ddp", r.ratio_to_ddp},
+      {"formula_bytes", r.formula_bytes},
+      {"formula_deviation", r.formula_deviation},
+      {"estimate_device_bytes", r.estimate_device_bytes},
+      {"estimate_deviation", r.estimate_deviation},
+      {"wire_bytes_per_step", r.wire_bytes},
+      {"wire_across_hosts_bytes_per_step", r.wire_across_bytes},
+      {"wire_formula_bytes", r.wire_formula_bytes},
+      {"step_seconds", r.step_seconds},
+      {"step_time_ratio_to_ddp", r.step_time_ratio_to_ddp},
+      {"final_loss", r.final_loss},
+      {"loss_matches_ddp", r.loss_matches_ddp},
+      {"loss_difference_to_torch_ddp", nullptr},
+      {"loss_matches_torch_ddp", nullptr}};
+  if (r.loss_difference_to_torch_ddp) {
+    out["loss_difference_to_torch_ddp"] = *r.loss_difference_to_torch_ddp;
+    out["loss_matches_torch_ddp"] = r.loss_matches_torch_ddp;
+  }
+  return out;
 }
 
 }  // namespace
@@ -123,54 +161,19 @@ std::string format_fit_table(const std::vector<FitRecord>& fits) {
 }
 
 std::string to_json(const std::vector<MemoryRecord>& records, const std::vector<FitRecord>& fits) {
-  std::string out = "{\n  \"records\": [\n";
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    const MemoryRecord& r = records[i];
-    const std::string torch_ddp =
-        r.loss_difference_to_torch_ddp
-            ? printf_string("%.6g, \"loss_matches_torch_ddp\": %s", *r.loss_difference_to_torch_ddp,
-                            r.loss_matches_torch_ddp ? "true" : "false")
-            : std::string("null, \"loss_matches_torch_ddp\": null");
-    out += "    {\"name\": " + json_string(r.name) + ", \"system\": " + json_string(r.system) +
-           ", \"error\": " + json_string(r.error) + printf_string(", \"stage\": %d", r.stage) +
-           ", \"offload_optimizer\": " + json_string(r.offload_optimizer) +
-           ", \"offload_param\": " + json_string(r.offload_param) +
-           printf_string(", \"offload_ratio\": %g", r.offload_ratio) + ", \"states\": " + json_string(r.states) +
-           printf_string(", \"ranks\": %d, \"params\": %zu", r.ranks, r.params) +
-           printf_string(", \"peak_device_bytes\": %zu, \"peak_params_bytes\": %zu, \"peak_grads_bytes\": %zu",
-                         r.peak_device_bytes, r.peak_params_bytes, r.peak_grads_bytes) +
-           printf_string(", \"peak_optimizer_states_bytes\": %zu, \"peak_buffers_bytes\": %zu",
-                         r.peak_optimizer_bytes, r.peak_buffers_bytes) +
-           printf_string(", \"peak_host_pinned_bytes\": %zu, \"nvme_bytes\": %zu", r.peak_host_pinned_bytes,
-                         r.nvme_bytes) +
-           printf_string(", \"start_host_rss_bytes\": %zu, \"peak_host_rss_bytes\": %zu, \"host_need_bytes\": %zu",
-                         r.start_host_rss_bytes, r.peak_host_rss_bytes, r.host_need_bytes) +
-           printf_string(", \"estimate_pinned_bytes\": %zu", r.estimate_pinned_bytes) +
-           ", \"peak_pinned_by_purpose\": " + purposes_json(r.peak_pinned_by) +
-           ", \"estimate_pinned_by_purpose\": " + purposes_json(r.estimate_pinned_by) +
-           printf_string(", \"ratio_to_ddp\": %.6f, \"formula_bytes\": %zu, \"formula_deviation\": %.6f",
-                         r.ratio_to_ddp, r.formula_bytes, r.formula_deviation) +
-           printf_string(", \"estimate_device_bytes\": %zu, \"estimate_deviation\": %.6f",
-                         r.estimate_device_bytes, r.estimate_deviation) +
-           printf_string(", \"wire_bytes_per_step\": %llu, \"wire_across_hosts_bytes_per_step\": %llu, "
-                         "\"wire_formula_bytes\": %llu",
-                         static_cast<unsigned long long>(r.wire_bytes), static_cast<unsigned long long>(r.wire_across_bytes),
-                         static_cast<unsigned long long>(r.wire_formula_bytes)) +
-           printf_string(", \"step_seconds\": %.6f, \"step_time_ratio_to_ddp\": %.6f", r.step_seconds,
-                         r.step_time_ratio_to_ddp) +
-           printf_string(", \"final_loss\": %.6f, \"loss_matches_ddp\": %s", r.final_loss,
-                         r.loss_matches_ddp ? "true" : "false") +
-           ", \"loss_difference_to_torch_ddp\": " + torch_ddp + "}" +
-           (i + 1 < records.size() ? ",\n" : "\n");
-  }
-  out += "  ],\n  \"largest_model_that_fits\": [\n";
-  for (std::size_t i = 0; i < fits.size(); ++i)
-    out += "    {\"name\": " + json_string(fits[i].name) +
-           printf_string(", \"device_budget_bytes\": %zu, \"params\": %zu, \"layers\": %zu", fits[i].device_budget,
-                         fits[i].largest_params, fits[i].layers) +
-           ", \"bound_by\": " + json_string(fits[i].bound) + ", \"at_least\": " + (fits[i].at_least ? "true" : "false") + "}" +
-           (i + 1 < fits.size() ? ",\n" : "\n");
-  return out + "  ]\n}\n";
+  nlohmann::ordered_json out = {{"records", nlohmann::ordered_json::array()},
+                                {"largest_model_that_fits", nlohmann::ordered_json::array()}};
+  for (const MemoryRecord& r : records) out["records"].push_back(record_json(r));
+  for (const FitRecord& f : fits)
+    out["largest_model_that_fits"].push_back({{"name", f.name},
+                                              {"device_budget_bytes", f.device_budget},
+                                              {"params", f.largest_params},
+                                              {"layers", f.layers},
+                                              {"bound_by", f.bound},
+                                              {"at_least", f.at_least}});
+  // A peer's error text is whatever its library printed: bytes that are not UTF-8 are replaced,
+  // not a reason to lose the report.
+  return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 std::string to_csv(const std::vector<MemoryRecord>& records) {

@@ -36,6 +36,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "args/args.hpp"
 #include "base/trace.hpp"
 #include "bench_commands.hpp"
@@ -154,15 +156,10 @@ void fill_grad(void* grad, std::size_t count, DType dtype, float value) {
   }
 }
 
-// Samples as a JSON array, `digits` after the point.
-std::string json_numbers(const std::vector<double>& samples, int digits) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < samples.size(); ++i) {
-    char number[32];
-    std::snprintf(number, sizeof number, "%s%.*f", i ? ", " : "", digits, samples[i]);
-    out.append(number);
-  }
-  return out.append("]");
+// One result as a JSON object of its own (several follow one another for --states a,b): a path
+// that is not UTF-8 is replaced, not a reason to lose the figures.
+void print_json(const nlohmann::ordered_json& out) {
+  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
 }
 
 // Builds an engine and, unless --no-set-param, sets its weights; records the seconds each took.
@@ -431,38 +428,55 @@ void report_overlap(const Options& o, const Config& config, const bench::StoreBa
   const std::string dtype(dtype_name(o.dtype));
   const bool identical = run.difference.empty();
   if (o.json) {
-    std::printf(
-        "{\"overlap\": true, \"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"ranks\": %d, \"steps\": %d,\n"
-        " \"path\": \"%s\", \"sub_group_bytes\": %zu, \"buffers\": %d, \"reduce_bucket_bytes\": %zu,\n"
-        " \"allgather_bucket_bytes\": %zu, \"optimizer_on_device\": false, \"optimizer_on_host\": %s,\n"
-        " \"placement\": \"%s\", \"adam_threads\": %d, \"backward_seconds\": %.5f,\n"
-        " \"backward_measured_seconds_today\": %.5f, \"backward_measured_seconds_overlap\": %.5f,\n"
-        " \"step_seconds_today\": %.5f, \"step_seconds_overlap\": %.5f,\n"
-        " \"exposed_seconds_today\": %.6f, \"exposed_seconds_overlap\": %.6f,\n"
-        " \"exposed_samples_today\": %s, \"exposed_samples_overlap\": %s,\n"
-        " \"exposed_ratio\": %.4f, \"target_exposed_ratio\": 0.25, \"identical\": %s,\n"
-        " \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f, \"grad_norm\": %.6g,\n"
-        " \"nvme_bytes\": %zu, \"nvme_bytes_overlap\": %zu,\n"
-        " \"offload_pinned_bytes\": %zu, \"offload_pinned_bytes_overlap\": %zu,\n",
-        run.numel, run.groups, dtype.c_str(), ranks, o.steps, o.path.c_str(), config.offload.sub_group_bytes,
-        config.offload.optimizer.buffer_count, config.buckets.reduce_bytes, config.buckets.allgather_bytes,
-        o.on_host ? "true" : "false", placement, config.optimizer.threads, run.backward, median(today.backward),
-        median(overlap.backward), median(today.step), median(overlap.step), exposed_today, exposed_overlap,
-        json_numbers(today.exposed, 6).c_str(), json_numbers(overlap.exposed, 6).c_str(), exposed_ratio,
-        identical ? "true" : "false", today.setup_seconds, today.set_param_seconds, today.last.grad_norm,
-        today.stats.nvme_bytes, overlap.stats.nvme_bytes, today.stats.offload_pinned_bytes,
-        overlap.stats.offload_pinned_bytes);
-    if (nvme)
-      std::printf(
-          " \"direct\": %s, \"bytes_read_per_step\": %zu, \"bytes_written_per_step\": %zu,\n"
-          " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g, \"bandwidth_sample_bytes\": %zu,\n"
-          " \"disk_bound_seconds\": %.4f,\n",
-          bw.direct ? "true" : "false", today.stats.nvme_bytes, today.stats.nvme_bytes, bw.write_bytes_per_s,
-          bw.read_bytes_per_s, bw.bytes, limit);
-    std::printf(
-        " \"rss_bytes\": %zu, \"peak_rss_bytes\": %zu, \"pinned_peak_bytes\": %zu, \"device_budget_bytes\": %zu,\n"
-        " \"loadavg_before\": \"%s\", \"loadavg_after\": \"%s\"}\n",
-        rss, hwm, pinned.peak, config.device.memory, load_before.c_str(), load_after.c_str());
+    nlohmann::ordered_json out = {{"overlap", true},
+                                  {"params", run.numel},
+                                  {"groups", run.groups},
+                                  {"dtype", dtype},
+                                  {"ranks", ranks},
+                                  {"steps", o.steps},
+                                  {"path", o.path},
+                                  {"sub_group_bytes", config.offload.sub_group_bytes},
+                                  {"buffers", config.offload.optimizer.buffer_count},
+                                  {"reduce_bucket_bytes", config.buckets.reduce_bytes},
+                                  {"allgather_bucket_bytes", config.buckets.allgather_bytes},
+                                  {"optimizer_on_device", false},
+                                  {"optimizer_on_host", o.on_host},
+                                  {"placement", placement},
+                                  {"adam_threads", config.optimizer.threads},
+                                  {"backward_seconds", run.backward},
+                                  {"backward_measured_seconds_today", median(today.backward)},
+                                  {"backward_measured_seconds_overlap", median(overlap.backward)},
+                                  {"step_seconds_today", median(today.step)},
+                                  {"step_seconds_overlap", median(overlap.step)},
+                                  {"exposed_seconds_today", exposed_today},
+                                  {"exposed_seconds_overlap", exposed_overlap},
+                                  {"exposed_samples_today", today.exposed},
+                                  {"exposed_samples_overlap", overlap.exposed},
+                                  {"exposed_ratio", exposed_ratio},
+                                  {"target_exposed_ratio", 0.25},
+                                  {"identical", identical},
+                                  {"setup_seconds", today.setup_seconds},
+                                  {"set_param_seconds", today.set_param_seconds},
+                                  {"grad_norm", today.last.grad_norm},
+                                  {"nvme_bytes", today.stats.nvme_bytes},
+                                  {"nvme_bytes_overlap", overlap.stats.nvme_bytes},
+                                  {"offload_pinned_bytes", today.stats.offload_pinned_bytes},
+                                  {"offload_pinned_bytes_overlap", overlap.stats.offload_pinned_bytes}};
+    if (nvme) {
+      out["direct"] = bw.direct;
+      out["bytes_read_per_step"] = out["bytes_written_per_step"] = today.stats.nvme_bytes;
+      out["write_bytes_per_s"] = bw.write_bytes_per_s;
+      out["read_bytes_per_s"] = bw.read_bytes_per_s;
+      out["bandwidth_sample_bytes"] = bw.bytes;
+      out["disk_bound_seconds"] = limit;
+    }
+    out["rss_bytes"] = rss;
+    out["peak_rss_bytes"] = hwm;
+    out["pinned_peak_bytes"] = pinned.peak;
+    out["device_budget_bytes"] = config.device.memory;
+    out["loadavg_before"] = load_before;
+    out["loadavg_after"] = load_after;
+    print_json(out);
     return;
   }
   const auto gb = [](double bytes) { return bytes / 1e9; };
@@ -557,30 +571,49 @@ void report_format(const Options& o, const FormatRun& r, const FormatRun& first,
   const double speedup = first.step_median / r.step_median;
   const char* placement = o.shared_placement ? "shared" : "rank";
   if (o.json) {
-    const std::string samples = json_numbers(r.step_seconds, 4);
-    std::printf(
-        "{\"params\": %zu, \"groups\": %d, \"dtype\": \"%s\", \"states\": \"%s\", \"ranks\": %d, \"steps\": %d, \"path\": \"%s\",\n"
-        " \"sub_group_bytes\": %zu, \"buffers\": %d, \"direct\": %s, \"reduce_bucket_bytes\": %zu,\n"
-        " \"allgather_bucket_bytes\": %zu, \"optimizer_on_device\": %s, \"optimizer_on_host\": %s,\n"
-        " \"placement\": \"%s\", \"adam_threads\": %d,\n"
-        " \"backward_seconds\": %.5f, \"backward_plus_step_seconds\": %.5f,\n"
-        " \"step_seconds\": %.4f, \"step_samples\": %s, \"setup_seconds\": %.3f, \"set_param_seconds\": %.3f,\n"
-        " \"grad_write_seconds\": %.3f, \"grad_norm\": %.6g,\n"
-        " \"nvme_bytes\": %zu, \"bytes_read_per_step\": %zu, \"bytes_written_per_step\": %zu,\n"
-        " \"disk_bytes_per_param_per_step\": %.4f, \"speedup_over_%s\": %.3f,\n"
-        " \"write_bytes_per_s\": %.4g, \"read_bytes_per_s\": %.4g, \"bandwidth_sample_bytes\": %zu,\n"
-        " \"disk_bound_seconds\": %.4f, \"ratio\": %.3f, \"target_ratio\": 0.85,\n"
-        " \"rss_bytes\": %zu, \"peak_rss_bytes\": %zu, \"offload_pinned_bytes\": %zu, \"pinned_peak_bytes\": %zu,\n"
-        " \"device_budget_bytes\": %zu, \"loadavg_before\": \"%s\", \"loadavg_after\": \"%s\"}\n",
-        r.numel, r.groups, std::string(dtype_name(o.dtype)).c_str(), states.c_str(), ranks, o.steps, o.path.c_str(),
-        config.offload.sub_group_bytes, config.offload.optimizer.buffer_count, bw.direct ? "true" : "false",
-        config.buckets.reduce_bytes, config.buckets.allgather_bytes, o.on_device ? "true" : "false",
-        o.on_host ? "true" : "false", placement, config.optimizer.threads, r.backward_median, r.total_median,
-        r.step_median, samples.c_str(), r.setup_seconds, r.set_param_seconds, r.grad_seconds, r.last.grad_norm,
-        stats.nvme_bytes, stats.nvme_bytes, stats.nvme_bytes, disk_bytes_per_param,
-        std::string(states_format_name(first.format)).c_str(), speedup, bw.write_bytes_per_s, bw.read_bytes_per_s,
-        bw.bytes, r.limit, ratio, r.rss, r.hwm, stats.offload_pinned_bytes, r.pinned_peak, config.device.memory,
-        load_before.c_str(), load_after.c_str());
+    const nlohmann::ordered_json out = {{"params", r.numel},
+                                        {"groups", r.groups},
+                                        {"dtype", dtype_name(o.dtype)},
+                                        {"states", states},
+                                        {"ranks", ranks},
+                                        {"steps", o.steps},
+                                        {"path", o.path},
+                                        {"sub_group_bytes", config.offload.sub_group_bytes},
+                                        {"buffers", config.offload.optimizer.buffer_count},
+                                        {"direct", bw.direct},
+                                        {"reduce_bucket_bytes", config.buckets.reduce_bytes},
+                                        {"allgather_bucket_bytes", config.buckets.allgather_bytes},
+                                        {"optimizer_on_device", o.on_device},
+                                        {"optimizer_on_host", o.on_host},
+                                        {"placement", placement},
+                                        {"adam_threads", config.optimizer.threads},
+                                        {"backward_seconds", r.backward_median},
+                                        {"backward_plus_step_seconds", r.total_median},
+                                        {"step_seconds", r.step_median},
+                                        {"step_samples", r.step_seconds},
+                                        {"setup_seconds", r.setup_seconds},
+                                        {"set_param_seconds", r.set_param_seconds},
+                                        {"grad_write_seconds", r.grad_seconds},
+                                        {"grad_norm", r.last.grad_norm},
+                                        {"nvme_bytes", stats.nvme_bytes},
+                                        {"bytes_read_per_step", stats.nvme_bytes},
+                                        {"bytes_written_per_step", stats.nvme_bytes},
+                                        {"disk_bytes_per_param_per_step", disk_bytes_per_param},
+                                        {"speedup_over_" + std::string(states_format_name(first.format)), speedup},
+                                        {"write_bytes_per_s", bw.write_bytes_per_s},
+                                        {"read_bytes_per_s", bw.read_bytes_per_s},
+                                        {"bandwidth_sample_bytes", bw.bytes},
+                                        {"disk_bound_seconds", r.limit},
+                                        {"ratio", ratio},
+                                        {"target_ratio", 0.85},
+                                        {"rss_bytes", r.rss},
+                                        {"peak_rss_bytes", r.hwm},
+                                        {"offload_pinned_bytes", stats.offload_pinned_bytes},
+                                        {"pinned_peak_bytes", r.pinned_peak},
+                                        {"device_budget_bytes", config.device.memory},
+                                        {"loadavg_before", load_before},
+                                        {"loadavg_after", load_after}};
+    print_json(out);
     return;
   }
   const auto gb = [](double bytes) { return bytes / 1e9; };

@@ -6,6 +6,8 @@
 #include <set>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "zest/error.hpp"
 
 namespace zest::trace {
@@ -51,14 +53,9 @@ void append_us(std::string& out, std::int64_t ns) {
   out.append(std::to_string(ns / 1000)).append(".").append(frac, 1, 3);
 }
 
-void append_quoted(std::string& out, const char* text) {
-  out += '"';
-  for (const char* c = text; *c != '\0'; ++c) {
-    if (*c == '"' || *c == '\\') out += '\\';
-    if (static_cast<unsigned char>(*c) >= 0x20) out += *c;
-  }
-  out += '"';
-}
+// The events are written one at a time (a document of them all would hold each event several times
+// over); their strings are escaped by the JSON library every writer uses.
+void append_quoted(std::string& out, const char* text) { out += nlohmann::json(std::string(text)).dump(); }
 
 std::string track_name(std::uint16_t tid) {
   const int lane = tid / kTracksPerLane, track = tid % kTracksPerLane;

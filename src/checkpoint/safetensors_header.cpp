@@ -1,10 +1,10 @@
 #include "checkpoint/safetensors_header.hpp"
 
 #include <cstdint>
-#include <cstdio>
 #include <set>
 #include <string>
-#include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "zest/error.hpp"
 
@@ -20,40 +20,16 @@ const char* safetensors_dtype(DType dtype) {
   return "?";
 }
 
-// A JSON string literal; the rest of a name's bytes pass through (JSON text is UTF-8).
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out.append(1, '\\').append(1, c);
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-      out.append(escaped);
-    } else {
-      out.append(1, c);
-    }
-  }
-  return out.append("\"");
-}
-
-
 // Safetensors metadata is a map of strings to strings: where the weights came from.
-std::string metadata_json(const Manifest& m, DType dtype) {
-  const std::pair<const char*, std::string> entries[] = {
-      {"format", "pt"},
-      {"zest_checkpoint_format", std::to_string(m.version)},
-      {"zest_steps", std::to_string(m.steps)},
-      {"zest_skipped_steps", std::to_string(m.skipped)},
-      {"zest_world_size", std::to_string(m.world_size)},
-      {"zest_stage", std::to_string(m.stage)},
-      {"zest_weights", std::string("fp32 master weights").append(dtype == DType::f32 ? "" : ", rounded to nearest even")},
-      {"zest_config", m.config},
-  };
-  std::string out = "{";
-  for (const auto& [key, value] : entries)
-    out.append(out.size() > 1 ? "," : "").append(json_string(key)).append(":").append(json_string(value));
-  return out.append("}");
+nlohmann::ordered_json metadata(const Manifest& m, DType dtype) {
+  return {{"format", "pt"},
+          {"zest_checkpoint_format", std::to_string(m.version)},
+          {"zest_steps", std::to_string(m.steps)},
+          {"zest_skipped_steps", std::to_string(m.skipped)},
+          {"zest_world_size", std::to_string(m.world_size)},
+          {"zest_stage", std::to_string(m.stage)},
+          {"zest_weights", std::string("fp32 master weights").append(dtype == DType::f32 ? "" : ", rounded to nearest even")},
+          {"zest_config", m.config}};
 }
 
 [[noreturn]] void unwritable(const std::string& dir, const std::string& what) {
@@ -65,7 +41,8 @@ std::string metadata_json(const Manifest& m, DType dtype) {
 std::string safetensors_header(const Manifest& m, DType dtype, const std::string& dir) {
   if (!valid_utf8(m.config))
     unwritable(dir, "the saving run's settings are not UTF-8, which safetensors' JSON header requires: the manifest is damaged");
-  std::string out = std::string("{\"__metadata__\":").append(metadata_json(m, dtype));
+  // Written entry by entry (a model has up to ~1e5 tensors), each entry a JSON value of its own.
+  std::string out = std::string("{\"__metadata__\":").append(metadata(m, dtype).dump());
   std::set<std::string> names;
   std::uint64_t offset = 0;
   for (const TensorEntry& t : m.tensors) {
@@ -87,9 +64,9 @@ std::string safetensors_header(const Manifest& m, DType dtype, const std::string
     if (__builtin_mul_overflow(std::uint64_t{t.numel}, std::uint64_t{dtype_size(dtype)}, &bytes) ||
         __builtin_add_overflow(offset, bytes, &end))
       unwritable(dir, "the tensors' bytes overflow safetensors' 64-bit offsets");
-    out.append(",").append(json_string(t.name)).append(":{\"dtype\":\"").append(safetensors_dtype(dtype)).append("\",\"shape\":[");
-    for (std::size_t i = 0; i < t.shape.size(); ++i) out.append(i ? "," : "").append(std::to_string(t.shape[i]));
-    out.append("],\"data_offsets\":[").append(std::to_string(offset)).append(",").append(std::to_string(end)).append("]}");
+    const nlohmann::ordered_json entry = {
+        {"dtype", safetensors_dtype(dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
+    out.append(",").append(nlohmann::json(t.name).dump()).append(":").append(entry.dump());
     offset = end;
   }
   out.append("}");

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/text.hpp"
 #include "base/trace.hpp"
 #include "zest/error.hpp"
@@ -146,11 +148,7 @@ std::size_t TraceFile::write() {
   comm_.all_reduce_host(lengths, ReduceOp::sum);
   comm_.all_reduce_host(dropped, ReduceOp::sum);
   std::size_t total_dropped = 0;
-  std::string per_rank;
-  for (const std::int64_t d : dropped) {
-    total_dropped += static_cast<std::size_t>(d);
-    per_rank.append(per_rank.empty() ? "" : ",").append(std::to_string(d));
-  }
+  for (const std::int64_t d : dropped) total_dropped += static_cast<std::size_t>(d);
 
   std::optional<RankZeroWriter> out;
   if (rank == 0) {
@@ -162,11 +160,12 @@ std::size_t TraceFile::write() {
     send_to_rank0(comm_, r, mine, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]), out ? &*out : nullptr);
   }
   if (out) {
-    out->write(std::string("],\n\"otherData\":{\"writer\":\"zest\",\"ranks\":")
-                   .append(std::to_string(ranks))
-                   .append(",\"capacity_per_rank\":").append(std::to_string(trace::capacity()))
-                   .append(",\"dropped_events\":").append(std::to_string(total_dropped))
-                   .append(",\"dropped_events_per_rank\":[").append(per_rank).append("]}}\n"));
+    const nlohmann::ordered_json other = {{"writer", "zest"},
+                                          {"ranks", ranks},
+                                          {"capacity_per_rank", trace::capacity()},
+                                          {"dropped_events", total_dropped},
+                                          {"dropped_events_per_rank", dropped}};
+    out->write("],\n\"otherData\":" + other.dump() + "}\n");
     out->sync();
   }
   // Every rank learns whether rank 0 wrote the file, and fails with it.

@@ -355,7 +355,7 @@ TEST_F(Synthetic, ChunksOfTenBytesAndThreeRanksReadBack) {
   synthetic_checkpoint::write(dir + "/ckpt", specs, 3, 10);
   EXPECT_TRUE(verify_checkpoint(dir + "/ckpt").empty());
   consolidate_checkpoint(dir + "/ckpt", dir + "/w.safetensors", DType::bf16);
-  const std::vector<std::string> names = {"\"a\"", "\"b \\\"quoted\\\" \\\\ tab\\u0009\"", "\"s\"", "\"c\""};
+  const std::vector<std::string> names = {"\"a\"", "\"b \\\"quoted\\\" \\\\ tab\\t\"", "\"s\"", "\"c\""};
   const auto got = tensor_bytes(parse_layout(read_file(dir + "/w.safetensors")), specs, names, "BF16", 2);
   const auto want = values_of(specs);
   expect_encoded(got, want, DType::bf16);
