@@ -9,7 +9,6 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "engine/checkpoint_io.hpp"
+#include "engine/comm_levels.hpp"
 #include "engine/device_math.hpp"
 #include "engine/device_optimizer_states.hpp"
 #include "engine/grad_buckets.hpp"
@@ -34,7 +34,6 @@
 #include "base/trace.hpp"
 #include "engine/step_args.hpp"
 #include "offload/nvme_store.hpp"
-#include "runtime/counting_communicator.hpp"
 #include "zest/error.hpp"
 
 namespace zest {
@@ -58,46 +57,6 @@ std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTa
   return shared;
 }
 
-// The communicators of the two levels, for what needs them on several ranks: this rank's host's
-// ranks (partition.secondary: host at stage 3, comm.quantize.grads) and the ranks of its place on
-// every host (comm.quantize.grads); null where nothing does. Every host must hold as many ranks.
-struct HostLevels {
-  std::unique_ptr<Communicator> host, across;
-};
-
-HostLevels host_levels(const Config& c, Communicator& comm) {
-  if (comm.size() == 1) return {};
-  // Every rank has the same config here (settings_ranks_share, checked before).
-  const bool secondary = c.stage == 3 && c.partition.secondary == SecondaryPartition::host;
-  const bool quantized = engine::quantized_grad_bits(c).has_value();
-  if (!secondary && !quantized) return {};
-  std::string fallback;  // the keys that need equal hosts
-  if (secondary) fallback = "partition.secondary: none";
-  if (quantized) fallback.append(secondary ? " and " : "").append("comm.quantize.grads: none");
-  std::map<int, int> ranks_on;  // host -> its ranks
-  for (int r = 0; r < comm.size(); ++r) ++ranks_on[comm.host_of(r)];
-  for (const auto& [host, ranks] : ranks_on)
-    if (ranks != ranks_on.begin()->second)
-      throw Error(std::string("this config needs as many ranks on every host, but host ")
-                      .append(std::to_string(ranks_on.begin()->first)).append(" has ")
-                      .append(std::to_string(ranks_on.begin()->second)).append(" and host ")
-                      .append(std::to_string(host)).append(" has ").append(std::to_string(ranks))
-                      .append("; start the same number on each, or set ").append(fallback));
-  HostLevels levels;
-  levels.host = comm.split_by_host();
-  if (!levels.host)
-    throw Error("the " + comm.backend_name() + " communicator's split_by_host returned nothing; it must return a "
-                "communicator or throw");
-  // Across hosts only where there are several (every rank knows how many).
-  if (quantized && ranks_on.size() > 1) {
-    levels.across = comm.split_across_hosts();
-    if (!levels.across)
-      throw Error("the " + comm.backend_name() + " communicator's split_across_hosts returned nothing; it must "
-                  "return a communicator or throw");
-  }
-  return levels;
-}
-
 }  // namespace
 
 // offload.optimizer.overlap: hands each group's final gradient shard to the offloaded optimizer's
@@ -116,16 +75,14 @@ struct Engine::State {
   State(const Config& c, Device& d, Communicator& k, std::vector<ParamSpec> p)
       : config((validate(c), c)),
         device(d),
-        comm(k),
         // Every rank must share the settings that decide its collectives and its update, and the
         // model: one collective says which differ before any collective could hang or a shard be
         // updated otherwise.
-        levels((require_same_on_ranks(k, engine::settings_ranks_share(c, p), "Engine"), host_levels(c, k))),
-        host_comm(levels.host ? std::make_unique<CountingCommunicator>(*levels.host) : nullptr),
-        across_comm(levels.across ? std::make_unique<CountingCommunicator>(*levels.across) : nullptr),
+        comms(c, k, engine::settings_ranks_share(c, p), "Engine"),
+        comm(comms.world()),
         specs(std::move(p)),
         layout(specs, c.stage == 0 ? 1 : k.size()),
-        plan(engine::plan_memory(c, layout, engine::SubGroups::listed, levels.host ? levels.host->size() : 0)),
+        plan(engine::plan_memory(c, layout, engine::SubGroups::listed, comms.host_size())),
         optimizer_group_of(engine::optimizer_groups_of(c, specs)),
         hyper(engine::optimizer_group_values(c)),
         runs(engine::hyper_runs(layout, k.rank(), optimizer_group_of, hyper)),
@@ -147,18 +104,8 @@ struct Engine::State {
 
   const Config config;
   Device& device;
-  CountingCommunicator comm;  // the program's, counting what this rank sends
-  HostLevels levels;  // partition.secondary, comm.quantize.grads: the host's ranks, the place's across hosts
-  std::unique_ptr<CountingCommunicator> host_comm;    // over levels.host, counting
-  std::unique_ptr<CountingCommunicator> across_comm;  // over levels.across, counting
-  WireBytes wire_at_last_step;  // sent() when the last step() ended
-  WireBytes wire_last_step;     // what the last step sent (from the end of the one before)
-  WireBytes sent() const {
-    WireBytes w = comm.sent();
-    if (host_comm) w = w + host_comm->sent();
-    if (across_comm) w = w + across_comm->sent();
-    return w;
-  }
+  engine::EngineComms comms;
+  CountingCommunicator& comm;  // comms.world(): the program's, counting what this rank sends
   const std::vector<ParamSpec> specs;
   const engine::Layout layout;
   const engine::MemoryPlan plan;  // every size allocated below
@@ -252,10 +199,10 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     s.quantized_gather = std::make_unique<engine::QuantizedGather>(device, s.comm, *s.math, s.plan, config.precision.dtype);
   if (s.plan.quant_reduce_codes > 0)
     s.quantized_reduce = std::make_unique<engine::QuantizedReduceScatter>(
-        device, s.comm, *s.host_comm, s.across_comm.get(), *s.math, s.plan, *engine::quantized_grad_bits(config),
+        device, s.comm, *s.comms.host(), s.comms.across(), *s.math, s.plan, *engine::quantized_grad_bits(config),
         config.precision.dtype);
   s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, s.comm, stream, s.layout, s.plan, *s.staging,
-                                                   std::move(param_store), s.host_comm.get(), s.quantized_gather.get());
+                                                   std::move(param_store), s.comms.host(), s.quantized_gather.get());
   s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math, s.layout,
                                                   s.plan, *s.staging, s.quantized_reduce.get());
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
@@ -481,14 +428,10 @@ StepResult Engine::step() {
   State& s = *state_;
   // However step() returns, what this rank sent since the last one ended (the backward's reductions,
   // this step's gathers) is the last step's.
-  struct WireMark {
-    State& s;
-    ~WireMark() {
-      const WireBytes now = s.sent();
-      s.wire_last_step = now - s.wire_at_last_step;
-      s.wire_at_last_step = now;
-    }
-  } const wire_mark{s};
+  struct StepEnd {
+    engine::EngineComms& comms;
+    ~StepEnd() { comms.end_step(); }
+  } const step_end{s.comms};
   Stream& stream = *s.comm_stream;
   const engine::Layout& layout = s.layout;
   trace::Span wait_span("wait for reductions", trace::Lane::host);
@@ -550,7 +493,7 @@ EngineStats Engine::stats() const {
   return {s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats(),
           s.states->nvme_bytes() + s.params->nvme_bytes(),
           s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes(), ahead.kept, ahead.redone,
-          s.sent(), s.wire_last_step};
+          s.comms.sent(), s.comms.last_step()};
 }
 
 void Engine::save(const std::string& dir) {
