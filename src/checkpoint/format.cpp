@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/files.hpp"
 #include "config/config_names.hpp"
 #include "offload/checksum.hpp"
 #include "optim/compact_math.hpp"
@@ -395,14 +396,9 @@ FileIdentity identity_from(const struct stat& info) {
   return {static_cast<std::uint64_t>(info.st_dev), static_cast<std::uint64_t>(info.st_ino)};
 }
 
-// fstat of a descriptor just opened, which is closed when that fails.
-struct stat stat_or_close(int fd, const std::string& path, const std::string& what) {
+struct stat stat_of(const UniqueFd& fd, const std::string& path, const std::string& what) {
   struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw IoError(what, path, 0, 0, error);
-  }
+  if (::fstat(fd.get(), &info) != 0) throw IoError(what, path, 0, 0, errno);
   return info;
 }
 
@@ -413,24 +409,17 @@ bool path_names(const std::string& path, const FileIdentity& id) {
   return ::lstat(path.c_str(), &info) == 0 && identity_from(info) == id;
 }
 
-Directory::Directory(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd_ < 0) throw IoError("cannot open the directory", path_, 0, 0, errno);
-  const struct stat info = stat_or_close(fd_, path_, "cannot look at the directory");
+Directory::Directory(std::string path)
+    : path_(std::move(path)), fd_(::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) {
+  if (!fd_) throw IoError("cannot open the directory", path_, 0, 0, errno);
+  const struct stat info = stat_of(fd_, path_, "cannot look at the directory");
   identity_ = identity_from(info);
   owner_ = info.st_uid;
 }
 
-Directory::~Directory() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-Directory::Directory(Directory&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), identity_(other.identity_), owner_(other.owner_) {}
-
 std::vector<std::string> Directory::names() const {
   // A stream of its own (fdopendir takes the descriptor it is given), reading from the start.
-  const int copy = ::openat(fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int copy = ::openat(fd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR* stream = copy < 0 ? nullptr : ::fdopendir(copy);
   if (!stream) {
     const int error = errno;
@@ -447,7 +436,7 @@ std::vector<std::string> Directory::names() const {
 }
 
 void Directory::sync() const {
-  if (::fsync(fd_) != 0) throw IoError("checkpoint: cannot fsync directory", path_, 0, 0, errno);
+  if (::fsync(fd_.get()) != 0) throw IoError("checkpoint: cannot fsync directory", path_, 0, 0, errno);
 }
 
 void write_file_synced(const std::string& path, const void* data, std::size_t bytes) {
@@ -473,82 +462,54 @@ Manifest read_manifest(const Directory& dir) {
 
 namespace {
 
-// open_regular_file of `name` relative to `at` (a directory, or AT_FDCWD); `shown` is its path for
-// messages. `follow`: whether a symbolic link at `name` is followed (a user's path) or refused
-// (a name in a directory zest holds open).
-int open_regular_at(int at, const std::string& name, const std::string& shown, const std::string& what, bool follow) {
-  // stat before open: opening a FIFO blocks until a writer comes, and opening some devices acts.
-  struct stat info {};
-  if (::fstatat(at, name.c_str(), &info, follow ? 0 : AT_SYMLINK_NOFOLLOW) != 0)
-    throw IoError(std::string("cannot open ").append(what), shown, 0, 0, errno);
-  const auto refuse = [&](const struct stat& st) {
-    if (!S_ISREG(st.st_mode))
-      throw Error(std::string(what).append(" ").append(shown).append(" is ")
-                      .append(S_ISDIR(st.st_mode)    ? "a directory"
-                              : S_ISFIFO(st.st_mode) ? "a FIFO"
-                              : S_ISLNK(st.st_mode)  ? "a symbolic link"
-                                                     : "a special file")
-                      .append(", not a regular file: zest does not read it; give a checkpoint written by Engine::save"));
-  };
-  refuse(info);
-  // O_NONBLOCK: should the name have become a FIFO since the stat, the open does not wait.
-  const int fd = ::openat(at, name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
-  if (fd < 0) throw IoError(std::string("cannot open ").append(what), shown, 0, 0, errno);
-  info = stat_or_close(fd, shown, std::string("cannot look at ").append(what));
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    refuse(info);
-  }
+// open_regular of `name` relative to `at`, its problem thrown as the checkpoint's errors; `shown`
+// is its path for messages.
+UniqueFd open_regular_or_throw(int at, const std::string& name, const std::string& shown, const std::string& what,
+                               bool follow) {
+  FileProblem problem;
+  UniqueFd fd = open_regular(at, name, follow, problem);
+  if (problem.kind == FileProblem::Kind::not_regular)
+    throw Error(std::string(what).append(" ").append(shown).append(" is ").append(problem.file_kind)
+                    .append(", not a regular file: zest does not read it; give a checkpoint written by Engine::save"));
+  if (problem) throw IoError(std::string("cannot open ").append(what), shown, 0, 0, problem.error);
   return fd;
 }
 
-// The whole of the regular file open at `fd`, at most `max_bytes`; closes `fd`.
-std::string read_whole(int fd, const std::string& path, std::uint64_t max_bytes, const std::string& what) {
-  struct stat info {};
-  ::fstat(fd, &info);  // open_regular_file's fstat succeeded on this descriptor
-  if (static_cast<std::uint64_t>(info.st_size) > max_bytes) {
-    ::close(fd);
-    throw Error(std::string(what).append(" ").append(path).append(" has ").append(std::to_string(info.st_size))
-                    .append(" bytes, more than the ").append(std::to_string(max_bytes))
-                    .append(" zest reads: it is damaged or not what zest wrote"));
-  }
-  std::string text;
-  char buffer[1 << 14];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      throw IoError(std::string("cannot read ").append(what), path, text.size(), sizeof buffer, error);
-    }
-    if (n == 0) break;
-    // A file that grows while it is read stays bounded too.
-    if (text.size() + static_cast<std::size_t>(n) > max_bytes) {
-      ::close(fd);
+std::string read_whole_or_throw(const UniqueFd& fd, const std::string& path, std::uint64_t max_bytes,
+                                const std::string& what) {
+  FileProblem problem;
+  std::string text = read_whole(fd.get(), max_bytes, problem);
+  switch (problem.kind) {
+    case FileProblem::Kind::none:
+      return text;
+    case FileProblem::Kind::too_large:
+      throw Error(std::string(what).append(" ").append(path).append(" has ").append(std::to_string(problem.size))
+                      .append(" bytes, more than the ").append(std::to_string(max_bytes))
+                      .append(" zest reads: it is damaged or not what zest wrote"));
+    case FileProblem::Kind::grew:
       throw Error(std::string(what).append(" ").append(path).append(" grew past ").append(std::to_string(max_bytes))
                       .append(" bytes while it was read: it is damaged or not what zest wrote"));
-    }
-    text.append(buffer, static_cast<std::size_t>(n));
+    case FileProblem::Kind::system:
+    case FileProblem::Kind::not_regular:
+      break;
   }
-  ::close(fd);
-  return text;
+  throw IoError(std::string("cannot read ").append(what), path, problem.size, 0, problem.error);
 }
 
 }  // namespace
 
-int open_regular_file(const std::string& path, const std::string& what) {
-  return open_regular_at(AT_FDCWD, path, path, what, true);
+UniqueFd open_regular_file(const std::string& path, const std::string& what) {
+  return open_regular_or_throw(AT_FDCWD, path, path, what, true);
 }
 
 std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what) {
-  return read_whole(open_regular_file(path, what), path, max_bytes, what);
+  return read_whole_or_throw(open_regular_or_throw(AT_FDCWD, path, path, what, true), path, max_bytes, what);
 }
 
 std::string read_regular_file(const Directory& dir, const std::string& name, std::uint64_t max_bytes,
                               const std::string& what) {
   const std::string path = dir.path_of(name);
-  return read_whole(open_regular_at(dir.fd(), name, path, what, false), path, max_bytes, what);
+  return read_whole_or_throw(open_regular_or_throw(dir.fd(), name, path, what, false), path, max_bytes, what);
 }
 
 void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std::uint64_t offset) {
@@ -564,12 +525,9 @@ void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std
 }
 
 void fsync_directory(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw IoError("checkpoint: cannot open directory", path, 0, 0, errno);
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) throw IoError("checkpoint: cannot fsync directory", path, 0, 0, error);
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) throw IoError("checkpoint: cannot open directory", path, 0, 0, errno);
+  if (::fsync(fd.get()) != 0) throw IoError("checkpoint: cannot fsync directory", path, 0, 0, errno);
 }
 
 void rename_noreplace(const std::string& from, const std::string& to, const std::string& what) {
@@ -592,20 +550,17 @@ FileWriter::FileWriter(const Directory& dir, const std::string& name, std::uint6
     : FileWriter(dir.fd(), dir.path_of(name), name.c_str(), chunk_bytes) {}
 
 FileWriter::FileWriter(int at, std::string path, const char* name, std::uint64_t chunk_bytes)
-    : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
-  fd_ = ::openat(at, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw IoError("checkpoint: cannot create", path_, 0, 0, errno);
-  identity_ = identity_from(stat_or_close(fd_, path_, "checkpoint: cannot look at"));
-}
-
-FileWriter::~FileWriter() {
-  if (fd_ >= 0) ::close(fd_);
+    : path_(std::move(path)),
+      chunk_bytes_(chunk_bytes),
+      fd_(::openat(at, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)) {
+  if (!fd_) throw IoError("checkpoint: cannot create", path_, 0, 0, errno);
+  identity_ = identity_from(stat_of(fd_, path_, "checkpoint: cannot look at"));
 }
 
 void FileWriter::append(const void* data, std::size_t bytes) {
   const char* in = static_cast<const char*>(data);
   for (std::size_t done = 0; done < bytes;) {
-    const ssize_t n = ::write(fd_, in + done, bytes - done);
+    const ssize_t n = ::write(fd_.get(), in + done, bytes - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw IoError("checkpoint: cannot write", path_, bytes_, bytes - done, errno);
     // Checksummed per chunk, as written: a chunk's CRC closes when the file reaches its end.
@@ -626,10 +581,8 @@ void FileWriter::append(const void* data, std::size_t bytes) {
 
 void FileWriter::finish() {
   if (bytes_ % chunk_bytes_ != 0) crcs_.push_back(crc_);
-  if (::fsync(fd_) != 0) throw IoError("checkpoint: cannot fsync", path_, 0, bytes_, errno);
-  const int rc = ::close(fd_);
-  fd_ = -1;
-  if (rc != 0) throw IoError("checkpoint: cannot close", path_, 0, bytes_, errno);
+  if (::fsync(fd_.get()) != 0) throw IoError("checkpoint: cannot fsync", path_, 0, bytes_, errno);
+  if (const int error = fd_.close()) throw IoError("checkpoint: cannot close", path_, 0, bytes_, error);
 }
 
 }  // namespace zest::checkpoint

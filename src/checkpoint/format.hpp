@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/files.hpp"
 #include "zest/dtype.hpp"
 
 namespace zest::checkpoint {
@@ -128,13 +129,12 @@ class Directory {
  public:
   // Opens the directory at `path`; a symbolic link there is refused (O_NOFOLLOW). Throws IoError.
   explicit Directory(std::string path);
-  ~Directory();
-  Directory(Directory&& other) noexcept;
+  Directory(Directory&& other) noexcept = default;
   Directory& operator=(Directory&&) = delete;
   Directory(const Directory&) = delete;
   Directory& operator=(const Directory&) = delete;
 
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   const std::string& path() const { return path_; }  // as opened, for messages
   std::string path_of(const std::string& name) const { return join(path_, name); }
   FileIdentity identity() const { return identity_; }
@@ -144,7 +144,7 @@ class Directory {
 
  private:
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
   FileIdentity identity_;
   unsigned owner_ = 0;
 };
@@ -160,7 +160,7 @@ void write_file_synced(const std::string& path, const void* data, std::size_t by
 void write_file_synced(const Directory& dir, const std::string& name, const void* data, std::size_t bytes);
 // Opens `path` for reading; throws Error, without opening it, unless it is a regular file (a FIFO
 // would block the reader forever, a device would never end). `what` names it in the error.
-int open_regular_file(const std::string& path, const std::string& what);
+UniqueFd open_regular_file(const std::string& path, const std::string& what);
 // The whole of a regular file of at most `max_bytes` (else Error, before reading it).
 std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what);
 // The same for `name` in `dir`, where a symbolic link is refused like any other non-regular file.
@@ -179,7 +179,6 @@ class FileWriter {
  public:
   explicit FileWriter(std::string path, std::uint64_t chunk_bytes = kChunkBytes);
   FileWriter(const Directory& dir, const std::string& name, std::uint64_t chunk_bytes = kChunkBytes);
-  ~FileWriter();
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
   void append(const void* data, std::size_t bytes);
@@ -194,7 +193,7 @@ class FileWriter {
 
   std::string path_;
   std::uint64_t chunk_bytes_;
-  int fd_ = -1;
+  UniqueFd fd_;
   FileIdentity identity_;
   std::uint64_t bytes_ = 0;
   std::uint32_t crc_ = 0;  // of the chunk being written

@@ -27,11 +27,10 @@ namespace fs = std::filesystem;
 // Whether the regular file at `path` begins as every safetensors file consolidate writes. Reads
 // only those first bytes (it is opened non-blocking, though a regular file never blocks).
 bool written_by_zest(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd) return false;
   std::string head(sizeof(std::uint64_t) + kZestHeaderStart.size(), '\0');
-  const ssize_t n = ::pread(fd, head.data(), head.size(), 0);
-  ::close(fd);
+  const ssize_t n = ::pread(fd.get(), head.data(), head.size(), 0);
   return n == static_cast<ssize_t>(head.size()) && head.compare(sizeof(std::uint64_t), std::string::npos, kZestHeaderStart) == 0;
 }
 

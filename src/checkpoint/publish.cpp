@@ -174,13 +174,13 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
   std::vector<char> chunk;
   for (const StateFile& file : files) {
     const std::string path = dir.path_of(file.name);
-    const int fd = ::openat(dir.fd(), file.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
+    const UniqueFd fd(::openat(dir.fd(), file.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!fd) {
       problems.push_back(path + (errno == ENOENT ? ": missing" : std::string(": cannot be opened (") + std::strerror(errno) + ")"));
       continue;
     }
     struct stat info {};
-    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    if (::fstat(fd.get(), &info) != 0 || !S_ISREG(info.st_mode)) {
       problems.push_back(path + ": not a regular file");
     } else if (static_cast<std::uint64_t>(info.st_size) != file.bytes) {
       problems.push_back(path + ": " + std::to_string(info.st_size) + " bytes, the manifest says " + std::to_string(file.bytes));
@@ -189,7 +189,7 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
       for (std::size_t c = 0; c < file.chunk_crcs.size(); ++c) {
         const std::uint64_t at = c * chunk_bytes;
         const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, file.bytes - at));
-        const ssize_t got = ::pread(fd, chunk.data(), length, static_cast<off_t>(at));
+        const ssize_t got = ::pread(fd.get(), chunk.data(), length, static_cast<off_t>(at));
         if (got != static_cast<ssize_t>(length) || offload::crc32c(chunk.data(), length) != file.chunk_crcs[c]) {
           problems.push_back(path + ": chunk " + std::to_string(c) + " at byte " + std::to_string(at) +
                              (got == static_cast<ssize_t>(length) ? " does not match its checksum" : " cannot be read back"));
@@ -197,7 +197,6 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
         }
       }
     }
-    ::close(fd);
   }
   return problems;
 }

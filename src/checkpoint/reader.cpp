@@ -40,10 +40,6 @@ Reader::Reader(std::string dir) : dir_(std::move(dir)) {
     std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) { return x.lo < y.lo; });
 }
 
-Reader::~Reader() {
-  for (const auto& [key, fd] : fds_) ::close(fd);
-}
-
 std::string Reader::path(int rank, StateKind state) const {
   return join(dir_, manifest_.ranks.at(static_cast<std::size_t>(rank)).files[static_cast<std::size_t>(state)].name);
 }
@@ -70,14 +66,10 @@ void Reader::check_files(std::optional<StateKind> only) const {
 
 int Reader::fd(int rank, StateKind state) {
   const auto key = std::make_pair(rank, static_cast<int>(state));
-  if (auto it = fds_.find(key); it != fds_.end()) return it->second;
-  if (fds_.size() >= kMaxOpenFiles) {
-    ::close(fds_.begin()->second);
-    fds_.erase(fds_.begin());
-  }
-  const int fd = open_regular_file(path(rank, state), std::string("checkpoint ").append(dir_).append(": rank file"));
-  fds_[key] = fd;
-  return fd;
+  if (auto it = fds_.find(key); it != fds_.end()) return it->second.get();
+  if (fds_.size() >= kMaxOpenFiles) fds_.erase(fds_.begin());
+  return (fds_[key] = open_regular_file(path(rank, state), std::string("checkpoint ").append(dir_).append(": rank file")))
+      .get();
 }
 
 std::size_t Reader::load_chunk(int rank, StateKind state, std::size_t index, char* into) {

@@ -21,7 +21,6 @@ class Reader {
   // Reads the manifest and checks that its ranges cover every tensor exactly once. Throws Error
   // (a damaged or unreadable manifest, a newer format) or IoError (no manifest) naming the path.
   explicit Reader(std::string dir);
-  ~Reader();
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
 
@@ -70,7 +69,7 @@ class Reader {
   std::string dir_;
   Manifest manifest_;
   std::vector<std::vector<Piece>> pieces_;  // per tensor, in element order
-  std::map<std::pair<int, int>, int> fds_;  // (rank, state) -> open file, at most kMaxOpenFiles
+  std::map<std::pair<int, int>, UniqueFd> fds_;  // (rank, state) -> open file, at most kMaxOpenFiles
   std::vector<char> chunk_;                 // the last chunk read through it, verified
   std::vector<char> raw_;                   // compact values on their way to fp32, a slice at a time
   std::vector<float> scales_;               // the int8 scales of that slice

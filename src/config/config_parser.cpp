@@ -3,8 +3,6 @@
 // zest::validate) checks ranges and the settings together. Every problem is collected, and one ConfigError carries them all, so a user
 // fixes a file in one pass.
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -33,6 +31,7 @@
 #include "config/size_parse.hpp"
 #include "zest/config.hpp"
 #include "zest/error.hpp"
+#include "base/files.hpp"
 #include "base/text.hpp"
 
 namespace zest {
@@ -737,63 +736,32 @@ ConfigError unreadable(const std::string& path, int error) {
   return file_problem(path, std::move(message));
 }
 
-std::string file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 std::string too_large(const std::string& size) {
   std::string message = "the file is ";
   message.append(size).append(", above the ").append(format_size(kMaxConfigFileBytes));
   return message.append(" limit for a config file (a config is a few KiB); check the path");
 }
 
-// Reads a config file without blocking or growing without bound: a FIFO would block a plain
-// open() until a writer comes and /dev/zero never ends, so the file is opened non-blocking,
-// must be a regular file, and is read up to the size limit.
+// A config file read whole, as base/files.hpp reads: never blocking on a FIFO, never reading a
+// device, never past the size limit.
 std::string read_config_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) throw unreadable(path, errno);
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw unreadable(path, error);
+  FileProblem problem;
+  UniqueFd fd = open_regular(AT_FDCWD, path, true, problem);
+  std::string text = fd ? read_whole(fd.get(), kMaxConfigFileBytes, problem) : std::string();
+  switch (problem.kind) {
+    case FileProblem::Kind::none:
+      return text;
+    case FileProblem::Kind::system:
+      throw unreadable(path, problem.error);
+    case FileProblem::Kind::not_regular:
+      throw file_problem(path, std::string("cannot read the config file: it is ").append(problem.file_kind)
+                                   .append(", not a regular file; point at a YAML file"));
+    case FileProblem::Kind::too_large:
+      throw file_problem(path, too_large(std::to_string(problem.size) + " bytes"));
+    case FileProblem::Kind::grew:
+      break;
   }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    std::string message = "cannot read the config file: it is ";
-    message.append(file_kind(info.st_mode)).append(", not a regular file; point at a YAML file");
-    throw file_problem(path, std::move(message));
-  }
-  if (static_cast<std::size_t>(info.st_size) > kMaxConfigFileBytes) {
-    ::close(fd);
-    throw file_problem(path, too_large(std::to_string(info.st_size) + " bytes"));
-  }
-  std::string text;
-  char buffer[16 * 1024];
-  for (;;) {
-    const ssize_t got = ::read(fd, buffer, sizeof buffer);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
-      const int error = errno;
-      ::close(fd);
-      throw unreadable(path, error);
-    }
-    if (got == 0) break;
-    text.append(buffer, static_cast<std::size_t>(got));
-    // The file may grow while it is read.
-    if (text.size() > kMaxConfigFileBytes) {
-      ::close(fd);
-      throw file_problem(path, too_large("more than " + format_size(kMaxConfigFileBytes)));
-    }
-  }
-  ::close(fd);
-  return text;
+  throw file_problem(path, too_large("more than " + format_size(kMaxConfigFileBytes)));
 }
 
 // Collects validate's findings: no file position, since a Config built in code has no file.
