@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "optim/adam_math.hpp"
 #include "runtime/stream_span.hpp"
@@ -16,6 +17,17 @@ constexpr const char* kRemedy = "call grads_ready(group) once a group's gradient
                                 "for those of more groups";
 
 }  // namespace
+
+BucketState checked_move(BucketState from, BucketState to) {
+  static constexpr const char* kNames[] = {"idle", "filling", "sealed"};
+  const bool follows = (from == BucketState::idle && to == BucketState::filling) ||
+                       (from == BucketState::filling && to == BucketState::sealed) ||
+                       (from == BucketState::sealed && to == BucketState::idle);
+  if (!follows)
+    throw Error(std::string("GradBuckets: a bucket went from ").append(kNames[static_cast<int>(from)]).append(" to ")
+                    .append(kNames[static_cast<int>(to)]).append(": an internal error of zest's; please report it"));
+  return to;
+}
 
 GradBucketsOptions grad_buckets_options(const Config& config) {
   return {config.stage, config.precision.dtype, config.buckets.overlap_comm, config.gradient_accumulation_steps,
@@ -62,14 +74,9 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
   limit_ = plan.bucket_fill;
   smallest_group_ = layout.group(0).padded;
   for (int g = 1; g < layout.group_count(); ++g) smallest_group_ = std::min(smallest_group_, layout.group(g).padded);
-  staging_of_.assign(groups, -1);
-  staged_at_.assign(groups, 0);
-  in_place_.assign(groups, false);
+  groups_.resize(groups);
   asked_.assign(layout.tensor_count(), false);
   read_ = device.create_event();
-  accumulated_.assign(groups, false);
-  summed_.assign(groups, false);
-  reductions_.assign(groups, 0);
   final_now_.reserve(groups);
   if (host_grads_ || device.host_accessible()) {
     group_stats_math_ = host_grads_ ? host_math_ : &math_;
@@ -77,7 +84,6 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
     for (int g = 0; g < layout.group_count(); ++g)
       group_spans_[static_cast<std::size_t>(g)] = {reduced(g), layout.group(g).shard};
     group_stats_.resize(groups);
-    stats_done_.assign(groups, false);
     stats_order_.reserve(groups);
   }
   // Zeros where the step reads before anything is written: unwritten gradients, padding.
@@ -90,22 +96,23 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
 char* GradBuckets::grad(std::size_t t) {
   const TensorPlace& tensor = layout_.tensor(t);
   const int g = tensor.group;
-  const auto gi = static_cast<std::size_t>(g);
-  if (in_place_[gi] || (staging_of_[gi] < 0 && writes_in_place(g))) {
+  const GroupState& group = groups_[static_cast<std::size_t>(g)];
+  if (group.in_place || (group.slot < 0 && writes_in_place(g))) {
     asked_[t] = true;
     return grad_in_place(g) + bytes(tensor.offset);
   }
-  if (staging_of_[gi] < 0) place(g);
-  const Slot& slot = slots_[static_cast<std::size_t>(staging_of_[gi])];
-  return static_cast<char*>(slot.buffer.data()) + bytes(staged_at_[gi] + tensor.offset);
+  if (group.slot < 0) place(g);
+  const Slot& slot = slots_[static_cast<std::size_t>(group.slot)];
+  return static_cast<char*>(slot.buffer.data()) + bytes(group.staged_at + tensor.offset);
 }
 
 char* GradBuckets::grad_in_place(int g) {
-  if (!in_place_[static_cast<std::size_t>(g)]) {
+  GroupState& group = groups_[static_cast<std::size_t>(g)];
+  if (!group.in_place) {
     // The last step may still be reading the accumulated gradient on the comm stream.
     if (!read_waited_) read_->synchronize();
     read_waited_ = true;
-    in_place_[static_cast<std::size_t>(g)] = true;
+    group.in_place = true;
   }
   return accumulated() + bytes(shard_at(g));
 }
@@ -116,12 +123,16 @@ void GradBuckets::place(int g) {
   if (open_ >= 0 && buckets_[static_cast<std::size_t>(open_)].used + need > limit_) seal(open_);
   // A free slot is all zeros (zeroed after each reduction, on the comm stream), so padding and
   // tensors the trainer leaves unwritten reduce as zeros.
-  if (open_ < 0) open_ = slots_.take(g);
+  if (open_ < 0) {
+    open_ = slots_.take(g);
+    Bucket& opened = buckets_[static_cast<std::size_t>(open_)];
+    opened.state = checked_move(opened.state, BucketState::filling);
+  }
   const int slot = open_;
   Bucket& b = buckets_[static_cast<std::size_t>(slot)];
   b.entries.push_back({g, b.used});
-  staging_of_[static_cast<std::size_t>(g)] = slot;
-  staged_at_[static_cast<std::size_t>(g)] = b.used;
+  groups_[static_cast<std::size_t>(g)].slot = slot;
+  groups_[static_cast<std::size_t>(g)].staged_at = b.used;
   b.used += need;
   ++b.writing;
   // No group fits in what is left: reduce as soon as the groups in it are ready, not at the next
@@ -131,34 +142,35 @@ void GradBuckets::place(int g) {
 
 void GradBuckets::seal(int slot) {
   Bucket& b = buckets_[static_cast<std::size_t>(slot)];
-  b.sealed = true;
+  b.state = checked_move(b.state, BucketState::sealed);
   if (open_ == slot) open_ = -1;
   if (b.writing == 0) reduce(slot);
 }
 
 void GradBuckets::ready(int g) {
-  if (in_place_[static_cast<std::size_t>(g)]) return ready_in_place(g);
-  const int slot = staging_of_[static_cast<std::size_t>(g)];
-  staging_of_[static_cast<std::size_t>(g)] = -1;
-  accumulated_[static_cast<std::size_t>(g)] = true;
+  GroupState& group = groups_[static_cast<std::size_t>(g)];
+  if (group.in_place) return ready_in_place(g);
+  const int slot = std::exchange(group.slot, -1);
+  group.accumulated = true;
   Bucket& b = buckets_[static_cast<std::size_t>(slot)];
-  if (--b.writing == 0 && b.sealed) reduce(slot);
+  if (--b.writing == 0 && b.state == BucketState::sealed) reduce(slot);
 }
 
 // What a bucket's reduction would leave in a world of one: the group's sum in the accumulated
 // gradient, zeros for the tensors not written (a free bucket is all zeros, and so is the padding,
 // which nothing writes).
 void GradBuckets::ready_in_place(int g) {
-  in_place_[static_cast<std::size_t>(g)] = false;
+  GroupState& state = groups_[static_cast<std::size_t>(g)];
+  state.in_place = false;
   const GroupPlace& group = layout_.group(g);
   for (std::size_t t = group.first_tensor; t < group.end_tensor; ++t) {
     const TensorPlace& tensor = layout_.tensor(t);
     if (!asked_[t]) clear_accumulated(accumulated() + bytes(shard_at(g) + tensor.offset), tensor.numel);
     asked_[t] = false;
   }
-  accumulated_[static_cast<std::size_t>(g)] = true;
-  summed_[static_cast<std::size_t>(g)] = true;
-  if (++reductions_[static_cast<std::size_t>(g)] >= micro_batches_) group_stats(g);
+  state.accumulated = true;
+  state.summed = true;
+  if (++state.reductions >= micro_batches_) group_stats(g);
 }
 
 // After the group's last reduction of the step (or a further one: a trainer's extra micro-batch
@@ -167,7 +179,7 @@ void GradBuckets::group_stats(int g) {
   if (group_stats_math_ == nullptr) return;
   group_stats_math_->grad_stats({&group_spans_[static_cast<std::size_t>(g)], 1}, dtype_,
                                 &group_stats_[static_cast<std::size_t>(g)], stream_);
-  stats_done_[static_cast<std::size_t>(g)] = true;
+  groups_[static_cast<std::size_t>(g)].stats_done = true;
 }
 
 void GradBuckets::flush() {
@@ -180,7 +192,7 @@ void GradBuckets::flush() {
   // A group without a gradient this step is stepped with zeros (momentum decays, weight decay
   // applies); what the accumulated gradient holds there is the last step's.
   for (int g = 0; g < layout_.group_count(); ++g)
-    if (!accumulated_[static_cast<std::size_t>(g)])
+    if (!groups_[static_cast<std::size_t>(g)].accumulated)
       clear_accumulated(accumulated() + bytes(shard_at(g)), layout_.group(g).shard);
 }
 
@@ -239,11 +251,11 @@ void GradBuckets::reduce(int slot) {
     final_now_.clear();
     for (std::size_t i = 0; i < b.entries.size(); ++i) {
       const Bucket::Entry& e = b.entries[i];
-      const int reductions = ++reductions_[static_cast<std::size_t>(e.group)];
+      GroupState& group = groups_[static_cast<std::size_t>(e.group)];
+      const int reductions = ++group.reductions;
       if (watcher_ && reductions > micro_batches_) watcher_->changing(e.group);
       if (reductions == micro_batches_) final_now_.push_back(e.group);
-      const bool first = !summed_[static_cast<std::size_t>(e.group)];
-      summed_[static_cast<std::size_t>(e.group)] = true;
+      const bool first = !std::exchange(group.summed, true);
       accumulate(accumulated() + bytes(shard_at(e.group)), parts_[i], layout_.group(e.group).shard, first, landed);
       if (reductions >= micro_batches_) group_stats(e.group);
     }
@@ -256,7 +268,7 @@ void GradBuckets::reduce(int slot) {
   slots_.give_back(slot);
   b.entries.clear();
   b.used = 0;
-  b.sealed = false;
+  b.state = checked_move(b.state, BucketState::idle);
   if (!overlap_) stream_.synchronize();
 }
 
@@ -282,14 +294,14 @@ void GradBuckets::grad_stats(GradStatsScalars* out) {
   if (group_stats_math_ == nullptr) {
     spans_.clear();
     for (int g = 0; g < layout_.group_count(); ++g)
-      if (accumulated_[static_cast<std::size_t>(g)]) spans_.push_back({reduced(g), layout_.group(g).shard});
+      if (groups_[static_cast<std::size_t>(g)].accumulated) spans_.push_back({reduced(g), layout_.group(g).shard});
     return math_.grad_stats(spans_, dtype_, out, stream_);
   }
   // Groups reduced fewer times than gradient_accumulation_steps have none yet.
   stats_order_.clear();
   for (int g = 0; g < layout_.group_count(); ++g) {
-    if (!accumulated_[static_cast<std::size_t>(g)]) continue;
-    if (!stats_done_[static_cast<std::size_t>(g)]) group_stats(g);
+    if (!groups_[static_cast<std::size_t>(g)].accumulated) continue;
+    if (!groups_[static_cast<std::size_t>(g)].stats_done) group_stats(g);
     stats_order_.push_back(g);
   }
   // A host shard's statistics reach the device's scalars, over which the ranks agree, by a copy.
@@ -308,16 +320,16 @@ void GradBuckets::grad_stats(GradStatsScalars* out) {
 }
 
 bool GradBuckets::any_grad() const {
-  return std::any_of(accumulated_.begin(), accumulated_.end(), [](bool a) { return a; });
+  return std::any_of(groups_.begin(), groups_.end(), [](const GroupState& g) { return g.accumulated; });
 }
 
 // Nothing is cleared: each group's next reduction (or write in place) overwrites its accumulated
 // gradient, and flush() clears those of groups that get none.
 void GradBuckets::end_step() {
-  std::fill(accumulated_.begin(), accumulated_.end(), false);
-  std::fill(summed_.begin(), summed_.end(), false);
-  std::fill(reductions_.begin(), reductions_.end(), 0);
-  std::fill(stats_done_.begin(), stats_done_.end(), false);
+  for (GroupState& g : groups_) {
+    g.accumulated = g.summed = g.stats_done = false;
+    g.reductions = 0;
+  }
   stream_.record(*read_);
   read_waited_ = false;
 }

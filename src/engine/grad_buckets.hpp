@@ -53,6 +53,12 @@ class ShardWatcher {
   virtual void changing(int g) = 0;
 };
 
+// A bucket's life: idle (free, all zeros) -> filling (grad() places groups in it) -> sealed (takes
+// no more groups; reduced as soon as none is being written) -> idle (the reduction frees it).
+enum class BucketState { idle, filling, sealed };
+// `to`, where it follows `from`; otherwise throws Error (an internal error of zest's).
+BucketState checked_move(BucketState from, BucketState to);
+
 // What GradBuckets takes from the config.
 struct GradBucketsOptions {
   int stage = 0;
@@ -79,9 +85,7 @@ class GradBuckets {
   // gradient itself (there is nothing to reduce: no bucket, no copy out of it, no clearing of it).
   // Either way a tensor of the group not asked for before ready() counts as a zero gradient.
   char* grad(std::size_t t);
-  bool requested(int g) const {
-    return staging_of_[static_cast<std::size_t>(g)] >= 0 || in_place_[static_cast<std::size_t>(g)];
-  }
+  bool requested(int g) const { return groups_[static_cast<std::size_t>(g)].being_written(); }
   // The group's gradient is complete: its bucket is reduced once every group in it is.
   void ready(int g);
   // step(): throws Error when a group's gradient was requested and not marked ready; otherwise the
@@ -122,9 +126,7 @@ class GradBuckets {
   // grad()'s in a world of one: the group's first contribution of a step goes to its accumulated
   // gradient. Not for a host shard (plan.grads_on_host): the trainer writes device memory, which a
   // bucket carries to the host.
-  bool writes_in_place(int g) const {
-    return comm_.size() == 1 && !host_grads_ && !summed_[static_cast<std::size_t>(g)];
-  }
+  bool writes_in_place(int g) const { return comm_.size() == 1 && !host_grads_ && !groups_[static_cast<std::size_t>(g)].summed; }
   char* grad_in_place(int g);
   void ready_in_place(int g);
   // Zeroes `elements` of the accumulated gradient at `at`, on the comm stream.
@@ -139,6 +141,19 @@ class GradBuckets {
   void accumulate(char* dst, const char* src, std::size_t count, bool first, std::size_t& landed);
   char* accumulated() const { return host_grads_ ? host_grads_.as<char>() : grads_.as<char>(); }
 
+  // A group's gradient in this step: where this micro-batch's is being written, and what of it the
+  // accumulated gradient holds.
+  struct GroupState {
+    int slot = -1;              // the bucket it is being written to, or -1
+    std::size_t staged_at = 0;  // its offset in that bucket, elements
+    bool in_place = false;      // being written in the accumulated gradient (grad_in_place)
+    bool accumulated = false;   // has a gradient this step
+    bool summed = false;        // the accumulated gradient holds its reduced sum: the next one adds to it
+    int reductions = 0;         // reductions enqueued this step
+    bool stats_done = false;    // group_stats_ holds this step's
+    bool being_written() const { return slot >= 0 || in_place; }
+  };
+
   // The groups whose gradients share one bucket and are reduced by one collective.
   struct Bucket {
     struct Entry {
@@ -148,7 +163,7 @@ class GradBuckets {
     std::vector<Entry> entries;  // in the order grad() placed them; a group twice for two micro-batches
     std::size_t used = 0;        // elements
     int writing = 0;             // entries whose ready() has not come yet
-    bool sealed = false;         // takes no more groups: reduced as soon as writing is 0
+    BucketState state = BucketState::idle;
   };
   // Runs the bucket's collective; parts_ then holds where this rank's reduced part of each entry is.
   void collect(const Bucket& b, char* data);
@@ -181,15 +196,10 @@ class GradBuckets {
   int open_ = -1;                // the slot grad() places the next group in, or -1
   std::size_t limit_ = 0;        // elements: buckets.reduce; a larger group fills a bucket alone
   std::size_t smallest_group_ = 0;  // elements: a bucket with less room left is full
-  std::vector<int> staging_of_;     // group -> slot its gradient is being written to, or -1
-  std::vector<std::size_t> staged_at_;  // group -> its offset in that slot, elements
-  std::vector<bool> in_place_;      // group -> being written in the accumulated gradient (grad_in_place)
+  std::vector<GroupState> groups_;  // per group
   std::vector<bool> asked_;         // tensor -> grad() asked for it since its group's grad_in_place
   std::unique_ptr<Event> read_;     // recorded after the last step's reads of the accumulated gradient
   bool read_waited_ = false;        // grad_in_place waited for read_ since then
-  std::vector<bool> accumulated_;   // group -> has a gradient this step
-  std::vector<bool> summed_;        // group -> grads_ holds its reduced sum: the next one adds to it
-  std::vector<int> reductions_;     // group -> reductions enqueued this step
   const int micro_batches_;         // gradient_accumulation_steps
   ShardWatcher* watcher_ = nullptr;
   std::vector<int> final_now_;      // reduce()'s: the groups the bucket made final, reserved
@@ -198,7 +208,6 @@ class GradBuckets {
   DeviceMath* group_stats_math_ = nullptr;
   std::vector<GradSpan> group_spans_;          // group -> its reduced shard, for that math's tasks
   std::vector<GradStatsScalars> group_stats_;  // group -> its statistics, written on the stream
-  std::vector<bool> stats_done_;               // group -> group_stats_ holds this step's
   std::vector<int> stats_order_;               // grad_stats's: the groups summed, reserved
 };
 

@@ -298,5 +298,23 @@ TEST(GradBucketsRefusals, AThirdBucketWhileTwoAreBeingWritten) {
   rig.stream->synchronize();
 }
 
+// A bucket's life is idle -> filling -> sealed -> idle; any other move is zest's own bug, refused
+// loudly instead of reducing a bucket twice or reusing one still being written.
+TEST(BucketState, OnlyTheLifeCycleMovesAreTaken) {
+  using S = BucketState;
+  EXPECT_EQ(checked_move(S::idle, S::filling), S::filling);
+  EXPECT_EQ(checked_move(S::filling, S::sealed), S::sealed);
+  EXPECT_EQ(checked_move(S::sealed, S::idle), S::idle);
+  for (const auto& [from, to] : {std::pair{S::idle, S::sealed}, std::pair{S::filling, S::idle},
+                                 std::pair{S::sealed, S::filling}, std::pair{S::filling, S::filling}}) {
+    try {
+      checked_move(from, to);
+      ADD_FAILURE() << static_cast<int>(from) << " -> " << static_cast<int>(to);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("an internal error"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zest::engine
