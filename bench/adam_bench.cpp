@@ -76,7 +76,10 @@ struct Array {
     const std::size_t align = std::size_t{2} << 20;
     bytes = (bytes + align - 1) / align * align;
     data = std::aligned_alloc(align, bytes);
-    if (data == nullptr) throw Error(std::string("zest bench adam: cannot allocate ").append(std::to_string(bytes)).append(" bytes; pass a smaller --params"));
+    if (data == nullptr)
+      throw Error(std::string("zest bench adam: cannot allocate ")
+                      .append(std::to_string(bytes))
+                      .append(" bytes; pass a smaller --params"));
     madvise(data, bytes, MADV_HUGEPAGE);  // advice only: without THP the bench still runs
     std::memset(data, 0, bytes);
   }
@@ -262,7 +265,8 @@ int bench_adam(int argc, char** argv) {
       std::array<std::vector<double>, 3> t_peer;
     };
     std::vector<Arm> arms;
-    for (const long long t : with_peers && !threads_given ? std::vector<long long>{1, 0} : std::vector<long long>{threads}) {
+    for (const long long t :
+         with_peers && !threads_given ? std::vector<long long>{1, 0} : std::vector<long long>{threads}) {
       Arm& arm = arms.emplace_back();
       arm.ours = std::make_unique<optim::CpuAdam>(hp, static_cast<int>(t));
       arm.scalar = std::make_unique<optim::CpuAdam>(hp, static_cast<int>(t), std::vector<int>{}, optim::Isa::scalar);
@@ -287,7 +291,8 @@ int bench_adam(int argc, char** argv) {
       }
     }
     const std::span<float> ps(p.as<float>(), n), ms(m.as<float>(), compact ? 0 : n), vs(v.as<float>(), compact ? 0 : n);
-    Array m_scales(blocks * 4), v_scales(blocks * 4), m_scales2(ahead ? blocks * 4 : 0), v_scales2(ahead ? blocks * 4 : 0);
+    Array m_scales(blocks * 4), v_scales(blocks * 4), m_scales2(ahead ? blocks * 4 : 0),
+        v_scales2(ahead ? blocks * 4 : 0);
     const StatesFormat format = int8 ? StatesFormat::int8 : compact ? StatesFormat::bf16 : StatesFormat::f32;
     const optim::CpuAdam::CompactStates cs{format, m.data, v.data, n, m_scales.as<float>(), v_scales.as<float>()};
     const optim::ConstTensorSpan gs{g.data, mode->grad, n};

@@ -182,7 +182,8 @@ std::array<std::vector<float>, 3> AdamPeers::check(std::size_t count, int steps)
   for (std::size_t i = 0; i < values.size(); ++i) {
     const std::string answer = i == 0 ? request("check " + std::to_string(count) + " " + std::to_string(steps))
                                       : read_line();
-    if (answer.rfind("values", 0) != 0) throw Error("--peers: unexpected answer from the peers: " + answer.substr(0, 200));
+    if (answer.rfind("values", 0) != 0)
+      throw Error("--peers: unexpected answer from the peers: " + answer.substr(0, 200));
     if (answer == "values unavailable") continue;
     const char* p = answer.c_str() + 6;
     for (char* end = nullptr;; p = end) {

@@ -62,7 +62,8 @@ class SyncLoop {
     if (fd_ < 0 && errno == EINVAL) fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd_ < 0) throw IoError("zest bench io: cannot create the baseline file", path_, 0, 0, errno);
     if (::fallocate(fd_, 0, 0, static_cast<off_t>(bytes)) != 0)
-      throw IoError("zest bench io: cannot reserve the baseline file (is there twice --size free?)", path_, 0, bytes, errno);
+      throw IoError("zest bench io: cannot reserve the baseline file (is there twice --size free?)", path_, 0, bytes,
+                    errno);
   }
   ~SyncLoop() {
     ::close(fd_);
@@ -214,8 +215,9 @@ int bench_io(int argc, char** argv) {
     } else {
       std::printf("zest bench io: %s, %.2f GiB, %s blocks, queue depth %d x %d ring(s), %s%s, median of %lld\n",
                   store.location().c_str(), static_cast<double>(total) / static_cast<double>(std::size_t{1} << 30),
-                  format_size(io.block_size).c_str(), io.queue_depth, io.threads, store.direct() ? "O_DIRECT" : "buffered (O_DIRECT refused)",
-                  fixed ? ", registered buffers" : "", reps);
+                  format_size(io.block_size).c_str(), io.queue_depth, io.threads,
+                  store.direct() ? "O_DIRECT" : "buffered (O_DIRECT refused)", fixed ? ", registered buffers" : "",
+                  reps);
       std::printf("  %-28s %12s %12s\n", "", "write GB/s", "read GB/s");
       std::printf("  %-28s %12.3f %12.3f\n", "NvmeStore (io_uring)", w / 1e9, r / 1e9);
       std::printf("  %-28s %12.3f %12.3f\n", "sync O_DIRECT pwrite/pread", sw / 1e9, sr / 1e9);

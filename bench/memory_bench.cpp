@@ -198,7 +198,8 @@ float max_over_ranks(Communicator& comm, Device& device, Stream& stream, float v
 
 // Byte counts travel in KiB: a float holds those exactly up to 16 TiB.
 std::size_t max_over_ranks(Communicator& comm, Device& device, Stream& stream, std::size_t bytes) {
-  return static_cast<std::size_t>(max_over_ranks(comm, device, stream, static_cast<float>((bytes + 1023) / 1024))) * 1024;
+  return static_cast<std::size_t>(max_over_ranks(comm, device, stream, static_cast<float>((bytes + 1023) / 1024))) *
+         1024;
 }
 
 class Progress {
@@ -208,7 +209,8 @@ class Progress {
     if (!leader_) return;
     constexpr int kWidth = 30;
     const int filled = kWidth * done / std::max(1, total_);
-    std::fprintf(stderr, "%s[%s%s] %d/%d %-50s%s", tty_ ? "\r" : "", std::string(static_cast<std::size_t>(filled), '#').c_str(),
+    std::fprintf(stderr, "%s[%s%s] %d/%d %-50s%s", tty_ ? "\r" : "",
+                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
                  std::string(static_cast<std::size_t>(kWidth - filled), '.').c_str(), done, total_, what.c_str(),
                  tty_ ? "" : "\n");
     if (tty_ && done == total_) std::fputc('\n', stderr);
@@ -392,7 +394,8 @@ Bound fits(Config config, const charlm::CharMlpShape& shape, std::size_t budget,
     }
   }
   // Every rank must agree, or the next trial's collectives would not match.
-  return static_cast<Bound>(static_cast<int>(max_over_ranks(comm, runtime.device(), stream, static_cast<float>(bound))));
+  return static_cast<Bound>(
+      static_cast<int>(max_over_ranks(comm, runtime.device(), stream, static_cast<float>(bound))));
 }
 
 FitRecord largest_fit(const Configuration& conf, const Config& config, charlm::CharMlpShape shape,
@@ -489,7 +492,8 @@ void write_peer_inputs(const std::string& dir, const Config& config, const train
       {"tensors", tensors}};
   const std::string json = description.dump(2) + "\n";
   checkpoint::write_file_synced((std::filesystem::path(dir) / "model.json").string(), json.data(), json.size());
-  checkpoint::write_file_synced((std::filesystem::path(dir) / "init.f32").string(), init.data(), init.size() * sizeof(float));
+  checkpoint::write_file_synced((std::filesystem::path(dir) / "init.f32").string(), init.data(),
+                                init.size() * sizeof(float));
   checkpoint::write_file_synced((std::filesystem::path(dir) / "batches.i32").string(), batches.data(),
                                 batches.size() * sizeof(charlm::Token));
   std::printf("zest bench memory: wrote the peers' inputs (%zu parameters, %d steps of %zu windows) to %s\n",
@@ -524,7 +528,8 @@ std::vector<MemoryRecord> read_peers(const std::string& path, std::size_t params
       if (r.ranks != ranks || r.params != params)
         throw Error(what + ": '" + r.name + "' ran " + std::to_string(r.params) + " parameters on " +
                     std::to_string(r.ranks) + " ranks, this run has " + std::to_string(params) + " on " +
-                    std::to_string(ranks) + ": write the inputs and run the peers again with the same --params and ranks");
+                    std::to_string(ranks) +
+                    ": write the inputs and run the peers again with the same --params and ranks");
       peers.push_back(r);
     }
   } catch (const YAML::Exception& e) {
@@ -545,7 +550,8 @@ void compare_to_ddp(std::vector<MemoryRecord>& records, DType dtype) {
   const auto torch_ddp = std::find_if(records.begin(), records.end(), [](const MemoryRecord& r) {
     return r.name == "torch DDP + AdamW" && r.error.empty();
   });
-  const std::optional<double> reference = torch_ddp == records.end() ? std::nullopt : std::optional(torch_ddp->final_loss);
+  const std::optional<double> reference =
+      torch_ddp == records.end() ? std::nullopt : std::optional(torch_ddp->final_loss);
   for (MemoryRecord& r : records) {
     if (!r.error.empty()) continue;
     r.ratio_to_ddp = static_cast<double>(r.peak_device_bytes) / static_cast<double>(ddp.peak_device_bytes);
@@ -571,10 +577,12 @@ int bench_memory(int argc, char** argv) {
       if (arg == "--config") o.config_path = args::path_of(argc, argv, i);
       // Above 10^9 parameters the char MLP's shape search and a CPU run take hours, not a benchmark.
       else if (arg == "--params") o.params = args::parse_count(arg, args::value_of(argc, argv, i), 1000, 1'000'000'000);
-      else if (arg == "--steps") o.steps = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 2, 1'000'000));
+      else if (arg == "--steps")
+        o.steps = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 2, 1'000'000));
       // The built-in config's buckets and working space alone take 3MiB.
       else if (arg == "--device-memory")
-        o.fit_budget = args::parse_size(arg, args::value_of(argc, argv, i), std::size_t{16} << 20, std::size_t{1} << 40);
+        o.fit_budget =
+            args::parse_size(arg, args::value_of(argc, argv, i), std::size_t{16} << 20, std::size_t{1} << 40);
       else if (arg == "--json") o.json = args::path_of(argc, argv, i);
       else if (arg == "--csv") o.csv = args::value_of(argc, argv, i);
       else if (arg == "--chart") o.chart = args::value_of(argc, argv, i);
@@ -582,7 +590,8 @@ int bench_memory(int argc, char** argv) {
       else if (arg == "--write-peer-inputs") o.write_peer_inputs = args::path_of(argc, argv, i);
       else if (arg == "--peers") o.peers = args::path_of(argc, argv, i);
       else if (arg == "--no-fit") o.fit = false;
-      else if (arg == "--fit-cap") o.fit_cap = args::parse_count(arg, args::value_of(argc, argv, i), 1000, 100'000'000'000);
+      else if (arg == "--fit-cap")
+        o.fit_cap = args::parse_count(arg, args::value_of(argc, argv, i), 1000, 100'000'000'000);
       else throw args::UsageError(std::string("invalid argument '").append(arg).append("'"));
     }
     // Every output is checked before the benchmark runs, not after.
@@ -663,7 +672,8 @@ int bench_memory(int argc, char** argv) {
       for (const std::size_t i : searched) {
         const Configuration& conf = configurations[i];
         progress.show(done++, "largest model for " + conf.name);
-        fit_records.push_back(largest_fit(conf, tuned, train.model, o.fit_budget, limits, swap.path(), runtime, *stream));
+        fit_records.push_back(
+            largest_fit(conf, tuned, train.model, o.fit_budget, limits, swap.path(), runtime, *stream));
       }
     }
     progress.show(done, "done");

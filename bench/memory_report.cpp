@@ -130,12 +130,15 @@ std::string format_host_table(const std::vector<MemoryRecord>& records) {
 }
 
 std::string format_wire_table(const std::vector<MemoryRecord>& records) {
-  std::string out = printf_string("\nbytes sent per rank per step, MiB (rank 0's last step; ZeRO's formula: 2 or 3 x the "
-                                  "parameters' bytes x (n-1)/n):\n%-42s %12s %12s %14s %10s\n",
-                                  "configuration", "sent", "across hosts", "ZeRO's formula", "vs formula");
+  std::string out = printf_string(
+      "\nbytes sent per rank per step, MiB (rank 0's last step; ZeRO's formula: 2 or 3 x the "
+      "parameters' bytes x (n-1)/n):\n%-42s %12s %12s %14s %10s\n",
+      "configuration", "sent", "across hosts", "ZeRO's formula", "vs formula");
   for (const MemoryRecord& r : records) {
     if (!r.error.empty() || r.peer()) continue;
-    const double vs = r.wire_formula_bytes > 0 ? static_cast<double>(r.wire_bytes) / static_cast<double>(r.wire_formula_bytes) - 1 : 0;
+    const double vs = r.wire_formula_bytes > 0
+                          ? static_cast<double>(r.wire_bytes) / static_cast<double>(r.wire_formula_bytes) - 1
+                          : 0;
     out += printf_string("%-42s %12.2f %12.2f %14.2f %+9.1f%%\n", r.name.c_str(), mib(r.wire_bytes),
                          mib(r.wire_across_bytes), mib(r.wire_formula_bytes), 100 * vs);
   }
@@ -199,7 +202,8 @@ std::string to_csv(const std::vector<MemoryRecord>& records) {
     out += printf_string(",%zu,%zu,%zu,%zu", r.start_host_rss_bytes, r.peak_host_rss_bytes, r.host_need_bytes,
                          r.estimate_pinned_bytes);
     std::string error = r.error;  // CSV quoting: a quote doubles
-    for (std::size_t at = error.find('"'); at != std::string::npos; at = error.find('"', at + 2)) error.insert(at, 1, '"');
+    for (std::size_t at = error.find('"'); at != std::string::npos; at = error.find('"', at + 2))
+      error.insert(at, 1, '"');
     out += ",\"" + r.system + "\",\"" + error + "\"," +
            (r.loss_difference_to_torch_ddp ? printf_string("%.6g,%s", *r.loss_difference_to_torch_ddp,
                                                            r.loss_matches_torch_ddp ? "true" : "false")
@@ -314,9 +318,11 @@ std::string to_svg(const std::vector<MemoryRecord>& records, const std::vector<F
   if (!fits.empty()) {
     std::vector<BarRow> sizes;
     for (const FitRecord& f : fits)
-      sizes.push_back({f.name, {{static_cast<double>(f.largest_params) / 1e6, 0}},
-                       printf_string("%s%.1fM (bound by %s)", f.at_least ? ">=" : "", static_cast<double>(f.largest_params) / 1e6,
-                                     f.bound.c_str()), ""});
+      sizes.push_back({f.name,
+                       {{static_cast<double>(f.largest_params) / 1e6, 0}},
+                       printf_string("%s%.1fM (bound by %s)", f.at_least ? ">=" : "",
+                                     static_cast<double>(f.largest_params) / 1e6, f.bound.c_str()),
+                       ""});
     charts += bar_chart(printf_string("Largest model that trains within %.0f MiB of device memory per rank",
                                       mib(fits.front().device_budget)),
                         "million parameters", sizes, {{"zest", "#4e79a7"}}, top);

@@ -123,7 +123,8 @@ std::size_t proc_status_bytes(const std::string& key) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind(key + ":", 0) == 0) return static_cast<std::size_t>(std::strtoull(line.c_str() + key.size() + 1, nullptr, 10)) * 1024;
+    if (line.rfind(key + ":", 0) == 0)
+      return static_cast<std::size_t>(std::strtoull(line.c_str() + key.size() + 1, nullptr, 10)) * 1024;
   }
   return 0;
 }
@@ -276,7 +277,8 @@ int parse(int argc, char** argv, Options& o) {
       else if (arg == "--buffers") o.buffers = count(2, 64);  // offload.optimizer.buffer_count's range
       else if (arg == "--reps") o.reps = count(1, 1000);
       else if (arg == "--io-size") o.io_gib = args::parse_number(arg, value(), 0.001, 16384);
-      else if (arg == "--sub-group") o.sub_group = args::parse_size(arg, value(), 768, 64 * kGiB);  // offload.sub_group's floor
+      else if (arg == "--sub-group")
+        o.sub_group = args::parse_size(arg, value(), 768, 64 * kGiB);  // offload.sub_group's floor
       else if (arg == "--device-memory") o.device_memory = args::parse_size(arg, value(), 16 << 20, 16384 * kGiB);
       else if (arg == "--bucket") o.bucket = args::parse_size(arg, value(), 4, 64 * kGiB);  // the buckets' floor
       else if (arg == "--allgather") o.allgather = args::parse_size(arg, value(), 4, 64 * kGiB);
@@ -291,7 +293,8 @@ int parse(int argc, char** argv, Options& o) {
         throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
       }
     }
-    if (o.on_device && o.on_host) throw args::UsageError("--optimizer-on-device and --optimizer-on-host exclude each other");
+    if (o.on_device && o.on_host)
+      throw args::UsageError("--optimizer-on-device and --optimizer-on-host exclude each other");
     if (o.overlap && o.on_device)
       throw args::UsageError("--overlap needs the whole optimizer offloaded: not with --optimizer-on-device");
     if (backward_auto && !o.overlap)
@@ -480,16 +483,19 @@ void report_overlap(const Options& o, const Config& config, const bench::StoreBa
     return;
   }
   const auto gb = [](double bytes) { return bytes / 1e9; };
-  const std::string states = nvme ? std::string("on NVMe in ").append(o.path).append(bw.direct ? " (O_DIRECT)" : " (buffered)")
-                                  : std::string("in pinned host memory");
+  const std::string states =
+      nvme ? std::string("on NVMe in ").append(o.path).append(bw.direct ? " (O_DIRECT)" : " (buffered)")
+           : std::string("in pinned host memory");
   std::printf("zest bench step --overlap: %zu params (%s, %d groups), %d rank(s), states %s, placement %s\n",
               run.numel, dtype.c_str(), run.groups, ranks, states.c_str(), placement);
-  std::printf("  engines today (overlap false) and overlapped (true) built in %.1f + %.1f s, weights set in %.1f + %.1f s%s\n",
-              today.setup_seconds, overlap.setup_seconds, today.set_param_seconds, overlap.set_param_seconds,
-              o.set_param ? "" : " (left zero: --no-set-param)");
+  std::printf(
+      "  engines today (overlap false) and overlapped (true) built in %.1f + %.1f s, weights set in %.1f + %.1f s%s\n",
+      today.setup_seconds, overlap.setup_seconds, today.set_param_seconds, overlap.set_param_seconds,
+      o.set_param ? "" : " (left zero: --no-set-param)");
   if (nvme)
-    std::printf("  store write %.3f GB/s, read %.3f GB/s: today's %.2f GB read + written per step -> disk-bound %.3f s\n",
-                gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s), gb(state_bytes), limit);
+    std::printf(
+        "  store write %.3f GB/s, read %.3f GB/s: today's %.2f GB read + written per step -> disk-bound %.3f s\n",
+        gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s), gb(state_bytes), limit);
   std::printf("  backward stand-in %.4f s (%s) over %d groups; measured median today %.4f s, overlapped %.4f s\n",
               run.backward, o.backward ? "--backward" : "auto: today's warm-up step()", run.groups,
               median(today.backward), median(overlap.backward));
@@ -688,7 +694,8 @@ int bench_step(int argc, char** argv) {
                                                   : std::make_unique<Runtime>(config);
     Runtime& runtime = *runtime_owner;
     if (o.shared_placement)
-      config.optimizer.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / runtime.world_size());
+      config.optimizer.threads =
+          std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / runtime.world_size());
     Communicator& comm = runtime.comm();
     const bool lead = runtime.rank() == 0;
     // Refuses an existing file before any work; recording starts anew before the timed steps.
@@ -715,15 +722,16 @@ int bench_step(int argc, char** argv) {
     comm.barrier();
     // Every rank at once, as in the step (they share the disk). The engine's store does not register
     // its staging buffers with the ring: measure that path.
-    const bench::StoreBandwidth bw =
-        o.on_device || o.on_host ? bench::StoreBandwidth{}
-                    : bench::measure_store_bandwidth(o.path, runtime.rank(), runtime.cpus(), io_bytes, config.io, o.reps,
-                                                     false);
+    const bench::StoreBandwidth bw = o.on_device || o.on_host
+                                         ? bench::StoreBandwidth{}
+                                         : bench::measure_store_bandwidth(o.path, runtime.rank(), runtime.cpus(),
+                                                                          io_bytes, config.io, o.reps, false);
 
     std::vector<ParamSpec> specs;
     const std::size_t per_group = o.params / static_cast<std::size_t>(o.groups);
     for (int g = 0; g < o.groups; ++g) {
-      const std::size_t n = g + 1 < o.groups ? per_group : o.params - per_group * static_cast<std::size_t>(o.groups - 1);
+      const std::size_t n =
+          g + 1 < o.groups ? per_group : o.params - per_group * static_cast<std::size_t>(o.groups - 1);
       specs.push_back({std::string("layer").append(std::to_string(g)), {n}, g});
     }
     if (o.overlap) {
@@ -736,7 +744,8 @@ int bench_step(int argc, char** argv) {
       }
       today_config = parse_config(to_yaml(today_config));
       overlap_config = parse_config(to_yaml(overlap_config));
-      const OverlapRun run = run_overlap(o, today_config, overlap_config, runtime, specs, trace_file ? &*trace_file : nullptr);
+      const OverlapRun run =
+          run_overlap(o, today_config, overlap_config, runtime, specs, trace_file ? &*trace_file : nullptr);
       comm.barrier();  // every rank's engines, and so their swap files, are gone
       today_directory.remove();
       overlap_directory.remove();

@@ -27,9 +27,9 @@ struct StoreBandwidth {
 };
 
 // Writes then reads `bytes` (rounded down to 64 MiB regions, at least one) `reps` times through a
-// fresh NvmeStore in `directory` (its file named for `rank`, its I/O thread pinned to `cpus`) with the io settings given (checksum off: the I/O path alone)
-// through 4 pinned buffers, registered with the ring when `register_buffers` (and the kernel
-// allows it); the store's file is removed afterwards. Throws IoError/SystemError/zest::Error.
+// fresh NvmeStore in `directory` (its file named for `rank`, its I/O thread pinned to `cpus`) with the io settings
+// given (checksum off: the I/O path alone) through 4 pinned buffers, registered with the ring when `register_buffers`
+// (and the kernel allows it); the store's file is removed afterwards. Throws IoError/SystemError/zest::Error.
 StoreBandwidth measure_store_bandwidth(const std::string& directory, int rank, const std::vector<int>& cpus,
                                        std::size_t bytes, IoConfig io, int reps, bool register_buffers);
 

@@ -54,12 +54,15 @@ class SectionReader {
     return [this, &target, min, max](const YAML::Node& node, const std::string& key) {
       try {
         const double value = node.as<double>();
-        if (value < min || value > max || (std::is_integral_v<T> && value != static_cast<double>(static_cast<long long>(value))))
-          return problem(node, key, "expected " + std::string(std::is_integral_v<T> ? "an integer" : "a number") +
-                                        " in [" + format(min) + ", " + format(max) + "], found '" + node.Scalar() + "'");
+        if (value < min || value > max ||
+            (std::is_integral_v<T> && value != static_cast<double>(static_cast<long long>(value))))
+          return problem(node, key,
+                         "expected " + std::string(std::is_integral_v<T> ? "an integer" : "a number") + " in [" +
+                             format(min) + ", " + format(max) + "], found '" + node.Scalar() + "'");
         target = static_cast<T>(value);
       } catch (const YAML::Exception&) {
-        problem(node, key, "expected a number, found '" + (node.IsScalar() ? node.Scalar() : std::string("a map or list")) + "'");
+        problem(node, key,
+                "expected a number, found '" + (node.IsScalar() ? node.Scalar() : std::string("a map or list")) + "'");
       }
     };
   }

@@ -110,19 +110,23 @@ class Trainer::Binding {
   charlm::GroupHooks hooks_;
 };
 
-Trainer::Trainer(const Config& config, const TrainConfig& train, const charlm::TextCorpus& corpus,
-                 Device& device, Communicator& comm, int blas_threads)
+Trainer::Trainer(const Config& config, const TrainConfig& train, const charlm::TextCorpus& corpus, Device& device,
+                 Communicator& comm, int blas_threads)
     : train_(train),
       accumulation_(config.gradient_accumulation_steps),
       corpus_(corpus),
       device_(device),
       comm_(comm),
-      model_([&] {
-        charlm::CharMlpShape shape = train.model;
-        shape.vocab = corpus.vocab_size();
-        return shape;
-      }(), std::max<std::size_t>(1, largest_slice(train.global_batch / static_cast<std::size_t>(config.gradient_accumulation_steps), comm.size())),
-             blas_threads),
+      model_(
+          [&] {
+            charlm::CharMlpShape shape = train.model;
+            shape.vocab = corpus.vocab_size();
+            return shape;
+          }(),
+          std::max<std::size_t>(
+              1, largest_slice(train.global_batch / static_cast<std::size_t>(config.gradient_accumulation_steps),
+                               comm.size())),
+          blas_threads),
       sampler_(corpus.tokens().size(), train.model.context, train.global_batch, train.seed) {
   if (train.global_batch % static_cast<std::size_t>(accumulation_) != 0)
     throw Error(std::string("train.global_batch (").append(std::to_string(train.global_batch))

@@ -57,7 +57,8 @@ std::vector<::torch::optim::OptimizerParamGroup> param_groups(const gpt::Gpt& mo
   std::vector<::torch::Tensor> decayed, plain;
   for (const auto& item : model->named_parameters()) {
     bool matched = false;
-    for (const std::string& pattern : no_decay) matched = matched || ::fnmatch(pattern.c_str(), item.key().c_str(), 0) == 0;
+    for (const std::string& pattern : no_decay)
+      matched = matched || ::fnmatch(pattern.c_str(), item.key().c_str(), 0) == 0;
     (matched ? plain : decayed).push_back(item.value());
   }
   const auto options = [&](double weight_decay) {
@@ -78,10 +79,11 @@ std::vector<::torch::optim::OptimizerParamGroup> param_groups(const gpt::Gpt& mo
                            int step, charlm::ExampleRange range, std::int64_t context) {
   std::vector<charlm::Token> tokens(range.count * sampler.window());
   sampler.gather(corpus.tokens(), static_cast<std::uint64_t>(step), range, tokens);
-  const auto windows = ::torch::from_blob(tokens.data(),
-                                          {static_cast<std::int64_t>(range.count), static_cast<std::int64_t>(sampler.window())},
-                                          ::torch::kInt)
-                           .to(::torch::kLong);
+  const auto windows =
+      ::torch::from_blob(tokens.data(),
+                         {static_cast<std::int64_t>(range.count), static_cast<std::int64_t>(sampler.window())},
+                         ::torch::kInt)
+          .to(::torch::kLong);
   const auto logits = model(windows.slice(1, 0, context));
   const auto targets = windows.slice(1, 1, context + 1);
   const auto sum = ::torch::nn::functional::cross_entropy(
@@ -163,7 +165,8 @@ int run_reference(const Config& config, const gpt::GptTrainConfig& train, const 
     optimizer->step();
     optimizer->zero_grad();
     if (schedule) schedule->step();
-    if (step % train.log_every == 0 || step == train.steps) std::printf("step %d loss %.7f\n", step, loss.item<double>());
+    if (step % train.log_every == 0 || step == train.steps)
+      std::printf("step %d loss %.7f\n", step, loss.item<double>());
   }
   if (!flags.dump_path.empty()) {
     DumpFile dump(flags.dump_path);
@@ -210,14 +213,15 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
     const LoadResult loaded = optimizer.load(flags.load_dir, schedule ? &*schedule : nullptr);
     first_step = loaded.steps + 1;
     if (leader)
-      std::printf("zest-gpt: resumed from %s after step %lld\n", flags.load_dir.c_str(), static_cast<long long>(loaded.steps));
+      std::printf("zest-gpt: resumed from %s after step %lld\n", flags.load_dir.c_str(),
+                  static_cast<long long>(loaded.steps));
   }
   // This rank's slice of the global batch, in gradient_accumulation_steps micro-batches (one
   // backward each; zest adds their gradients up). Clipping is zest's, from the config.
   const charlm::ExampleRange range = charlm::rank_slice(train.global_batch, runtime.rank(), runtime.world_size());
   const int micro_batches = config.gradient_accumulation_steps;
-  for (int step = static_cast<int>(std::min<std::int64_t>(first_step, std::int64_t{train.steps} + 1)); step <= train.steps;
-       ++step) {
+  for (int step = static_cast<int>(std::min<std::int64_t>(first_step, std::int64_t{train.steps} + 1));
+       step <= train.steps; ++step) {
     double total = 0;
     for (int micro = 0; micro < micro_batches; ++micro) {
       const charlm::ExampleRange part = charlm::rank_slice(range.count, micro, micro_batches);
@@ -238,8 +242,9 @@ int run_zest(const Config& config, const gpt::GptTrainConfig& train, const Flags
   if (trace_file) {
     const std::size_t dropped = trace_file->write();
     if (leader)
-      std::printf("zest-gpt: wrote the trace of %d rank(s) to %s%s\n", runtime.world_size(), flags.trace_path.c_str(),
-                  dropped > 0 ? (" (" + std::to_string(dropped) + " events past its capacity were dropped)").c_str() : "");
+      std::printf(
+          "zest-gpt: wrote the trace of %d rank(s) to %s%s\n", runtime.world_size(), flags.trace_path.c_str(),
+          dropped > 0 ? (" (" + std::to_string(dropped) + " events past its capacity were dropped)").c_str() : "");
   }
   if (!flags.save_dir.empty()) optimizer.save(flags.save_dir);
 
@@ -274,7 +279,8 @@ int run(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg = argv[i];
       if (arg == "--config") flags.config_path = args::path_of(argc, argv, i);
-      else if (arg == "--steps") flags.steps = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
+      else if (arg == "--steps")
+        flags.steps = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
       else if (arg == "--reference") flags.reference = true;
       else if (arg == "--save") flags.save_dir = args::path_of(argc, argv, i);
       else if (arg == "--load") flags.load_dir = args::path_of(argc, argv, i);
@@ -283,7 +289,8 @@ int run(int argc, char** argv) {
       else throw args::UsageError(std::string("unexpected argument '").append(arg).append("'"));
     }
     if (flags.config_path.empty()) throw args::UsageError("--config FILE is required");
-    args::check_distinct_outputs({{"--save", flags.save_dir}, {"--trace", flags.trace_path}, {"--dump", flags.dump_path}});
+    args::check_distinct_outputs(
+        {{"--save", flags.save_dir}, {"--trace", flags.trace_path}, {"--dump", flags.dump_path}});
     if (flags.reference && (!flags.save_dir.empty() || !flags.load_dir.empty()))
       throw args::UsageError("--reference trains with torch alone: it takes no --save or --load");
     if (flags.reference && !flags.trace_path.empty())

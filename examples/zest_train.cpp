@@ -41,7 +41,8 @@ int run(int argc, char** argv) {
       const std::string_view arg = argv[i];
       if (arg == "--config") config_path = args::path_of(argc, argv, i);
       // train.steps' range in the config (examples/train_config.cpp).
-      else if (arg == "--steps") steps_flag = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
+      else if (arg == "--steps")
+        steps_flag = static_cast<int>(args::parse_integer(arg, args::value_of(argc, argv, i), 0, 1'000'000'000));
       else if (arg == "--save") save_dir = args::path_of(argc, argv, i);
       else if (arg == "--load") load_dir = args::path_of(argc, argv, i);
       else if (arg == "--trace") trace_path = args::path_of(argc, argv, i);
@@ -92,8 +93,8 @@ int run(int argc, char** argv) {
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  for (int step = static_cast<int>(std::min<std::int64_t>(first_step, std::int64_t{train.steps} + 1)); step <= train.steps;
-       ++step) {
+  for (int step = static_cast<int>(std::min<std::int64_t>(first_step, std::int64_t{train.steps} + 1));
+       step <= train.steps; ++step) {
     const double loss = trainer.step(step);
     if (leader && (step % train.log_every == 0 || step == train.steps))
       std::printf("step %d loss %.6f%s\n", step, loss,
@@ -110,8 +111,9 @@ int run(int argc, char** argv) {
   if (trace_file) {
     const std::size_t dropped = trace_file->write();
     if (leader)
-      std::printf("zest-train: wrote the trace of %d rank(s) to %s%s\n", runtime.world_size(), trace_path.c_str(),
-                  dropped > 0 ? (" (" + std::to_string(dropped) + " events past its capacity were dropped)").c_str() : "");
+      std::printf(
+          "zest-train: wrote the trace of %d rank(s) to %s%s\n", runtime.world_size(), trace_path.c_str(),
+          dropped > 0 ? (" (" + std::to_string(dropped) + " events past its capacity were dropped)").c_str() : "");
   }
   const EngineStats stats = engine.stats();
   if (leader) {

@@ -107,8 +107,10 @@ __global__ void __launch_bounds__(kThreads) int8_states_adam(Table table, optim:
       store_out<O>(t.out, j, p);
     }
     const auto magnitude = [](float x) { return bits_float(float_bits(x) & 0x7fffffffu); };
-    const float m_scale = warp_max(magnitude(m_new[0]) > magnitude(m_new[1]) ? magnitude(m_new[0]) : magnitude(m_new[1]));
-    const float v_scale = warp_max(magnitude(v_new[0]) > magnitude(v_new[1]) ? magnitude(v_new[0]) : magnitude(v_new[1]));
+    const float m_scale =
+        warp_max(magnitude(m_new[0]) > magnitude(m_new[1]) ? magnitude(m_new[0]) : magnitude(m_new[1]));
+    const float v_scale =
+        warp_max(magnitude(v_new[0]) > magnitude(v_new[1]) ? magnitude(v_new[0]) : magnitude(v_new[1]));
     __syncwarp();  // every lane has read the old scales
     if (lane == 0) {
       t.m_scale[block] = m_scale;
@@ -167,9 +169,12 @@ void launch_multi_tensor_adam_compact(std::span<const CudaCompactAdamTensor> ten
     ZEST_CUDA_CHECK(cudaMemcpyToSymbolAsync(g_codes, &host_codes, sizeof(Codes), 0, cudaMemcpyHostToDevice, s));
   }
   switch (grad_dtype) {
-    case DType::f32: return launch_for_out<DType::f32>(tensors, states, has_out, out_dtype, c, rounding_key, overflow, s);
-    case DType::bf16: return launch_for_out<DType::bf16>(tensors, states, has_out, out_dtype, c, rounding_key, overflow, s);
-    case DType::f16: return launch_for_out<DType::f16>(tensors, states, has_out, out_dtype, c, rounding_key, overflow, s);
+    case DType::f32:
+      return launch_for_out<DType::f32>(tensors, states, has_out, out_dtype, c, rounding_key, overflow, s);
+    case DType::bf16:
+      return launch_for_out<DType::bf16>(tensors, states, has_out, out_dtype, c, rounding_key, overflow, s);
+    case DType::f16:
+      return launch_for_out<DType::f16>(tensors, states, has_out, out_dtype, c, rounding_key, overflow, s);
   }
 }
 

@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <QuantBits B>
-__global__ void __launch_bounds__(kThreads) dequantize_add_kernel(const std::uint8_t* in, std::size_t count, float* acc) {
+__global__ void __launch_bounds__(kThreads)
+    dequantize_add_kernel(const std::uint8_t* in, std::size_t count, float* acc) {
   const unsigned lane = threadIdx.x % kWarp;
   for_each_block<B>(count, in, [&](std::size_t first, std::size_t n, const std::uint8_t* record) {
     decode_lane<B>(record, n, lane, [&](std::size_t j, float value) { acc[first + j] = acc[first + j] + value; });
@@ -132,7 +133,8 @@ unsigned grid_for(std::size_t count) {
 }  // namespace
 
 void quantize_async(const void* in, DType dtype, std::size_t count, QuantBits bits, void* out, cudaStream_t stream) {
-  optim::check_quantize_args("kernels::quantize_async", in, dtype, count, bits, out, optim::quantized_bytes(bits, count));
+  optim::check_quantize_args("kernels::quantize_async", in, dtype, count, bits, out,
+                             optim::quantized_bytes(bits, count));
   if (count == 0) return;  // a launch with an empty grid is an error
   optim::with_quant_bits(bits, [&]<QuantBits B>() {
     optim::with_quant_dtype(dtype, [&]<DType G>() {
@@ -160,7 +162,8 @@ void dequantize_add_async(const void* in, QuantBits bits, std::size_t count, flo
                                DType::f32, count);
   if (count == 0) return;
   optim::with_quant_bits(bits, [&]<QuantBits B>() {
-    dequantize_add_kernel<B><<<grid_for(count), kThreads, 0, stream>>>(static_cast<const std::uint8_t*>(in), count, acc);
+    dequantize_add_kernel<B>
+        <<<grid_for(count), kThreads, 0, stream>>>(static_cast<const std::uint8_t*>(in), count, acc);
   });
   ZEST_CUDA_CHECK(cudaGetLastError());
 }

@@ -36,9 +36,11 @@ void warn_to_stderr(const std::string& message) {
 NvmeStoreOptions checked(NvmeStoreOptions options) {
   const std::size_t block = options.io.block_size;
   if (block < 4096 || (block & (block - 1)) != 0)
-    throw Error(std::string("io.block_size must be a power of two of at least 4KiB, got ").append(std::to_string(block)));
+    throw Error(
+        std::string("io.block_size must be a power of two of at least 4KiB, got ").append(std::to_string(block)));
   if (options.io.queue_depth < 1 || options.io.queue_depth > 4096)
-    throw Error(std::string("io.queue_depth must be between 1 and 4096, got ").append(std::to_string(options.io.queue_depth)));
+    throw Error(
+        std::string("io.queue_depth must be between 1 and 4096, got ").append(std::to_string(options.io.queue_depth)));
   if (options.io.threads < 1 || options.io.threads > 64)
     throw Error(std::string("io.threads must be between 1 and 64, got ").append(std::to_string(options.io.threads)));
   if (options.directories.empty())
@@ -50,8 +52,11 @@ NvmeStoreOptions checked(NvmeStoreOptions options) {
     if (::stat(options.directories[i].c_str(), &info) != 0) continue;  // SwapFile names the problem
     for (std::size_t j = 0; j < seen.size(); ++j)
       if (seen[j] == std::pair<dev_t, ino_t>{info.st_dev, info.st_ino})
-        throw Error(std::string("offload directories '").append(options.directories[j]).append("' and '")
-                        .append(options.directories[i]).append("' are the same directory; list each drive's directory once"));
+        throw Error(std::string("offload directories '")
+                        .append(options.directories[j])
+                        .append("' and '")
+                        .append(options.directories[i])
+                        .append("' are the same directory; list each drive's directory once"));
     seen.emplace_back(info.st_dev, info.st_ino);
   }
   if (!options.warn) options.warn = warn_to_stderr;
@@ -232,7 +237,8 @@ void NvmeStore::register_buffers(const std::vector<std::pair<void*, std::size_t>
   iovecs.reserve(buffers.size());
   for (const auto& [data, bytes] : buffers) iovecs.push_back(iovec{data, bytes});
   std::lock_guard lock(mutex_);
-  if (running_ > 0) throw Error("NvmeStore::register_buffers called while transfers are running; wait for them (flush) first");
+  if (running_ > 0)
+    throw Error("NvmeStore::register_buffers called while transfers are running; wait for them (flush) first");
   if (!fixed_buffers_.empty()) {
     for (auto& lane : lanes_) {
       const int unregistered = io_uring_unregister_buffers(&lane->ring);
@@ -242,7 +248,8 @@ void NvmeStore::register_buffers(const std::vector<std::pair<void*, std::size_t>
   }
   if (iovecs.empty()) return;
   for (std::size_t l = 0; l < lanes_.size(); ++l) {
-    const int registered = io_uring_register_buffers(&lanes_[l]->ring, iovecs.data(), static_cast<unsigned>(iovecs.size()));
+    const int registered =
+        io_uring_register_buffers(&lanes_[l]->ring, iovecs.data(), static_cast<unsigned>(iovecs.size()));
     if (registered < 0) {
       for (std::size_t k = 0; k < l; ++k) (void)io_uring_unregister_buffers(&lanes_[k]->ring);
       throw_uring("io_uring_register_buffers", registered);
@@ -419,7 +426,8 @@ void NvmeStore::reap(Lane& lane, io_uring_cqe* cqe) {
   const std::size_t length = slot.piece.length - slot.done;
   const std::string& path = files_[slot.piece.file]->path();
   int result = cqe->res;
-  if (options_.completion_hook) result = options_.completion_hook(IoRequestInfo{write, slot.piece.file, offset, length}, result);
+  if (options_.completion_hook)
+    result = options_.completion_hook(IoRequestInfo{write, slot.piece.file, offset, length}, result);
   {
     std::lock_guard lock(mutex_);
     ++stats_.requests;
@@ -435,13 +443,16 @@ void NvmeStore::reap(Lane& lane, io_uring_cqe* cqe) {
     return;
   }
   if (result < 0) {
-    fail(request, std::make_exception_ptr(IoError(write ? "write to the swap file failed" : "read from the swap file failed",
-                                                  path, offset, length, -result)));
+    fail(request,
+         std::make_exception_ptr(IoError(write ? "write to the swap file failed" : "read from the swap file failed",
+                                         path, offset, length, -result)));
   } else if (result == 0) {
-    fail(request, std::make_exception_ptr(
-                      write ? IoError("write to the swap file made no progress", path, offset, length, EIO)
-                            : IoError("read past the end of the swap file: the file is shorter than the region (was it truncated?)",
-                                      path, offset, length, ENODATA)));
+    fail(request,
+         std::make_exception_ptr(
+             write ? IoError("write to the swap file made no progress", path, offset, length, EIO)
+                   : IoError(
+                         "read past the end of the swap file: the file is shorter than the region (was it truncated?)",
+                         path, offset, length, ENODATA)));
   } else {
     slot.done += static_cast<std::size_t>(result);
     if (slot.done < slot.piece.length) {
@@ -464,10 +475,14 @@ void NvmeStore::finish_piece(Slot& slot) {
   if (request.op == Op::write) {
     stored = crc;
   } else if (stored != crc) {
-    fail(request, std::make_exception_ptr(IoError(
-                      std::string("checksum mismatch reading region '").append(request.region.name)
-                          .append("': the block on disk is not what was written (corrupted or overwritten); its data cannot be used"),
-                      files_[slot.piece.file]->path(), slot.piece.file_offset, slot.piece.length, EBADMSG)));
+    fail(
+        request,
+        std::make_exception_ptr(IoError(
+            std::string("checksum mismatch reading region '")
+                .append(request.region.name)
+                .append(
+                    "': the block on disk is not what was written (corrupted or overwritten); its data cannot be used"),
+            files_[slot.piece.file]->path(), slot.piece.file_offset, slot.piece.length, EBADMSG)));
   }
 }
 

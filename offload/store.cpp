@@ -18,10 +18,12 @@ Store::Store(std::size_t alignment) : alignment_(alignment) {
 Store::~Store() = default;
 
 RegionId Store::allocate(std::string name, std::size_t bytes) {
-  if (bytes == 0) throw Error(std::string("store region ").append(in_quotes(name)).append(" has 0 bytes; give it at least 1"));
+  if (bytes == 0)
+    throw Error(std::string("store region ").append(in_quotes(name)).append(" has 0 bytes; give it at least 1"));
   std::lock_guard lock(mutex_);
   if (by_name_.contains(name))
-    throw Error(std::string("store region ").append(in_quotes(name)).append(" exists already; region names must be unique"));
+    throw Error(
+        std::string("store region ").append(in_quotes(name)).append(" exists already; region names must be unique"));
   Region region;
   region.name = std::move(name);
   region.offset = used_;

@@ -83,8 +83,9 @@ void SwapFile::make_own_directory(const std::string& directory) {
     const int error = errno;
     if (error == ENOTDIR)
       throw IoError("the offload path is not a directory; point offload.*.path at a directory", directory, 0, 0, error);
-    throw IoError("the offload directory is missing or unreadable; create it or point offload.*.path at an existing directory",
-                  directory, 0, 0, error);
+    throw IoError(
+        "the offload directory is missing or unreadable; create it or point offload.*.path at an existing directory",
+        directory, 0, 0, error);
   }
   const std::string stem = std::string(kPrefix) + host_name() + "-" + std::to_string(::getpid()) + "-";
   std::string making;
@@ -97,10 +98,12 @@ void SwapFile::make_own_directory(const std::string& directory) {
   for (int attempt = 0; making.empty(); ++attempt) {
     const std::string name = "." + stem + random_suffix();
     if (::mkdirat(parent_fd_, name.c_str(), 0700) == 0) making = name;
-    else if (errno != EEXIST || attempt >= 100) refuse("cannot create zest's directory in the offload directory", name, errno);
+    else if (errno != EEXIST || attempt >= 100)
+      refuse("cannot create zest's directory in the offload directory", name, errno);
   }
   own_dir_fd_ = ::openat(parent_fd_, making.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (own_dir_fd_ < 0) throw IoError("cannot open the directory zest just created", directory + "/" + making, 0, 0, errno);
+  if (own_dir_fd_ < 0)
+    throw IoError("cannot open the directory zest just created", directory + "/" + making, 0, 0, errno);
   struct stat info {};
   if (::fstat(own_dir_fd_, &info) != 0)
     throw IoError("cannot stat the directory zest just created", directory + "/" + making, 0, 0, errno);
@@ -113,7 +116,8 @@ void SwapFile::make_own_directory(const std::string& directory) {
   for (int attempt = 0; own_name_.empty(); ++attempt) {
     const std::string name = stem + random_suffix();
     if (::renameat2(parent_fd_, making.c_str(), parent_fd_, name.c_str(), RENAME_NOREPLACE) == 0) own_name_ = name;
-    else if (errno != EEXIST || attempt >= 100) refuse("cannot name zest's directory in the offload directory", name, errno);
+    else if (errno != EEXIST || attempt >= 100)
+      refuse("cannot name zest's directory in the offload directory", name, errno);
   }
   own_path_ = directory + (directory.empty() || directory.back() == '/' ? "" : "/") + own_name_;
 }
@@ -224,12 +228,15 @@ void SwapFile::preallocate(std::size_t offset, std::size_t length) {
     const int error = errno;
     if (error != EOPNOTSUPP)
       throw IoError(error == ENOSPC || error == EFBIG
-                        ? "cannot reserve space in the swap file: the disk is full (or the file would exceed the size limit); free space or point offload.*.path at a larger disk"
+                        ? "cannot reserve space in the swap file: the disk is full (or the file would exceed the size "
+                          "limit); free space or point offload.*.path at a larger disk"
                         : "cannot reserve space in the swap file (fallocate)",
                     path_, offset, length, error);
     sparse_ = true;
-    warn_(std::string("zest: warning: ").append(path_).append(
-        ": the file system has no fallocate; swap space is not reserved ahead, so a full disk shows up as a failed write"));
+    warn_(std::string("zest: warning: ")
+              .append(path_)
+              .append(": the file system has no fallocate; swap space is not reserved ahead, so a full disk shows up "
+                      "as a failed write"));
   }
   if (offset + length > size_) {
     if (::ftruncate(fd_, off + len) != 0)

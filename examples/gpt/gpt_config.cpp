@@ -26,8 +26,9 @@ GptTrainConfig load_gpt_train_config(const std::string& path) {
       {"no_decay", reader.texts(c.no_decay)},
   });
   if (c.model.embed % c.model.heads != 0)
-    reader.problem(root["model"].IsMap() && root["model"]["heads"] ? root["model"]["heads"] : YAML::Node(), "model.heads",
-                   "must divide model.embed (" + std::to_string(c.model.embed) + "), found " + std::to_string(c.model.heads));
+    reader.problem(
+        root["model"].IsMap() && root["model"]["heads"] ? root["model"]["heads"] : YAML::Node(), "model.heads",
+        "must divide model.embed (" + std::to_string(c.model.embed) + "), found " + std::to_string(c.model.heads));
   if (!reader.problems().empty()) throw ConfigError(reader.problems());
   return c;
 }

@@ -3,11 +3,11 @@
 // Backends: MPI (cpu device; nonblocking MPI_I* collectives driven from the stream's worker), NCCL
 // (cuda device; its id carried over MPI, or one rank without MPI) and, in builds without MPI, the
 // local communicator of a world of one (any device; collectives are copies). A communicator over a
-// communicator the program already has: zest/mpi.hpp (MPI_Comm), zest/nccl.hpp (ncclComm_t). Every collective is enqueued on `stream` and
-// returns at once; observe completion with an Event or Stream::synchronize(). Buffers belong to the
-// communicator's device and must stay alive until completion. Every rank must issue the same
-// collectives in the same order with the same counts; where a backend can detect a mismatch it
-// throws CommError naming the ranks and counts instead of hanging.
+// communicator the program already has: zest/mpi.hpp (MPI_Comm), zest/nccl.hpp (ncclComm_t). Every collective is
+// enqueued on `stream` and returns at once; observe completion with an Event or Stream::synchronize(). Buffers belong
+// to the communicator's device and must stay alive until completion. Every rank must issue the same collectives in the
+// same order with the same counts; where a backend can detect a mismatch it throws CommError naming the ranks and
+// counts instead of hanging.
 #pragma once
 
 #include <array>

@@ -137,7 +137,8 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out, DTyp
   file.append(header.data(), header.size());
   std::vector<float> block(kBlockValues);
   std::vector<std::uint16_t> narrow(dtype == DType::f32 ? 0 : kBlockValues);
-  for (std::size_t t = 0; t < reader.manifest().tensors.size(); ++t) write_tensor(reader, t, dtype, file, block, narrow);
+  for (std::size_t t = 0; t < reader.manifest().tensors.size(); ++t)
+    write_tensor(reader, t, dtype, file, block, narrow);
   file.commit();
 }
 

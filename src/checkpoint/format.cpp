@@ -37,7 +37,9 @@ namespace {
 constexpr std::uint64_t kMaxElements = std::numeric_limits<std::uint64_t>::max() / sizeof(float);
 
 // a + b and a * b as element counts: false when the result passes kMaxElements.
-bool add_elements(std::uint64_t& sum, std::uint64_t n) { return !__builtin_add_overflow(sum, n, &sum) && sum <= kMaxElements; }
+bool add_elements(std::uint64_t& sum, std::uint64_t n) {
+  return !__builtin_add_overflow(sum, n, &sum) && sum <= kMaxElements;
+}
 bool multiply_elements(std::uint64_t& product, std::uint64_t n) {
   return !__builtin_mul_overflow(product, n, &product) && product <= kMaxElements;
 }
@@ -82,7 +84,9 @@ std::string state_file_name(int rank, StateKind state) {
   return std::string("rank").append(std::to_string(rank)).append(".").append(state_name(state)).append(".bin");
 }
 
-std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
+std::string join(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / name).string();
+}
 
 std::string serialize(const Manifest& m) {
   std::ostringstream out;
@@ -147,7 +151,8 @@ std::string tensor_name_problem(const std::string& name) {
     return "is " + std::to_string(name.size()) + " bytes long (at most " + std::to_string(kMaxTensorNameBytes) + ")";
   if (name.find('\n') != std::string::npos) return "holds a newline";
   if (name.find('\0') != std::string::npos) return "holds a NUL byte";
-  if (!valid_utf8(name)) return "is not UTF-8 text (safetensors, which consolidate writes, holds names as JSON strings)";
+  if (!valid_utf8(name))
+    return "is not UTF-8 text (safetensors, which consolidate writes, holds names as JSON strings)";
   if (name == "__metadata__") return "is safetensors' reserved key __metadata__";
   return {};
 }
@@ -183,15 +188,21 @@ Manifest parse(const std::string& text, const std::string& path) {
   // or edited manifest is refused before anything else is read.
   {
     int version = 0;
-    if (std::sscanf(text.c_str(), "zest-checkpoint %d", &version) != 1) bad_manifest(path, 1, "not a zest checkpoint manifest");
+    if (std::sscanf(text.c_str(), "zest-checkpoint %d", &version) != 1)
+      bad_manifest(path, 1, "not a zest checkpoint manifest");
     if (version > kFormatVersion)
       throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
                       .append(std::to_string(version)).append(", this build reads version ")
                       .append(std::to_string(kFormatVersion)).append("; load it with a newer zest"));
     if (version < kOldestReadableVersion)
-      throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
-                      .append(std::to_string(version)).append(" was written by a pre-release zest; this build reads versions ")
-                      .append(std::to_string(kOldestReadableVersion)).append(" to ").append(std::to_string(kFormatVersion))
+      throw Error(std::string("checkpoint manifest ")
+                      .append(path)
+                      .append(": format version ")
+                      .append(std::to_string(version))
+                      .append(" was written by a pre-release zest; this build reads versions ")
+                      .append(std::to_string(kOldestReadableVersion))
+                      .append(" to ")
+                      .append(std::to_string(kFormatVersion))
                       .append(": save the checkpoint again"));
   }
   const std::size_t end = text.rfind("end ");
@@ -211,7 +222,8 @@ Manifest parse(const std::string& text, const std::string& path) {
     std::istringstream fields(line);
     std::string word;
     fields >> word;
-    if (word != key) bad_manifest(path, line_no, std::string("expected '").append(key).append("', found '").append(word).append("'"));
+    if (word != key)
+      bad_manifest(path, line_no, std::string("expected '").append(key).append("', found '").append(word).append("'"));
     return fields;
   };
   auto check = [&](std::istream& fields, const char* what) {
@@ -306,8 +318,12 @@ Manifest parse(const std::string& text, const std::string& path) {
     check(f, "chunk size");
     // A reader holds one chunk in memory: a size past the limit is damage, not a setting.
     if (m.chunk_bytes == 0 || m.chunk_bytes > kMaxChunkBytes)
-      bad_manifest(path, line_no, std::string("a chunk size of ").append(std::to_string(m.chunk_bytes))
-                                      .append(" bytes (1 to ").append(std::to_string(kMaxChunkBytes)).append(" allowed)"));
+      bad_manifest(path, line_no,
+                   std::string("a chunk size of ")
+                       .append(std::to_string(m.chunk_bytes))
+                       .append(" bytes (1 to ")
+                       .append(std::to_string(kMaxChunkBytes))
+                       .append(" allowed)"));
   }
   // Counts only bound loops that need a line per item: a huge count runs out of lines and is
   // refused there, having allocated no more than the lines it read.
@@ -331,7 +347,8 @@ Manifest parse(const std::string& text, const std::string& path) {
     for (std::size_t d : t.shape)
       if (!multiply_elements(product, d))
         bad_manifest(path, line_no, "a tensor shape whose element count overflows 64-bit byte sizes");
-    if (product != t.numel || t.numel == 0) bad_manifest(path, line_no, "a tensor whose shape does not hold its element count");
+    if (product != t.numel || t.numel == 0)
+      bad_manifest(path, line_no, "a tensor whose shape does not hold its element count");
     if (!add_elements(all_elements, t.numel))
       bad_manifest(path, line_no, "tensors whose element count overflows 64-bit byte sizes");
     t.name = rest_of_line(f);
@@ -368,18 +385,27 @@ Manifest parse(const std::string& text, const std::string& path) {
       // read, so the count sizes nothing it does not match.
       // Each rank's files are its own, each of its kind: a name pointing at another rank's file,
       // or at the master file for m, would load one state as another.
-      const std::string expected = state_file_name(static_cast<int>(i), static_cast<StateKind>(&file - rank.files.data()));
+      const std::string expected =
+          state_file_name(static_cast<int>(i), static_cast<StateKind>(&file - rank.files.data()));
       if (file.name != expected)
         bad_manifest(path, line_no, std::string("rank ").append(std::to_string(i)).append("'s file '").append(file.name)
                                         .append("' where its own '").append(expected).append("' belongs"));
       const StateKind kind = static_cast<StateKind>(&file - rank.files.data());
       if (file.bytes != state_file_bytes(m.states, kind, rank.ranges))
-        bad_manifest(path, line_no, std::string("file ").append(file.name).append(" of ").append(std::to_string(file.bytes))
-                                        .append(" bytes for ranges of ").append(std::to_string(elements))
-                                        .append(kind == StateKind::master ? " fp32" : std::string(" ").append(states_format_name(m.states)))
-                                        .append(" values"));
+        bad_manifest(
+            path, line_no,
+            std::string("file ")
+                .append(file.name)
+                .append(" of ")
+                .append(std::to_string(file.bytes))
+                .append(" bytes for ranges of ")
+                .append(std::to_string(elements))
+                .append(kind == StateKind::master ? " fp32" : std::string(" ").append(states_format_name(m.states)))
+                .append(" values"));
       if (chunks != file.bytes / m.chunk_bytes + (file.bytes % m.chunk_bytes != 0))
-        bad_manifest(path, line_no, std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
+        bad_manifest(
+            path, line_no,
+            std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
       file.chunk_crcs.resize(chunks);
       for (std::uint32_t& crc : file.chunk_crcs) f >> crc;
       check(f, "chunk checksums");
@@ -457,7 +483,8 @@ Manifest read_manifest(const std::string& dir) {
 }
 
 Manifest read_manifest(const Directory& dir) {
-  return parse(read_regular_file(dir, kManifestName, kMaxManifestBytes, "checkpoint manifest"), dir.path_of(kManifestName));
+  return parse(read_regular_file(dir, kManifestName, kMaxManifestBytes, "checkpoint manifest"),
+               dir.path_of(kManifestName));
 }
 
 namespace {
@@ -544,7 +571,8 @@ void rename_noreplace(const std::string& from, const std::string& to, const std:
   throw IoError(what, to, 0, 0, errno);
 }
 
-FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes) : FileWriter(AT_FDCWD, path, path.c_str(), chunk_bytes) {}
+FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes)
+    : FileWriter(AT_FDCWD, path, path.c_str(), chunk_bytes) {}
 
 FileWriter::FileWriter(const Directory& dir, const std::string& name, std::uint64_t chunk_bytes)
     : FileWriter(dir.fd(), dir.path_of(name), name.c_str(), chunk_bytes) {}

@@ -31,7 +31,8 @@ bool written_by_zest(const std::string& path) {
   if (!fd) return false;
   std::string head(sizeof(std::uint64_t) + kZestHeaderStart.size(), '\0');
   const ssize_t n = ::pread(fd.get(), head.data(), head.size(), 0);
-  return n == static_cast<ssize_t>(head.size()) && head.compare(sizeof(std::uint64_t), std::string::npos, kZestHeaderStart) == 0;
+  return n == static_cast<ssize_t>(head.size()) &&
+         head.compare(sizeof(std::uint64_t), std::string::npos, kZestHeaderStart) == 0;
 }
 
 // Whether `inner` is `outer` or lies under it, both resolved (links, "..") as far as they exist.
@@ -66,9 +67,13 @@ bool check_output_target(const std::string& out, const std::string& dir) {
   }
   const auto kind = info.st_mode & S_IFMT;
   if (kind == S_IFLNK) refuse(out, "is a symbolic link", "give the path it points to, or a new file's path");
-  if (kind == S_IFDIR) refuse(out, "is a directory", "give a file's path, such as " + (fs::path(out) / "model.safetensors").string());
+  if (kind == S_IFDIR)
+    refuse(out, "is a directory", "give a file's path, such as " + (fs::path(out) / "model.safetensors").string());
   if (kind != S_IFREG)
-    refuse(out, kind == S_IFIFO ? "is a FIFO" : kind == S_IFCHR || kind == S_IFBLK ? "is a device" : "is a special file",
+    refuse(out,
+           kind == S_IFIFO                      ? "is a FIFO"
+           : kind == S_IFCHR || kind == S_IFBLK ? "is a device"
+                                                : "is a special file",
            "give the path of a new file");
   if (!written_by_zest(out))
     refuse(out, "exists and is not a safetensors file written by zest",

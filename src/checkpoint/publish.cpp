@@ -29,9 +29,14 @@ namespace fs = std::filesystem;
 constexpr const char* kWhat = "Engine::save";
 
 [[noreturn]] void refuse(const std::string& target, const std::string& what_is_there) {
-  throw Error(std::string(kWhat).append(": ").append(target).append(" ").append(what_is_there)
-                  .append("; a save replaces only a zest checkpoint (or an empty directory), so that nothing of yours is "
-                          "lost: save to another path, or move it away first"));
+  throw Error(
+      std::string(kWhat)
+          .append(": ")
+          .append(target)
+          .append(" ")
+          .append(what_is_there)
+          .append("; a save replaces only a zest checkpoint (or an empty directory), so that nothing of yours is "
+                  "lost: save to another path, or move it away first"));
 }
 
 // What a save finds at its target: nothing, or the directory, held open, and the files the save
@@ -51,7 +56,8 @@ Existing look_at(const std::string& target) {
   // A link is the user's: replacing the link's name would drop it, and what it points to is not
   // the path the save was given.
   if (S_ISLNK(info.st_mode)) refuse(target, "is a symbolic link (give the directory it points to)");
-  if (!S_ISDIR(info.st_mode)) refuse(target, S_ISREG(info.st_mode) ? "is a regular file, not a directory" : "is a special file, not a directory");
+  if (!S_ISDIR(info.st_mode))
+    refuse(target, S_ISREG(info.st_mode) ? "is a regular file, not a directory" : "is a special file, not a directory");
   // From here on through a handle: what is checked is what is later replaced and deleted from.
   Existing existing{Directory(target), {}};
   const Directory& dir = *existing.dir;
@@ -71,7 +77,8 @@ Existing look_at(const std::string& target) {
   for (const std::string& name : present) {
     struct stat file {};
     if (!existing.files.count(name))
-      refuse(target, std::string("is a zest checkpoint that also holds '").append(name).append("', which zest did not write"));
+      refuse(target,
+             std::string("is a zest checkpoint that also holds '").append(name).append("', which zest did not write"));
     if (::fstatat(dir.fd(), name.c_str(), &file, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(file.st_mode))
       refuse(target, std::string("is a zest checkpoint whose '").append(name).append("' is not a regular file"));
   }
@@ -81,7 +88,8 @@ Existing look_at(const std::string& target) {
 // After the renames of a publish: `new_at` must name the new checkpoint and `old_at` (when there
 // was one) the replaced one. Else someone moved a directory in or out at one of the paths while
 // the save ran, and nothing is deleted: Error says where each is.
-void check_moved(const Directory& temp, const std::string& new_at, const Existing& existing, const std::string& old_at) {
+void check_moved(const Directory& temp, const std::string& new_at, const Existing& existing,
+                 const std::string& old_at) {
   if (path_names(new_at, temp.identity()) && (!existing.dir || path_names(old_at, existing.dir->identity()))) return;
   throw Error(std::string(kWhat).append(": a directory was moved to or from ").append(new_at)
                   .append(existing.dir ? std::string(" or ").append(old_at) : std::string())
@@ -125,7 +133,9 @@ std::string temp_dir(const std::string& target, std::uint32_t token) {
 TempDir create_temp_dir(const std::string& target, std::uint32_t first) {
   std::error_code error;
   fs::create_directories(parent_of(target), error);  // creates only what is missing
-  if (error) throw IoError(std::string(kWhat).append(": cannot create the parent directory"), parent_of(target), 0, 0, error.value());
+  if (error)
+    throw IoError(std::string(kWhat).append(": cannot create the parent directory"), parent_of(target), 0, 0,
+                  error.value());
   // An exclusive mkdir: a path that exists (a crashed save's leftover, or anything of the user's)
   // is skipped, never reused or removed.
   for (std::uint32_t token = first, tries = 0; tries < 1000; ++token, ++tries) {
@@ -147,8 +157,10 @@ TempDir create_temp_dir(const std::string& target, std::uint32_t first) {
       throw IoError(std::string(kWhat).append(": cannot lock the temporary directory it created"), path, 0, 0, errno);
     return made;
   }
-  throw IoError(std::string(kWhat).append(": 1000 temporary directories beside the target exist already (left by crashed "
-                                          "saves?); remove them"), temp_dir(target, first), 0, 0, EEXIST);
+  throw IoError(
+      std::string(kWhat).append(": 1000 temporary directories beside the target exist already (left by crashed "
+                                "saves?); remove them"),
+      temp_dir(target, first), 0, 0, EEXIST);
 }
 
 Directory open_temp_dir(const std::string& path, std::uint64_t inode) {
@@ -176,14 +188,16 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
     const std::string path = dir.path_of(file.name);
     const UniqueFd fd(::openat(dir.fd(), file.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     if (!fd) {
-      problems.push_back(path + (errno == ENOENT ? ": missing" : std::string(": cannot be opened (") + std::strerror(errno) + ")"));
+      problems.push_back(
+          path + (errno == ENOENT ? ": missing" : std::string(": cannot be opened (") + std::strerror(errno) + ")"));
       continue;
     }
     struct stat info {};
     if (::fstat(fd.get(), &info) != 0 || !S_ISREG(info.st_mode)) {
       problems.push_back(path + ": not a regular file");
     } else if (static_cast<std::uint64_t>(info.st_size) != file.bytes) {
-      problems.push_back(path + ": " + std::to_string(info.st_size) + " bytes, the manifest says " + std::to_string(file.bytes));
+      problems.push_back(path + ": " + std::to_string(info.st_size) + " bytes, the manifest says " +
+                         std::to_string(file.bytes));
     } else if (checksums) {
       chunk.resize(static_cast<std::size_t>(chunk_bytes));
       for (std::size_t c = 0; c < file.chunk_crcs.size(); ++c) {
@@ -191,8 +205,9 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
         const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, file.bytes - at));
         const ssize_t got = ::pread(fd.get(), chunk.data(), length, static_cast<off_t>(at));
         if (got != static_cast<ssize_t>(length) || offload::crc32c(chunk.data(), length) != file.chunk_crcs[c]) {
-          problems.push_back(path + ": chunk " + std::to_string(c) + " at byte " + std::to_string(at) +
-                             (got == static_cast<ssize_t>(length) ? " does not match its checksum" : " cannot be read back"));
+          problems.push_back(
+              path + ": chunk " + std::to_string(c) + " at byte " + std::to_string(at) +
+              (got == static_cast<ssize_t>(length) ? " does not match its checksum" : " cannot be read back"));
           break;
         }
       }
@@ -203,10 +218,13 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
 
 void publish(const Directory& temp, const std::string& target, std::span<const StateFile> files) {
   if (!path_names(temp.path(), temp.identity()))
-    throw Error(std::string(kWhat).append(": the temporary directory ").append(temp.path())
-                    .append(" was moved away while the save ran (by someone who can write its parent); the new checkpoint "
-                            "is where it was moved to, and nothing was published: save again, to a directory only you can "
-                            "write"));
+    throw Error(
+        std::string(kWhat)
+            .append(": the temporary directory ")
+            .append(temp.path())
+            .append(" was moved away while the save ran (by someone who can write its parent); the new checkpoint "
+                    "is where it was moved to, and nothing was published: save again, to a directory only you can "
+                    "write"));
   const Existing existing = look_at(target);  // again: the target may have changed during the save
   if (!existing.dir) {
     rename_noreplace(temp.path(), target, std::string(kWhat).append(": cannot rename the new checkpoint into place"));
@@ -233,9 +251,11 @@ void publish(const Directory& temp, const std::string& target, std::span<const S
     // No atomic exchange here: the previous checkpoint moves aside onto an empty directory this
     // save creates (a rename may replace only an empty directory), then the new one takes its
     // name. A crash between the two leaves the previous one at the aside path.
-    const std::string aside = std::string(target).append(".old-").append(temp.path().substr(temp.path().rfind(".tmp-") + 5));
+    const std::string aside =
+        std::string(target).append(".old-").append(temp.path().substr(temp.path().rfind(".tmp-") + 5));
     if (::mkdir(aside.c_str(), 0755) != 0)
-      throw IoError(std::string(kWhat).append(": cannot create a directory to move the previous checkpoint to"), aside, 0, 0, errno);
+      throw IoError(std::string(kWhat).append(": cannot create a directory to move the previous checkpoint to"), aside,
+                    0, 0, errno);
     if (::rename(target.c_str(), aside.c_str()) != 0) {
       const int error = errno;
       ::rmdir(aside.c_str());

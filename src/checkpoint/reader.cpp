@@ -68,7 +68,8 @@ int Reader::fd(int rank, StateKind state) {
   const auto key = std::make_pair(rank, static_cast<int>(state));
   if (auto it = fds_.find(key); it != fds_.end()) return it->second.get();
   if (fds_.size() >= kMaxOpenFiles) fds_.erase(fds_.begin());
-  return (fds_[key] = open_regular_file(path(rank, state), std::string("checkpoint ").append(dir_).append(": rank file")))
+  return (fds_[key] =
+              open_regular_file(path(rank, state), std::string("checkpoint ").append(dir_).append(": rank file")))
       .get();
 }
 
@@ -174,10 +175,16 @@ void Reader::read_compact(StateKind state, const Piece& p, std::size_t lo, std::
     if (int8)
       for (std::uint64_t block = 0; block <= last - first; ++block)
         if (!std::isfinite(scales_[block]) || std::signbit(scales_[block]))
-          throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(path(p.rank, state))
-                          .append(" holds the int8 scale ").append(std::to_string(scales_[block]))
-                          .append(" for elements from ").append(std::to_string(p.lo + (first + block) * optim::kInt8Block))
-                          .append(" of tensor '").append(manifest_.tensors[p.tensor].name)
+          throw Error(std::string("checkpoint ")
+                          .append(dir_)
+                          .append(": rank file ")
+                          .append(path(p.rank, state))
+                          .append(" holds the int8 scale ")
+                          .append(std::to_string(scales_[block]))
+                          .append(" for elements from ")
+                          .append(std::to_string(p.lo + (first + block) * optim::kInt8Block))
+                          .append(" of tensor '")
+                          .append(manifest_.tensors[p.tensor].name)
                           .append("', which no save writes (a block's largest magnitude: finite, not negative): the "
                                   "checkpoint was altered after it was saved; load another checkpoint"));
     float* const into = out + (x - lo);

@@ -28,7 +28,8 @@ nlohmann::ordered_json metadata(const Manifest& m, DType dtype) {
           {"zest_skipped_steps", std::to_string(m.skipped)},
           {"zest_world_size", std::to_string(m.world_size)},
           {"zest_stage", std::to_string(m.stage)},
-          {"zest_weights", std::string("fp32 master weights").append(dtype == DType::f32 ? "" : ", rounded to nearest even")},
+          {"zest_weights",
+           std::string("fp32 master weights").append(dtype == DType::f32 ? "" : ", rounded to nearest even")},
           {"zest_config", m.config}};
 }
 
@@ -40,15 +41,21 @@ nlohmann::ordered_json metadata(const Manifest& m, DType dtype) {
 
 std::string safetensors_header(const Manifest& m, DType dtype, const std::string& dir) {
   if (!valid_utf8(m.config))
-    unwritable(dir, "the saving run's settings are not UTF-8, which safetensors' JSON header requires: the manifest is damaged");
+    unwritable(
+        dir,
+        "the saving run's settings are not UTF-8, which safetensors' JSON header requires: the manifest is damaged");
   // Written entry by entry (a model has up to ~1e5 tensors), each entry a JSON value of its own.
   std::string out = std::string("{\"__metadata__\":").append(metadata(m, dtype).dump());
   std::set<std::string> names;
   std::uint64_t offset = 0;
   for (const TensorEntry& t : m.tensors) {
     if (!valid_utf8(t.name))
-      throw Error(std::string("checkpoint ").append(dir).append(": tensor ").append(std::to_string(names.size()))
-                      .append("'s name is not UTF-8, which safetensors' JSON header requires; rename the parameter in the trainer"));
+      throw Error(std::string("checkpoint ")
+                      .append(dir)
+                      .append(": tensor ")
+                      .append(std::to_string(names.size()))
+                      .append("'s name is not UTF-8, which safetensors' JSON header requires; rename the parameter in "
+                              "the trainer"));
     if (t.name == "__metadata__" || !names.insert(t.name).second)
       throw Error(std::string("checkpoint ").append(dir).append(": tensor name '").append(t.name)
                       .append(t.name == "__metadata__" ? "' is reserved by safetensors" : "' appears twice")
@@ -58,9 +65,12 @@ std::string safetensors_header(const Manifest& m, DType dtype, const std::string
     std::uint64_t product = 1, bytes = 0, end = 0;
     for (std::size_t d : t.shape)
       if (__builtin_mul_overflow(product, std::uint64_t{d}, &product))
-        unwritable(dir, std::string("tensor '").append(t.name).append("' has a shape whose element count overflows 64 bits"));
+        unwritable(
+            dir, std::string("tensor '").append(t.name).append("' has a shape whose element count overflows 64 bits"));
     if (product != t.numel)
-      unwritable(dir, std::string("tensor '").append(t.name).append("' has a shape that does not multiply to its element count"));
+      unwritable(
+          dir,
+          std::string("tensor '").append(t.name).append("' has a shape that does not multiply to its element count"));
     if (__builtin_mul_overflow(std::uint64_t{t.numel}, std::uint64_t{dtype_size(dtype)}, &bytes) ||
         __builtin_add_overflow(offset, bytes, &end))
       unwritable(dir, "the tensors' bytes overflow safetensors' 64-bit offsets");

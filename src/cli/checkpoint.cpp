@@ -79,7 +79,8 @@ void print_summary(const std::string& dir, const CheckpointInfo& info) {
     rows.push_back({t.name, shape_text(t.shape), std::to_string(t.group), std::to_string(numel(t.shape))});
     values += numel(t.shape);
   }
-  std::printf("tensors: %zu, %zu values (%zu bytes of fp32 weights)\n", info.tensors.size(), values, values * sizeof(float));
+  std::printf("tensors: %zu, %zu values (%zu bytes of fp32 weights)\n", info.tensors.size(), values,
+              values * sizeof(float));
   print_table(rows);
 
   rows = {{"file", "bytes", "chunks"}};
@@ -90,7 +91,8 @@ void print_summary(const std::string& dir, const CheckpointInfo& info) {
     bytes += f.bytes;
     chunks += f.chunks;
   }
-  std::printf("files: %zu, %llu bytes in %zu chunks\n", info.files.size(), static_cast<unsigned long long>(bytes), chunks);
+  std::printf("files: %zu, %llu bytes in %zu chunks\n", info.files.size(), static_cast<unsigned long long>(bytes),
+              chunks);
   print_table(rows);
 }
 
@@ -114,7 +116,8 @@ int inspect(int argc, char** argv) {
   bool verify = true;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-verify") == 0) verify = false;
-    else if (argv[i][0] == '-') return usage_error(std::string("inspect: unknown option '").append(argv[i]).append("'"));
+    else if (argv[i][0] == '-')
+      return usage_error(std::string("inspect: unknown option '").append(argv[i]).append("'"));
     else if (dir.empty()) dir = argv[i];
     else return usage_error("inspect: expected one DIR");
   }
@@ -123,8 +126,9 @@ int inspect(int argc, char** argv) {
   try {
     info = read_checkpoint_info(dir);
   } catch (const Error& e) {
-    std::fprintf(stderr, "zest checkpoint inspect: %s\n(DIR must be a directory written by Engine::save or zest-train --save)\n",
-                 e.what());
+    std::fprintf(
+        stderr, "zest checkpoint inspect: %s\n(DIR must be a directory written by Engine::save or zest-train --save)\n",
+        e.what());
     return 2;
   }
   print_summary(dir, info);
@@ -186,7 +190,8 @@ int checkpoint(int argc, char** argv) {
   if (args::asks_for_help(argc, argv)) return args::print_usage(kCheckpointUsage);
   if (sub == "inspect") return inspect(argc - 1, argv + 1);
   if (sub == "consolidate") return consolidate(argc - 1, argv + 1);
-  return usage_error(sub.empty() ? "missing inspect or consolidate" : std::string("unknown subcommand '").append(sub).append("'"));
+  return usage_error(sub.empty() ? "missing inspect or consolidate"
+                                 : std::string("unknown subcommand '").append(sub).append("'"));
 }
 
 }  // namespace zest::cli

@@ -64,7 +64,8 @@ int config_check(int argc, char** argv) {
       else if ((sections = section_names(argv[++i])).empty())
         problem = "--sections: expected top-level section names separated by commas (model,train), found an empty name";
     } else if (argv[i][0] == '-' && argv[i][1] == '-') {
-      problem = std::string("unknown option '").append(argv[i]).append("' (a FILE named so: ./").append(argv[i]).append(")");
+      problem =
+          std::string("unknown option '").append(argv[i]).append("' (a FILE named so: ./").append(argv[i]).append(")");
     } else if (have_path) {
       problem = "expected exactly one FILE";
     } else {

@@ -94,7 +94,8 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--states") {
       o.states = args::parse_states_format(flag, value);
     } else {
-      if (value.empty()) throw UsageError("--config: the path is empty; give a config FILE, or leave --config out for the defaults");
+      if (value.empty())
+        throw UsageError("--config: the path is empty; give a config FILE, or leave --config out for the defaults");
       o.config_path = value;
     }
   }
@@ -150,7 +151,8 @@ struct Row {
 std::string row_name(const Row& r) {
   auto name = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "cpu" : "nvme"; };
   std::string text = std::string("stage ").append(std::to_string(r.stage));
-  if (r.param != OffloadDevice::none && r.param == r.optimizer) text.append(", optimizer+params ").append(name(r.param));
+  if (r.param != OffloadDevice::none && r.param == r.optimizer)
+    text.append(", optimizer+params ").append(name(r.param));
   else if (r.optimizer != OffloadDevice::none) text.append(", optimizer ").append(name(r.optimizer));
   if (r.param != OffloadDevice::none && r.param != r.optimizer) text.append(", params ").append(name(r.param));
   if (r.ratio != 1) {
@@ -209,8 +211,9 @@ void print_wire_table(const Options& o, const Config& base, const std::vector<Pa
               "ZeRO's formula", "reductions");
   const auto print = [&](const std::string& name, const Config& c) {
     const WireEstimate w = estimate_wire_bytes(c, model, o.ranks, static_cast<int>(o.ranks_per_node));
-    std::printf("%-54s %14s %14s %14s %14s %14s\n", name.c_str(), readable(w.total()).c_str(), readable(w.inside).c_str(),
-                readable(w.across).c_str(), readable(w.zero_formula).c_str(), readable(w.reduce).c_str());
+    std::printf("%-54s %14s %14s %14s %14s %14s\n", name.c_str(), readable(w.total()).c_str(),
+                readable(w.inside).c_str(), readable(w.across).c_str(), readable(w.zero_formula).c_str(),
+                readable(w.reduce).c_str());
   };
   for (int stage = 0; stage <= 3; ++stage) {
     Config c = base;
@@ -240,17 +243,17 @@ void print_wire_table(const Options& o, const Config& base, const std::vector<Pa
 void print_table(const Options& o, const Config& base) {
   const int ranks = o.ranks;
   const std::vector<ParamSpec> model = uniform_model(o.params, o.layers);
-  std::printf("zest estimate: %s parameters (%zu) in %d layers, %s, %s optimizer states%s; %lld rank%s per node x "
-              "%lld node%s = %d rank%s\n",
-              readable_count(o.params).c_str(), o.params, o.layers, std::string(dtype_name(base.precision.dtype)).c_str(),
-              std::string(states_format_name(base.optimizer.states)).c_str(),
-              base.optimizer.master == DType::bf16 ? " with a bf16 master" : "",
-              static_cast<long long>(o.ranks_per_node), o.ranks_per_node == 1 ? "" : "s", static_cast<long long>(o.nodes),
-              o.nodes == 1 ? "" : "s", ranks,
-              ranks == 1 ? "" : "s");
+  std::printf(
+      "zest estimate: %s parameters (%zu) in %d layers, %s, %s optimizer states%s; %lld rank%s per node x "
+      "%lld node%s = %d rank%s\n",
+      readable_count(o.params).c_str(), o.params, o.layers, std::string(dtype_name(base.precision.dtype)).c_str(),
+      std::string(states_format_name(base.optimizer.states)).c_str(),
+      base.optimizer.master == DType::bf16 ? " with a bf16 master" : "", static_cast<long long>(o.ranks_per_node),
+      o.ranks_per_node == 1 ? "" : "s", static_cast<long long>(o.nodes), o.nodes == 1 ? "" : "s", ranks,
+      ranks == 1 ? "" : "s");
   std::printf("settings: %s; buckets.reduce %s, stage3.max_live %s, offload.sub_group %s, buffer_count %d\n\n",
-              o.config_path.empty() ? "defaults" : o.config_path.c_str(), format_size(base.buckets.reduce_bytes).c_str(),
-              format_size(base.stage3.max_live_bytes).c_str(),
+              o.config_path.empty() ? "defaults" : o.config_path.c_str(),
+              format_size(base.buckets.reduce_bytes).c_str(), format_size(base.stage3.max_live_bytes).c_str(),
               format_size(base.offload.sub_group_bytes).c_str(), base.offload.optimizer.buffer_count);
   // Wide enough for the longest name (a partial offload's), marked.
   int width = 34;
@@ -267,13 +270,14 @@ void print_table(const Options& o, const Config& base) {
     c.partition.secondary = r.secondary ? SecondaryPartition::host : SecondaryPartition::none;
     quantize_where_valid(c, base);
     const MemoryEstimate e = estimate_memory(c, model, ranks, static_cast<int>(o.ranks_per_node));
-    const bool matches = !o.config_path.empty() && base.stage == r.stage && base.offload.optimizer.device == r.optimizer &&
-                         base.offload.param.device == r.param && base.offload.optimizer_ratio == r.ratio &&
-                         base.offload.optimizer_overlap == r.overlap &&
+    const bool matches = !o.config_path.empty() && base.stage == r.stage &&
+                         base.offload.optimizer.device == r.optimizer && base.offload.param.device == r.param &&
+                         base.offload.optimizer_ratio == r.ratio && base.offload.optimizer_overlap == r.overlap &&
                          (base.partition.secondary == SecondaryPartition::host) == r.secondary;
     const std::string name = row_name(r).append(matches ? " *" : "");
     std::printf("%-*s %12s %12s %12s %12s %12s %16s %12s\n", width, name.c_str(), readable(e.device_total).c_str(),
-                readable(e.device_of(MemoryCategory::params)).c_str(), readable(e.device_of(MemoryCategory::grads)).c_str(),
+                readable(e.device_of(MemoryCategory::params)).c_str(),
+                readable(e.device_of(MemoryCategory::grads)).c_str(),
                 readable(e.device_of(MemoryCategory::optimizer_states)).c_str(),
                 readable(e.device_of(MemoryCategory::buffers)).c_str(),
                 readable(per_node(e.pinned, o, "pinned host memory")).c_str(),

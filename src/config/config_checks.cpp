@@ -88,7 +88,8 @@ void check_ranges(const Config& c, ProblemSink& sink) {
     const OptimizerParamGroup& g = c.optimizer.param_groups[i];
     const std::string key = std::string("optimizer.param_groups[").append(std::to_string(i)).append("]");
     if (g.match.empty() && sink.valid(key))
-      sink.report(key, "a parameter group needs `match`: the tensor-name patterns it takes (e.g. ['*.bias', '*norm*'])");
+      sink.report(key,
+                  "a parameter group needs `match`: the tensor-name patterns it takes (e.g. ['*.bias', '*norm*'])");
     const auto check = [&](const char* name, const std::optional<double>& v, const NumberRule& rule) {
       if (v) check_number(sink, std::string(key).append(".").append(name), *v, rule);
     };
@@ -155,7 +156,8 @@ std::string path_item_key(const std::string& path_key, const OffloadTarget& targ
 // exist are compared as text (check_directory reports them).
 bool same_directory(const std::string& a, const std::string& b) {
   struct stat sa {}, sb {};
-  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
   return a == b;
 }
 
@@ -188,9 +190,14 @@ void check_offload_target(const std::string& prefix, const OffloadTarget& target
       for (std::size_t j = 0; j < i; ++j) {
         if (!same_directory(target.paths[j], target.paths[i])) continue;
         std::string message = "directory ";
-        message.append(in_quotes(target.paths[i])).append(" is listed twice (item ").append(std::to_string(j))
-            .append(" is ").append(in_quotes(target.paths[j])).append(", the same directory); zest stripes the swap across "
-                                                                    "the listed directories, one per drive: list each once");
+        message.append(in_quotes(target.paths[i]))
+            .append(" is listed twice (item ")
+            .append(std::to_string(j))
+            .append(" is ")
+            .append(in_quotes(target.paths[j]))
+            .append(
+                ", the same directory); zest stripes the swap across "
+                "the listed directories, one per drive: list each once");
         sink.report(key, std::move(message));
         break;
       }

@@ -1,7 +1,7 @@
 // YAML text -> validated Config. The schema is written once, below in ConfigReader::read, as a
 // tree of fields; walking it type-checks every value, then detail::check_config (shared with
-// zest::validate) checks ranges and the settings together. Every problem is collected, and one ConfigError carries them all, so a user
-// fixes a file in one pass.
+// zest::validate) checks ranges and the settings together. Every problem is collected, and one ConfigError carries them
+// all, so a user fixes a file in one pass.
 #include <fcntl.h>
 
 #include <algorithm>
@@ -475,7 +475,8 @@ ConfigReader::Reader ConfigReader::directories(std::vector<std::string>& out) {
     constexpr std::string_view kExpected = "a directory, or a list of directories (one per drive)";
     if (value->IsSequence()) {
       if (value->size() == 0) {
-        report(path, std::string("expected ").append(kExpected).append(", found an empty list; list at least one directory"));
+        report(path,
+               std::string("expected ").append(kExpected).append(", found an empty list; list at least one directory"));
         return;
       }
       std::vector<std::string> items;
@@ -523,7 +524,8 @@ ConfigReader::Reader ConfigReader::choice(const std::array<EnumName<Enum>, N>& n
 ConfigReader::Reader ConfigReader::param_groups(std::vector<OptimizerParamGroup>& out) {
   return [this, &out](const YAML::Node* value, const std::string& path) {
     if (value == nullptr) return;
-    constexpr std::string_view kExpected = "a list of parameter groups, each {match: [patterns], lr/betas/eps/weight_decay: ...}";
+    constexpr std::string_view kExpected =
+        "a list of parameter groups, each {match: [patterns], lr/betas/eps/weight_decay: ...}";
     if (!value->IsSequence()) return expected_found(path, kExpected, *value);
     out.assign(value->size(), {});
     for (std::size_t i = 0; i < value->size(); ++i) {

@@ -86,7 +86,9 @@ std::vector<std::string> config_changes(const std::string& saved, const std::str
     // Checkpoints written before a key existed ran with its default (states and master fp32, seed 0).
     const std::string missing = key == "states" || key == "master" ? "fp32" : key == "seed" ? "0" : "unset";
     const std::string old = it == before.end() ? missing : it->second;
-    if (old != value) changes.push_back(std::string(key).append(": ").append(old).append(" in the checkpoint, ").append(value).append(" now"));
+    if (old != value)
+      changes.push_back(
+          std::string(key).append(": ").append(old).append(" in the checkpoint, ").append(value).append(" now"));
   }
   return changes;
 }
@@ -173,7 +175,8 @@ void require_model(const Manifest& m, const std::vector<ParamSpec>& specs, const
                     .append(": it is a checkpoint of another model"));
   for (std::size_t t = 0; t < specs.size(); ++t) {
     const auto& e = m.tensors[t];
-    if (e.name != specs[t].name || e.shape != specs[t].shape || e.group != specs[t].group || e.numel != specs[t].numel())
+    if (e.name != specs[t].name || e.shape != specs[t].shape || e.group != specs[t].group ||
+        e.numel != specs[t].numel())
       throw Error(std::string(where).append("tensor ").append(std::to_string(t)).append(" is '").append(e.name)
                       .append("' ").append(shape_text(e.shape)).append(" group ").append(std::to_string(e.group))
                       .append(" there and '").append(specs[t].name).append("' ").append(shape_text(specs[t].shape))
@@ -285,13 +288,14 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
       const auto& last = mine.ranges.back();
       const std::size_t from = shard_position(e.layout, rank, mine.ranges.front().tensor, mine.ranges.front().lo);
       const std::size_t to = shard_position(e.layout, rank, last.tensor, last.lo) + (last.hi - last.lo);
-      e.states.visit_states(from, to - from, false, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
-        for_each_overlap(e.layout, rank, mine.ranges, from + first, n,
-                         [&](const Range& range, std::size_t a, std::size_t b, std::size_t at) {
-                           writers[0]->append(master + at, (b - a) * sizeof(float));
-                           moments.append(*writers[1], *writers[2], m + at, v + at, a - range.lo, b - a);
-                         });
-      });
+      e.states.visit_states(
+          from, to - from, false, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
+            for_each_overlap(e.layout, rank, mine.ranges, from + first, n,
+                             [&](const Range& range, std::size_t a, std::size_t b, std::size_t at) {
+                               writers[0]->append(master + at, (b - a) * sizeof(float));
+                               moments.append(*writers[1], *writers[2], m + at, v + at, a - range.lo, b - a);
+                             });
+          });
     }
     moments.finish(*writers[1], *writers[2]);
     for (int k = 0; k < kStates; ++k) {
@@ -302,8 +306,14 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
     // Read back through the held handle (synced: what a crash would leave): only a checkpoint whose
     // every byte checks out is published, and the previous one is kept otherwise.
     if (const auto problems = check_saved_files(*held, mine.files, kChunkBytes, true); !problems.empty())
-      throw Error(std::string(op).append(": rank ").append(std::to_string(rank)).append("'s file does not read back as written: ")
-                      .append(problems.front()).append("; ").append(target).append(" is unchanged: save again"));
+      throw Error(std::string(op)
+                      .append(": rank ")
+                      .append(std::to_string(rank))
+                      .append("'s file does not read back as written: ")
+                      .append(problems.front())
+                      .append("; ")
+                      .append(target)
+                      .append(" is unchanged: save again"));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -330,7 +340,8 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
       m.hysteresis_left = e.scaler.hysteresis_left();
       m.config = fingerprint(e.config);
       m.states = e.config.optimizer.states;
-      for (const auto& h : e.optimizer_groups) m.optimizer_groups.push_back({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay});
+      for (const auto& h : e.optimizer_groups)
+        m.optimizer_groups.push_back({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay});
       for (const ParamSpec& p : e.specs) m.tensors.push_back({p.name, p.shape, p.group, p.numel()});
       for (int q = 0; q < e.comm.size(); ++q) {
         RankEntry entry;
@@ -349,7 +360,8 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
       write_file_synced(*held, kManifestName, text.data(), text.size());
       held->sync();
       // Every rank checked its own files' bytes; each one must still be there as the manifest says.
-      for (const RankEntry& entry : m.ranks) every_file.insert(every_file.end(), entry.files.begin(), entry.files.end());
+      for (const RankEntry& entry : m.ranks)
+        every_file.insert(every_file.end(), entry.files.begin(), entry.files.end());
       if (const auto problems = check_saved_files(*held, every_file, m.chunk_bytes, false); !problems.empty())
         throw Error(std::string(op).append(": a file of the new checkpoint is gone before it was published (")
                         .append(problems.front()).append("; removed by someone while the save ran?); ").append(target)
@@ -403,15 +415,18 @@ LoadResult load_checkpoint(const CheckpointParts& e, const std::string& dir) {
   // on what the next gather is.
   e.params.drop_prefetched();
   try {
-    e.states.visit_states(0, e.layout.shard_numel(), true, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
-      float* states[] = {master, m, v};
-      for (float* state : states) std::fill(state, state + n, 0.0f);  // padding
-      for_each_overlap(e.layout, rank, mine, first, n, [&](const Range& r, std::size_t a, std::size_t b, std::size_t at) {
-        for (int k = 0; k < kStates; ++k) reader->read(StateKind(k), r.tensor, a, b, states[k] + at);
-        e.params.write_shard(e.layout.tensor(r.tensor).group, in_group_shard(e.layout, rank, r.tensor, a),
-                             master + at, b - a);
-      });
-    });
+    e.states.visit_states(
+        0, e.layout.shard_numel(), true, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
+          float* states[] = {master, m, v};
+          for (float* state : states) std::fill(state, state + n, 0.0f);  // padding
+          for_each_overlap(e.layout, rank, mine, first, n,
+                           [&](const Range& r, std::size_t a, std::size_t b, std::size_t at) {
+                             for (int k = 0; k < kStates; ++k)
+                               reader->read(StateKind(k), r.tensor, a, b, states[k] + at);
+                             e.params.write_shard(e.layout.tensor(r.tensor).group,
+                                                  in_group_shard(e.layout, rank, r.tensor, a), master + at, b - a);
+                           });
+        });
   } catch (...) {
     failure = std::current_exception();
   }
@@ -436,8 +451,10 @@ LoadResult load_checkpoint(const CheckpointParts& e, const std::string& dir) {
       h.weight_decay = g.weight_decay;
     }
   } else {
-    result.config_changes.push_back(std::string("optimizer groups: ").append(std::to_string(m.optimizer_groups.size()))
-                                        .append(" in the checkpoint, ").append(std::to_string(e.optimizer_groups.size()))
+    result.config_changes.push_back(std::string("optimizer groups: ")
+                                        .append(std::to_string(m.optimizer_groups.size()))
+                                        .append(" in the checkpoint, ")
+                                        .append(std::to_string(e.optimizer_groups.size()))
                                         .append(" now (this engine's values are kept)"));
   }
   return result;

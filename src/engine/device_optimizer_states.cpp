@@ -22,8 +22,9 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       runs_(runs),
       range_(plan.device_states),
       options_(states),
-      layout_of_states_(states.form(), plan.device_states.count(),
-                        plan.master_in_params ? optim::StatesLayout::Master::elsewhere : optim::StatesLayout::Master::here),
+      layout_of_states_(
+          states.form(), plan.device_states.count(),
+          plan.master_in_params ? optim::StatesLayout::Master::elsewhere : optim::StatesLayout::Master::here),
       params_shards_(std::move(params_shards)) {
   if (plan.master_in_params != !params_shards_.empty() ||
       (plan.master_in_params && params_shards_.size() != static_cast<std::size_t>(layout.group_count())))
@@ -233,7 +234,9 @@ void DeviceOptimizerStates::step(std::span<const StepGroup> groups, const optim:
   // Group g's part in range_, and where that part starts in the group's shard (bytes).
   const auto part = [&](int g) { return group_part(layout_, g, range_); };
   const auto in_group = [&](int g) { return (part(g).begin - layout_.group(g).shard_offset) * dtype_size(dtype_); };
-  const auto grad = [&](int g) { return static_cast<const char*>(groups[static_cast<std::size_t>(g)].grad) + in_group(g); };
+  const auto grad = [&](int g) {
+    return static_cast<const char*>(groups[static_cast<std::size_t>(g)].grad) + in_group(g);
+  };
   shards_.clear();
   for (int g = 0; g < layout_.group_count(); ++g) {
     char* const out = static_cast<char*>(groups[static_cast<std::size_t>(g)].device_out);

@@ -163,8 +163,14 @@ struct Engine::State {
   void require_in_group(int group, std::size_t t, const char* what) const {
     const ParamSpec& spec = tensor(t, "Engine::GroupLease");
     if (spec.group != group)
-      throw Error(std::string("Engine: ").append(what).append(" of '").append(spec.name).append("' belongs to group ")
-                      .append(std::to_string(spec.group)).append(", not to the leased group ").append(std::to_string(group)));
+      throw Error(std::string("Engine: ")
+                      .append(what)
+                      .append(" of '")
+                      .append(spec.name)
+                      .append("' belongs to group ")
+                      .append(std::to_string(spec.group))
+                      .append(", not to the leased group ")
+                      .append(std::to_string(group)));
   }
   TensorView view(std::size_t t, void* data) const {
     return {data, config.precision.dtype, specs[t].shape, layout.tensor(t).numel};
@@ -192,19 +198,24 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   std::shared_ptr<offload::Store> shared_store;
   std::vector<std::string> store_path;
   std::shared_ptr<offload::Store> optimizer_store, param_store;
-  if (s.plan.offload_optimizer) optimizer_store = nvme_store(config, config.offload.optimizer, comm.rank(), device.host_cpus(), shared_store, store_path);
-  if (s.plan.offload_params) param_store = nvme_store(config, config.offload.param, comm.rank(), device.host_cpus(), shared_store, store_path);
+  if (s.plan.offload_optimizer)
+    optimizer_store =
+        nvme_store(config, config.offload.optimizer, comm.rank(), device.host_cpus(), shared_store, store_path);
+  if (s.plan.offload_params)
+    param_store = nvme_store(config, config.offload.param, comm.rank(), device.host_cpus(), shared_store, store_path);
   s.staging = std::make_unique<engine::HostStaging>(device, s.plan, config.precision.dtype);
   if (s.plan.quant_gather_codes > 0)
-    s.quantized_gather = std::make_unique<engine::QuantizedGather>(device, s.comm, *s.math, s.plan, config.precision.dtype);
+    s.quantized_gather =
+        std::make_unique<engine::QuantizedGather>(device, s.comm, *s.math, s.plan, config.precision.dtype);
   if (s.plan.quant_reduce_codes > 0)
     s.quantized_reduce = std::make_unique<engine::QuantizedReduceScatter>(
         device, s.comm, *s.comms.host(), s.comms.across(), *s.math, s.plan, *engine::quantized_grad_bits(config),
         config.precision.dtype);
-  s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, s.comm, stream, s.layout, s.plan, *s.staging,
-                                                   std::move(param_store), s.comms.host(), s.quantized_gather.get());
-  s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math, s.layout,
-                                                  s.plan, *s.staging, s.quantized_reduce.get());
+  s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, s.comm, stream,
+                                                   s.layout, s.plan, *s.staging, std::move(param_store), s.comms.host(),
+                                                   s.quantized_gather.get());
+  s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math,
+                                                  s.layout, s.plan, *s.staging, s.quantized_reduce.get());
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
     std::vector<float*> params_shards;  // the master weights, where they are the parameters
@@ -448,7 +459,8 @@ StepResult Engine::step() {
   // optimizer is offloaded), so the orchestration is the same for every placement.
   auto* scalars = s.scalars.as<engine::GradStatsScalars>();
   s.grads->grad_stats(scalars);
-  if (layout.partitions() > 1) s.comm.all_reduce(scalars->reduced, scalars->reduced, 2, DType::f32, ReduceOp::sum, stream);
+  if (layout.partitions() > 1)
+    s.comm.all_reduce(scalars->reduced, scalars->reduced, 2, DType::f32, ReduceOp::sum, stream);
   s.device.copy_async(s.staging->scalars(), scalars, sizeof(engine::GradStatsScalars), stream);
   stream.synchronize();
   wait_span.end();

@@ -75,8 +75,8 @@ class GradBuckets {
   // plan.grad_landing pinned) and the buckets (plan.staging_slot each), zeroed. `staging`: its
   // scalars are where the host computes the statistics of a host shard. `quantized` (null: exact)
   // must outlive this.
-  GradBuckets(const GradBucketsOptions& options, Device& device, Communicator& comm, Stream& comm_stream, DeviceMath& math,
-              const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
+  GradBuckets(const GradBucketsOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
+              DeviceMath& math, const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
               QuantizedReduceScatter* quantized = nullptr);
 
   // Where tensor t's gradient of this micro-batch is written (overwrite it), at its place in its
@@ -126,7 +126,9 @@ class GradBuckets {
   // grad()'s in a world of one: the group's first contribution of a step goes to its accumulated
   // gradient. Not for a host shard (plan.grads_on_host): the trainer writes device memory, which a
   // bucket carries to the host.
-  bool writes_in_place(int g) const { return comm_.size() == 1 && !host_grads_ && !groups_[static_cast<std::size_t>(g)].summed; }
+  bool writes_in_place(int g) const {
+    return comm_.size() == 1 && !host_grads_ && !groups_[static_cast<std::size_t>(g)].summed;
+  }
   char* grad_in_place(int g);
   void ready_in_place(int g);
   // Zeroes `elements` of the accumulated gradient at `at`, on the comm stream.

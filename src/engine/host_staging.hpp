@@ -16,7 +16,9 @@ namespace zest::engine {
 class HostStaging {
  public:
   HostStaging(Device& device, const MemoryPlan& plan, DType dtype)
-      : buffer_(device.allocate_pinned(plan.engine_pinned, HostPurpose::engine)), elements_(plan.staging_elements), dtype_(dtype) {}
+      : buffer_(device.allocate_pinned(plan.engine_pinned, HostPurpose::engine)),
+        elements_(plan.staging_elements),
+        dtype_(dtype) {}
 
   void* scalars() const { return buffer_.data(); }  // kScalarsBytes
   std::size_t elements() const { return elements_; }

@@ -16,8 +16,11 @@ std::size_t ParamSpec::numel() const {
   std::size_t n = 1;
   for (std::size_t d : shape) {
     if (d != 0 && n > kLimit / d)
-      throw Error(std::string("ParamSpec: the shape of '").append(name).append("' holds more than ")
-                      .append(std::to_string(kLimit)).append(" elements (its product overflows); check its dimensions"));
+      throw Error(std::string("ParamSpec: the shape of '")
+                      .append(name)
+                      .append("' holds more than ")
+                      .append(std::to_string(kLimit))
+                      .append(" elements (its product overflows); check its dimensions"));
     n *= d;
   }
   return n;
@@ -35,8 +38,10 @@ constexpr std::size_t kMaxLayoutElements = std::numeric_limits<std::size_t>::max
 std::size_t checked_sum(std::size_t a, std::size_t b, int partitions) {
   std::size_t sum = 0;
   if (__builtin_add_overflow(a, b, &sum) || sum > kMaxLayoutElements)
-    throw Error(std::string("Engine: the parameters, each group padded to split into ").append(std::to_string(partitions))
-                    .append(" aligned shards, hold more than ").append(std::to_string(kMaxLayoutElements))
+    throw Error(std::string("Engine: the parameters, each group padded to split into ")
+                    .append(std::to_string(partitions))
+                    .append(" aligned shards, hold more than ")
+                    .append(std::to_string(kMaxLayoutElements))
                     .append(" elements; use fewer ranks or fewer, larger groups"));
   return sum;
 }
@@ -50,7 +55,8 @@ std::size_t Layout::shard_begin(int g, int rank) const {
 Layout::ShardPart Layout::shard_part(std::size_t t, int rank) const {
   const TensorPlace& place = tensor(t);
   const std::size_t begin = shard_begin(place.group, rank);
-  const std::size_t lo = std::max(place.offset, begin), hi = std::min(place.offset + place.numel, begin + group(place.group).shard);
+  const std::size_t lo = std::max(place.offset, begin),
+                    hi = std::min(place.offset + place.numel, begin + group(place.group).shard);
   return {begin, lo, std::max(lo, hi)};
 }
 
@@ -86,7 +92,8 @@ Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partition
                         .append(p.name).append("' starts group ").append(std::to_string(p.group))
                         .append(" where group ").append(std::to_string(groups_.size()))
                         .append(" was expected"));
-      if (group_seen.size() <= static_cast<std::size_t>(p.group)) group_seen.resize(static_cast<std::size_t>(p.group) + 1);
+      if (group_seen.size() <= static_cast<std::size_t>(p.group))
+        group_seen.resize(static_cast<std::size_t>(p.group) + 1);
       group_seen[static_cast<std::size_t>(p.group)] = true;
       groups_.push_back(GroupPlace{i, i, 0, 0, 0, 0});
     }

@@ -254,7 +254,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
     if (p.offload_params) p.gathered_shard = bytes(layout.largest_segment() / partitions);
     add(MemoryCategory::buffers, p.gathered_count * (p.gathered_slot + p.gathered_shard));
     if (config.comm.quantize.params != QuantizeParams::none && partitions > 1 && sharded_groups > 0)
-      p.quant_gather_codes = partitions * optim::quantized_bytes(optim::QuantBits::int8, layout.largest_segment() / partitions);
+      p.quant_gather_codes =
+          partitions * optim::quantized_bytes(optim::QuantBits::int8, layout.largest_segment() / partitions);
     add(MemoryCategory::buffers, p.quant_gather_codes);
   }
   plan_gather_runs(config, layout, dtype, p);
@@ -273,7 +274,8 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
   }
 
   std::size_t largest_tensor = 0;
-  for (std::size_t t = 0; t < layout.tensor_count(); ++t) largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
+  for (std::size_t t = 0; t < layout.tensor_count(); ++t)
+    largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
   // At least 3: the device-resident states pass through it for checkpoints a third each; compact
   // ones, on a device the host cannot read, a whole int8 block at least at a time.
   const std::size_t least = form.plain() || p.device_states.count() == 0

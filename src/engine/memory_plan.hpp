@@ -187,9 +187,9 @@ ShardRange group_part(const Layout& layout, int g, ShardRange range);
 enum class SubGroups { sizes_only, listed };
 
 // The sizes for `config` over `layout` (partitions = 1 for stage 0, the world size otherwise), with
-// `host_ranks` ranks on each host (partition.secondary, comm.quantize.grads; 0: every rank on one). Time and memory grow
-// with the layout's groups and tensors, and with the sub-groups only when listed. Throws Error when
-// host_ranks does not divide the partitions.
+// `host_ranks` ranks on each host (partition.secondary, comm.quantize.grads; 0: every rank on one). Time and memory
+// grow with the layout's groups and tensors, and with the sub-groups only when listed. Throws Error when host_ranks
+// does not divide the partitions.
 MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups = SubGroups::listed,
                        int host_ranks = 0);
 

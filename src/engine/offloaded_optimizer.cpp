@@ -94,9 +94,10 @@ struct OffloadedOptimizer::Impl {
 
   void check_usable() const {
     if (!broken_reason.empty())
-      throw Error(std::string("offloaded optimizer: unusable after an earlier I/O failure (")
-                      .append(broken_reason)
-                      .append("); its states are partly updated. Rebuild the engine and set or load its weights again"));
+      throw Error(
+          std::string("offloaded optimizer: unusable after an earlier I/O failure (")
+              .append(broken_reason)
+              .append("); its states are partly updated. Rebuild the engine and set or load its weights again"));
   }
 
   // Calls visit(master, m, v, first, n) for the states of [offset, offset + count) sub-group by
@@ -228,7 +229,8 @@ struct OffloadedOptimizer::Impl {
       writes[slot] = states->store(order[i], slot, Copy::current);
       if (upload) {
         const char* source = out ? out : piece;  // fp32 in place: the master weights open the piece
-        const StreamSpan up_span(*up, "upload parameters", trace::Lane::copy_stream, static_cast<std::int64_t>(order[i]));
+        const StreamSpan up_span(*up, "upload parameters", trace::Lane::copy_stream,
+                                 static_cast<std::int64_t>(order[i]));
         device.copy_async(static_cast<char*>(io.device_out) + bytes(sub.in_group), source, bytes(sub.count), *up);
         up->record(*out_done[slot]);
       } else if (sub.last_of_group) {
@@ -296,7 +298,8 @@ void OffloadedOptimizer::read_master(std::size_t offset, float* values, std::siz
   });
 }
 
-void OffloadedOptimizer::visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) {
+void OffloadedOptimizer::visit_states(std::size_t offset, std::size_t count, bool write_back,
+                                      const StatesVisit& visit) {
   impl_->visit_states(offset, count, write_back, visit);
 }
 

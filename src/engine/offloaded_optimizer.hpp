@@ -14,10 +14,10 @@
 // (offload.optimizer.ratio) sends off the device; offsets are of the shard buffer, inside the range.
 // Where they live is a Residency with one piece per sub-group (master, m and v side by side,
 // optim::StatesLayout): cpu: a PinnedResidency, the whole range in pinned host memory (12 bytes per
-// parameter in fp32), updated in place; nvme: an NvmeResidency, a region per sub-group in the NvmeStore, of which the host
-// holds only buffer_count sub-group slots, so the host memory is bounded by the configuration
-// whatever the model's size. Each sub-group is updated by SubGroupAdam. Everything is allocated at
-// construction; step() allocates nothing large.
+// parameter in fp32), updated in place; nvme: an NvmeResidency, a region per sub-group in the NvmeStore, of which the
+// host holds only buffer_count sub-group slots, so the host memory is bounded by the configuration whatever the model's
+// size. Each sub-group is updated by SubGroupAdam. Everything is allocated at construction; step() allocates nothing
+// large.
 //
 // offload.optimizer.overlap (plan.overlap): the residency keeps a spare copy of the states, and a
 // SpeculativeUpdates (speculative()) updates groups into it during backward; step() takes the

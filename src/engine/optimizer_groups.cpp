@@ -47,7 +47,8 @@ HyperRuns hyper_runs(const Layout& layout, int rank, const std::vector<int>& gro
       const auto part = layout.shard_part(t, rank);
       if (part.empty()) continue;
       const auto* hyper = &values[static_cast<std::size_t>(group_of[t])];
-      const std::size_t at = place.shard_offset + (part.lo - part.begin), end = place.shard_offset + (part.hi - part.begin);
+      const std::size_t at = place.shard_offset + (part.lo - part.begin),
+                        end = place.shard_offset + (part.hi - part.begin);
       if (!runs.empty() && runs.back().hyper == hyper) runs.back().end = end;
       else runs.push_back({at, end, hyper});
     }

@@ -11,14 +11,19 @@ void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t a
                     bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch,
                     float* master) {
   if (at > layout.count() || n > layout.count() - at)
-    throw Error(std::string("optimizer states: elements [").append(std::to_string(at)).append(", ")
-                    .append(std::to_string(at + n)).append(") outside the piece's ").append(std::to_string(layout.count())));
+    throw Error(std::string("optimizer states: elements [")
+                    .append(std::to_string(at))
+                    .append(", ")
+                    .append(std::to_string(at + n))
+                    .append(") outside the piece's ")
+                    .append(std::to_string(layout.count())));
   if (layout.master_here() == (master != nullptr))
     throw Error("optimizer states: give the master exactly where the layout does not hold it; this is a zest bug");
   // The master of element `at`, in the layout or given.
   if (layout.master_here()) master = layout.master(base) + at;
   if (layout.form().plain()) {
-    visit(master, reinterpret_cast<float*>(layout.m(base)) + at, reinterpret_cast<float*>(layout.v(base)) + at, first, n);
+    visit(master, reinterpret_cast<float*>(layout.m(base)) + at, reinterpret_cast<float*>(layout.v(base)) + at, first,
+          n);
     return;
   }
   const bool bf16_master = layout.form().master == DType::bf16;

@@ -44,7 +44,8 @@ ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Comm
     if (*b) device.memset_async(b->data(), 0, b->bytes(), stream_);
   for (const DeviceBuffer& r : resident_)
     if (r) device.memset_async(r.data(), 0, r.bytes(), stream_);
-  if (plan.offload_params) offload_ = std::make_unique<ParamOffload>(device, layout, plan.param_offload, dtype_, std::move(store));
+  if (plan.offload_params)
+    offload_ = std::make_unique<ParamOffload>(device, layout, plan.param_offload, dtype_, std::move(store));
   if (plan.secondary_ranks > 0) {
     if (host_comm == nullptr || host_comm->size() != plan.secondary_ranks)
       throw Error(std::string("Engine: partition.secondary: host planned ").append(std::to_string(plan.secondary_ranks))
@@ -67,7 +68,8 @@ char* ParamGather::full(int g) {
   if (!sharded()) return at(full_params_, layout_.group(g).full_offset);
   const auto i = static_cast<std::size_t>(g);
   if (resident_[i]) return resident_[i].as<char>();
-  if (gathered_of_[i] < 0) throw Error(std::string("Engine: group ").append(std::to_string(g)).append(" is not gathered"));
+  if (gathered_of_[i] < 0)
+    throw Error(std::string("Engine: group ").append(std::to_string(g)).append(" is not gathered"));
   return gathered_[static_cast<std::size_t>(gathered_of_[i])].buffer.as<char>();
 }
 

@@ -51,8 +51,8 @@ class ParamGather {
   // `host_comm`: the ranks of this rank's host, with plan.secondary_params (null otherwise; Error
   // when it is missing or not plan.secondary_ranks large); `quantized`: stage 3's gathers over
   // every rank, with comm.quantize.params (null: exact). Both must outlive this.
-  ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream, const Layout& layout,
-              const MemoryPlan& plan, HostStaging& staging, std::shared_ptr<offload::Store> store,
+  ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
+              const Layout& layout, const MemoryPlan& plan, HostStaging& staging, std::shared_ptr<offload::Store> store,
               Communicator* host_comm = nullptr, QuantizedGather* quantized = nullptr);
 
   // Before the group is used: stage 3 records the order, gathers the group unless it is resident or

@@ -46,7 +46,8 @@ NvmeResidency::NvmeResidency(Device& device, HostPurpose purpose, std::shared_pt
   if (store_->alignment() != kNvmeAlignment)
     throw Error(std::string(owner).append(": the store's alignment is ").append(std::to_string(store_->alignment()))
                     .append(" bytes, the memory plan's ").append(std::to_string(kNvmeAlignment)));
-  if (slots == 0) throw Error(std::string(owner).append(": no staging slot to move its pieces through; give at least one"));
+  if (slots == 0)
+    throw Error(std::string(owner).append(": no staging slot to move its pieces through; give at least one"));
   for (std::size_t i = 0; i < bytes.size(); ++i) {
     const std::size_t moved = (bytes[i] + kNvmeAlignment - 1) / kNvmeAlignment * kNvmeAlignment;
     if (moved > slot_bytes)

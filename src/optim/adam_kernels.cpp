@@ -100,7 +100,8 @@ struct Int8Decoder {
   // A signed (m) byte times the scale, as dequantize: bits 0..6 give the magnitude, bit 7 the sign.
   VecF signed_value(VecU byte, VecF scale) const {
     const __m512 magnitude = _mm512_mul_ps(value(byte), scale);
-    return _mm512_mask_xor_ps(magnitude, _mm512_test_epi32_mask(__builtin_bit_cast(__m512i, byte), _mm512_set1_epi32(0x80)),
+    return _mm512_mask_xor_ps(magnitude,
+                              _mm512_test_epi32_mask(__builtin_bit_cast(__m512i, byte), _mm512_set1_epi32(0x80)),
                               magnitude, _mm512_set1_ps(-0.0f));
   }
 };
@@ -254,7 +255,8 @@ struct Int8Encoder {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_setzero_ps()), _mm256_set1_ps(static_cast<float>(N) - 0.5f));
     const __m256 floor = _mm256_floor_ps(x);
     const __m256i guess = _mm256_cvttps_epi32(floor);
-    const int near = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_sub_ps(x, floor), _mm256_set1_ps(code.guess_band), _CMP_GE_OQ));
+    const int near =
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_sub_ps(x, floor), _mm256_set1_ps(code.guess_band), _CMP_GE_OQ));
     if (__builtin_expect(near == 0, 1)) return __builtin_bit_cast(VecU, guess);
     const __m256i g = _mm256_min_epi32(guess, _mm256_set1_epi32(static_cast<int>(N - 2)));
     return dynamic_encode_from_guess<VecF, VecU>(code, a, __builtin_bit_cast(VecU, g), VecCodeOps{});

@@ -28,9 +28,14 @@ void check_pointer(const char* who, const char* name, const void* p, std::size_t
                    const char* why) {
   if (count > 0 && p == nullptr) throw Error(prefix(who).append(name).append(" is null; pass the buffer"));
   if (reinterpret_cast<std::uintptr_t>(p) % align != 0)
-    throw Error(prefix(who).append(name).append(" is not ").append(std::to_string(align))
-                    .append("-byte aligned (").append(why).append("); pass an aligned buffer (an allocator's memory is; "
-                    "cut a quantized buffer only at record boundaries, quant_record_bytes)"));
+    throw Error(prefix(who)
+                    .append(name)
+                    .append(" is not ")
+                    .append(std::to_string(align))
+                    .append("-byte aligned (")
+                    .append(why)
+                    .append("); pass an aligned buffer (an allocator's memory is; "
+                            "cut a quantized buffer only at record boundaries, quant_record_bytes)"));
 }
 
 void check_bytes(const char* who, const char* name, std::size_t bytes, QuantBits bits, std::size_t count) {

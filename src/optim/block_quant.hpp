@@ -1,8 +1,8 @@
 // The CPU block-wise quantizer: fp32, bf16 or fp16 values to int8 or int4 codes with one fp32 scale
-// per kQuantBlock elements, and back, and fp32 to bf16 or fp16 (the format, the error bound, Inf/NaN and the buffer's layout:
-// block_quant_math.hpp). One kernel source compiled per instruction set (block_quant_kernels.cpp),
-// chosen at run time as the CPU Adam's is; large ranges are split into tiles of whole blocks over a
-// pinned oneTBB arena. kernels/block_quant.hpp has the CUDA kernels, equal to these bit for bit.
+// per kQuantBlock elements, and back, and fp32 to bf16 or fp16 (the format, the error bound, Inf/NaN and the buffer's
+// layout: block_quant_math.hpp). One kernel source compiled per instruction set (block_quant_kernels.cpp), chosen at
+// run time as the CPU Adam's is; large ranges are split into tiles of whole blocks over a pinned oneTBB arena.
+// kernels/block_quant.hpp has the CUDA kernels, equal to these bit for bit.
 #pragma once
 
 #include <cstddef>

@@ -93,9 +93,11 @@ ZEST_HOST_DEVICE inline U stochastic_round_bf16_bits(U u, U r) {
 // scaled by 10^-e; b = 0 is 0. The paper takes the intervals' centres and appends 1; tops make
 // the largest value exactly 1, so the element that sets a block's scale is stored exactly and the
 // scale, and with it the whole block, decays at beta2 instead of shrinking by the top gap each
-// step. Values grow with b, so encoding is a search over the midpoints of consecutive values. Each value is rounded to 16 significant bits so that every
-// midpoint is exactly a float: the float comparison x > midpoint then decides nearest exactly.
-constexpr std::size_t kInt8Block = 64;  // elements per scale: Layout::kAlign, so every shard, sub-group and optimizer group boundary is a block boundary
+// step. Values grow with b, so encoding is a search over the midpoints of consecutive values. Each value is rounded to
+// 16 significant bits so that every midpoint is exactly a float: the float comparison x > midpoint then decides nearest
+// exactly.
+constexpr std::size_t kInt8Block = 64;  // elements per scale: Layout::kAlign, so every shard, sub-group and optimizer
+                                        // group boundary is a block boundary
 
 struct DynamicCode {
   std::uint32_t magnitudes = 0;  // 128 (signed) or 256 (unsigned)
@@ -163,7 +165,8 @@ inline DynamicCode make_dynamic_code(bool is_signed) {
   const auto line = [&](std::uint32_t b, double y) {  // the byte coordinate of y in b's decade
     const int k = 31 - __builtin_clz(b);
     const double span = std::ldexp(1.0, k);
-    return k == 0 ? y * std::pow(10.0, width - 1) : y * std::pow(10.0, width - 1 - k) * span / 0.9 + span * 8.0 / 9.0 - 1.0;
+    return k == 0 ? y * std::pow(10.0, width - 1)
+                  : y * std::pow(10.0, width - 1 - k) * span / 0.9 + span * 8.0 / 9.0 - 1.0;
   };
   double slack = 0.0;
   for (std::uint32_t b = 0; b + 1 < code.magnitudes; ++b)
@@ -229,8 +232,8 @@ ZEST_HOST_DEVICE inline U signed_code_byte(U word, U magnitude) {
 // never stores 0, but the code's smallest value. Rounded to 0 while its m was not, an element's
 // next update was about m / sqrt((1 - beta2) g^2), unbounded by Adam's step of about lr (the
 // "zero-point problem" of low-bit second moments, Li et al. 2023, who drop 0 from v's map): on an
-// unstable model int8 states diverged where fp32 recovered. Rounded up, √v can only be larger, so the step only smaller. 0, -0 and NaN
-// stay 0.
+// unstable model int8 states diverged where fp32 recovered. Rounded up, √v can only be larger, so the step only
+// smaller. 0, -0 and NaN stay 0.
 template <class U>
 ZEST_HOST_DEVICE inline U unsigned_code_byte(U word, U magnitude) {
   const U x = word & 0x7fffffffu;

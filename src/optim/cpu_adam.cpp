@@ -178,7 +178,8 @@ void check_source(const CpuAdam::CompactSource& from, const CpuAdam::CompactStat
   if (states.count > 0 &&
       (from.master == nullptr || from.states.m == nullptr || from.states.v == nullptr ||
        (states.format == StatesFormat::int8 && (from.states.m_scale == nullptr || from.states.v_scale == nullptr))))
-    throw Error("CpuAdam::step_compact_from: a source state is null; pass the master, m, v (and int8's scales) to read from");
+    throw Error(
+        "CpuAdam::step_compact_from: a source state is null; pass the master, m, v (and int8's scales) to read from");
 }
 
 // The kernel reads the moments (and int8's scales) of `from`, not the destination's.

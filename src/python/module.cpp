@@ -65,7 +65,8 @@ class PyOptimizer {
       };
       opt_ = std::make_unique<zest::torch::Optimizer>(
           params, config,
-          zest::torch::process_group_world(c10d::resolve_process_group(group), config.comm.timeout, std::move(make_group)));
+          zest::torch::process_group_world(c10d::resolve_process_group(group), config.comm.timeout,
+                                           std::move(make_group)));
     }
     if (!trace.empty()) trace_.emplace(trace, opt_->runtime().comm(), "zest.torch.Optimizer(trace=...)");
   }
@@ -128,7 +129,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("gradient_accumulation_steps", &zest::Config::gradient_accumulation_steps)
       .def_readonly("gradient_clipping", &zest::Config::gradient_clipping)
       .def_readonly("source", &zest::Config::source)
-      .def_property_readonly("comm_backend_mpi", [](const zest::Config& c) { return c.comm.backend == zest::CommBackend::mpi; })
+      .def_property_readonly("comm_backend_mpi",
+                             [](const zest::Config& c) { return c.comm.backend == zest::CommBackend::mpi; })
       .def("to_yaml", [](const zest::Config& c) { return zest::to_yaml(c); });
   m.def("load_config", [](const std::string& path) { return zest::load_config(path); }, py::arg("path"));
   m.def("parse_config", [](const std::string& text, const std::string& source) {

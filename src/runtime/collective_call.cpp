@@ -48,7 +48,8 @@ CollectiveCall all_reduce_call(const void* send, void* recv, std::size_t count, 
   if (count != 0 && (send == nullptr || recv == nullptr))
     call.invalid = null_buffer_message("all_reduce", count);
   else if (send != recv && overlap(send, bytes, recv, bytes))
-    call.invalid = "all_reduce: send and recv overlap without being the same buffer; pass send == recv to reduce in place";
+    call.invalid =
+        "all_reduce: send and recv overlap without being the same buffer; pass send == recv to reduce in place";
   return call;
 }
 
@@ -163,9 +164,10 @@ void check_agreement(const CollectiveCall& call, const std::int64_t* reduced) {
     throw CommError(message + ": ranks disagree on count: min " + std::to_string(min(count_field)) + ", max " +
                     std::to_string(max(count_field)) + " (every rank must pass the same count; pad in the caller)");
   if (disagree(dtype_field))
-    throw CommError(message + ": ranks disagree on dtype: " +
-                    std::string(dtype_name(static_cast<DType>(min(dtype_field)))) + " on some ranks, " +
-                    std::string(dtype_name(static_cast<DType>(max(dtype_field)))) + " on others (every rank must pass the same dtype)");
+    throw CommError(message +
+                    ": ranks disagree on dtype: " + std::string(dtype_name(static_cast<DType>(min(dtype_field)))) +
+                    " on some ranks, " + std::string(dtype_name(static_cast<DType>(max(dtype_field)))) +
+                    " on others (every rank must pass the same dtype)");
   if (disagree(op_field))
     throw CommError(message + ": ranks disagree on the reduce op: " +
                     op_name(static_cast<ReduceOp>(min(op_field))) + " on some ranks, " +

@@ -251,7 +251,10 @@ class CudaDevice final : public Device {
  public:
   CudaDevice(int ordinal, std::size_t budget, std::string gpu_name, std::vector<int> host_cpus,
              std::shared_ptr<DeviceMemorySource> memory)
-      : Device(budget, std::move(host_cpus)), ordinal_(ordinal), name_(device_label(ordinal)), memory_(std::move(memory)) {
+      : Device(budget, std::move(host_cpus)),
+        ordinal_(ordinal),
+        name_(device_label(ordinal)),
+        memory_(std::move(memory)) {
     name_.append(" (").append(gpu_name).append(")");
   }
 
@@ -488,7 +491,8 @@ std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::v
   cudaDeviceProp properties{};
   ZEST_CUDA_CHECK(cudaGetDeviceProperties(&properties, chosen));
   const std::size_t resolved_budget = budget == 0 ? properties.totalGlobalMem : budget;
-  return std::make_unique<CudaDevice>(chosen, resolved_budget, properties.name, std::move(host_cpus), std::move(memory));
+  return std::make_unique<CudaDevice>(chosen, resolved_budget, properties.name, std::move(host_cpus),
+                                      std::move(memory));
 }
 
 }  // namespace zest

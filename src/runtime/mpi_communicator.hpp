@@ -95,8 +95,8 @@ class MpiCommunicator final : public Communicator {
   // task on it threw) may have failed: else every rank throws CommError, and none moves data.
   // Agreed on `comm` under the watchdog's `operation`, in `extremes` (16 values): comm_ and
   // agreement_ for the stream collectives, host_comm_ and host_agreement_ for the host ones.
-  void agree(const CollectiveCall& call, bool stream_failed, MPI_Comm comm, const CollectiveWatchdog::Operation& operation,
-             std::int64_t* extremes);
+  void agree(const CollectiveCall& call, bool stream_failed, MPI_Comm comm,
+             const CollectiveWatchdog::Operation& operation, std::int64_t* extremes);
   // all_reduce_host: agreed and run on the calling thread, over host_comm_.
   void run_host_all_reduce(const CollectiveCall& call, MPI_Datatype type);
   void run_all_reduce(const CollectiveCall& call);

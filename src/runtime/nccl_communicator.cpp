@@ -308,7 +308,8 @@ class NcclCommunicator final : public Communicator {
   // the next collective would wait for it forever.
   void check_async_error() {
     const std::string failure = async_error();
-    if (!failure.empty()) throw CommError(std::string("rank ").append(std::to_string(rank_)).append(": ").append(failure));
+    if (!failure.empty())
+      throw CommError(std::string("rank ").append(std::to_string(rank_)).append(": ").append(failure));
   }
 
   // NCCL's asynchronous failure ("" while none); the watchdog asks too, from its thread.

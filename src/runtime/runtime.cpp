@@ -27,7 +27,8 @@ void check_rank_cpus(const std::vector<int>& cpus) {
       throw Error(named + "cpu " + std::to_string(cpu) + " is not one this process may run on (" +
                   std::to_string(allowed.size()) + " allowed, from " + std::to_string(allowed.front()) + " to " +
                   std::to_string(allowed.back()) + "); give cpus of its affinity mask");
-    if (!seen.insert(cpu).second) throw Error(named + "cpu " + std::to_string(cpu) + " is listed twice; list each once");
+    if (!seen.insert(cpu).second)
+      throw Error(named + "cpu " + std::to_string(cpu) + " is listed twice; list each once");
   }
 }
 

@@ -71,7 +71,9 @@ void require_same_on_ranks(Communicator& comm, std::span<const SharedValue> valu
   if (other < texts.size())
     message.append(", rank ").append(std::to_string(other)).append(" has '").append(texts[other]).append("'");
   else
-    message.append(" and so, as far as the first ").append(std::to_string(kQuoted)).append(" bytes show, do the others");
+    message.append(" and so, as far as the first ")
+        .append(std::to_string(kQuoted))
+        .append(" bytes show, do the others");
   message.append("; give every rank the same config (and the same model)");
   throw Error(message);
 }

@@ -157,7 +157,8 @@ std::size_t TraceFile::write() {
   }
   for (int r = 0; r < ranks; ++r) {
     if (out && r > 0) out->write(",\n");
-    send_to_rank0(comm_, r, mine, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]), out ? &*out : nullptr);
+    send_to_rank0(comm_, r, mine, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]),
+                  out ? &*out : nullptr);
   }
   if (out) {
     const nlohmann::ordered_json other = {{"writer", "zest"},

@@ -12,7 +12,8 @@ namespace {
 
 class TorchCudaMemory final : public DeviceMemorySource {
  public:
-  TorchCudaMemory(int ordinal, cudaStream_t stream) : ordinal_(static_cast<c10::DeviceIndex>(ordinal)), stream_(stream) {}
+  TorchCudaMemory(int ordinal, cudaStream_t stream)
+      : ordinal_(static_cast<c10::DeviceIndex>(ordinal)), stream_(stream) {}
 
   void* allocate(std::size_t bytes) override {
     const c10::cuda::CUDAGuard guard(ordinal_);

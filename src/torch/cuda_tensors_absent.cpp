@@ -14,7 +14,8 @@ std::shared_ptr<DeviceMemorySource> torch_cuda_memory(int /*ordinal*/) { throw E
 
 int cuda_ordinal(const Device& /*device*/) { return -1; }
 
-TorchComputeStream::TorchComputeStream(Engine& engine, Device& device) : engine_(engine), device_(device), ordinal_(-1) {}
+TorchComputeStream::TorchComputeStream(Engine& engine, Device& device)
+    : engine_(engine), device_(device), ordinal_(-1) {}
 
 TorchComputeStream::~TorchComputeStream() = default;
 

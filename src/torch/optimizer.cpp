@@ -30,7 +30,8 @@ DType zest_dtype(const ::torch::Tensor& param, const std::string& name) {
     case ::torch::kBFloat16: return DType::bf16;
     case ::torch::kHalf: return DType::f16;
     default:
-      throw Error("zest::torch::Optimizer: parameter '" + name + "' is " + std::string(c10::toString(param.scalar_type())) +
+      throw Error("zest::torch::Optimizer: parameter '" + name + "' is " +
+                  std::string(c10::toString(param.scalar_type())) +
                   "; zest trains float32, bfloat16 and float16 parameters");
   }
 }
@@ -158,7 +159,8 @@ namespace {
 // that autograd stores the new gradient instead of adding to a tensor that holds nothing.
 class ClearPlaceholderHook : public ::torch::autograd::FunctionPreHook {
  public:
-  ClearPlaceholderHook(std::weak_ptr<Optimizer::Impl*> impl, std::size_t tensor) : impl_(std::move(impl)), tensor_(tensor) {}
+  ClearPlaceholderHook(std::weak_ptr<Optimizer::Impl*> impl, std::size_t tensor)
+      : impl_(std::move(impl)), tensor_(tensor) {}
   ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& grads) override {
     if (const auto impl = impl_.lock()) (*impl)->clear_placeholder(tensor_);
     return grads;
@@ -215,9 +217,9 @@ Optimizer::Impl::~Impl() {
 }
 
 // When the optimizer goes, the module keeps working: .grad holds no placeholder, and each parameter
-// gets storage of its own with its current values (stages 0-2 copy zest's device parameters; stage 3 gathers them, collectively,
-// unless an exception is unwinding, when a collective could wait for ranks that went on: the
-// parameters then stay released, and using one raises torch's error for a storage of size 0).
+// gets storage of its own with its current values (stages 0-2 copy zest's device parameters; stage 3 gathers them,
+// collectively, unless an exception is unwinding, when a collective could wait for ranks that went on: the parameters
+// then stay released, and using one raises torch's error for a storage of size 0).
 void Optimizer::Impl::give_parameters_back() noexcept {
   if (!engine) return;
   try {
@@ -338,7 +340,8 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
 
 Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::OptimizerParamGroup> groups,
                      const Config& config, Runtime* runtime, std::shared_ptr<World> world)
-    : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{}, std::make_unique<::torch::optim::AdamWOptions>(config.optimizer.lr)),
+    : ::torch::optim::Optimizer(std::vector<::torch::optim::OptimizerParamGroup>{},
+                                std::make_unique<::torch::optim::AdamWOptions>(config.optimizer.lr)),
       impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.owner = this;
@@ -408,12 +411,14 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
     runtime = s.owned_runtime.get();
   } else {
     const Device& device = runtime->device();
-    const bool same = where.is_cuda() ? detail::cuda_ordinal(device) == where.index() : device.type() == DeviceType::cpu;
+    const bool same =
+        where.is_cuda() ? detail::cuda_ordinal(device) == where.index() : device.type() == DeviceType::cpu;
     if (!same)
-      throw Error("zest::torch::Optimizer: the parameters are on " + where.str() + " but the Runtime given runs on " +
-                  device.name() + "; build the Runtime with device.type " + (where.is_cuda() ? "cuda" : "cpu") +
-                  (where.is_cuda() ? " and RuntimeOptions::cuda_ordinal " + std::to_string(where.index()) : std::string()) +
-                  ", or let the optimizer make its own");
+      throw Error(
+          "zest::torch::Optimizer: the parameters are on " + where.str() + " but the Runtime given runs on " +
+          device.name() + "; build the Runtime with device.type " + (where.is_cuda() ? "cuda" : "cpu") +
+          (where.is_cuda() ? " and RuntimeOptions::cuda_ordinal " + std::to_string(where.index()) : std::string()) +
+          ", or let the optimizer make its own");
   }
   s.runtime = runtime;
   claim(s.tensors, names);
@@ -431,8 +436,9 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
       for (const ::torch::Tensor& tensor : groups[g].params()) {
         const auto found = name_of.find(tensor.unsafeGetTensorImpl());
         if (found == name_of.end())
-          throw Error("zest::torch::Optimizer: param group " + std::to_string(g) +
-                      " holds a tensor that is not among the trained named parameters given (or does not require a gradient)");
+          throw Error(
+              "zest::torch::Optimizer: param group " + std::to_string(g) +
+              " holds a tensor that is not among the trained named parameters given (or does not require a gradient)");
         if (!group_of_tensor.emplace(found->first, g).second)
           throw Error("zest::torch::Optimizer: parameter '" + found->second + "' is in more than one param group");
         zest_group.match.push_back(exact_pattern(found->second));
@@ -449,7 +455,8 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
     }
     for (std::size_t t = 0; t < s.tensors.size(); ++t)
       if (!group_of_tensor.count(s.tensors[t].unsafeGetTensorImpl()))
-        throw Error("zest::torch::Optimizer: parameter '" + names[t] + "' is in no param group; put every trained parameter in one");
+        throw Error("zest::torch::Optimizer: parameter '" + names[t] +
+                    "' is in no param group; put every trained parameter in one");
   }
 
   std::vector<int> layer = layer_groups(names);
@@ -486,7 +493,8 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
       for (std::size_t t = 0; t < s.tensors.size(); ++t) {
         if (layer[t] != g) continue;
         const TensorView view = lease.param(t);
-        s.tensors[t].set_data(::torch::from_blob(view.data, s.tensors[t].sizes(), s.tensors[t].options().requires_grad(false)));
+        s.tensors[t].set_data(
+            ::torch::from_blob(view.data, s.tensors[t].sizes(), s.tensors[t].options().requires_grad(false)));
       }
     }
   }
@@ -581,8 +589,9 @@ LoadResult Optimizer::load(const std::string& dir, ::torch::optim::LRScheduler* 
     // torch counts a scheduler's steps in an unsigned int; a checkpoint past what an int holds is
     // refused rather than stepped for minutes.
     if (result.steps > std::numeric_limits<int>::max())
-      throw Error("zest::torch::Optimizer::load: the checkpoint's step count " + std::to_string(result.steps) +
-                  " is more than a torch scheduler can count to; load without the scheduler and set its rates yourself");
+      throw Error(
+          "zest::torch::Optimizer::load: the checkpoint's step count " + std::to_string(result.steps) +
+          " is more than a torch scheduler can count to; load without the scheduler and set its rates yourself");
     for (std::int64_t i = 0; i < result.steps; ++i) scheduler->step();
   }
   for (std::size_t i = 0; i < s.zest_group.size(); ++i)
@@ -592,11 +601,13 @@ LoadResult Optimizer::load(const std::string& dir, ::torch::optim::LRScheduler* 
 }
 
 void Optimizer::save(::torch::serialize::OutputArchive& /*archive*/) const {
-  throw Error("zest::torch::Optimizer: a torch archive cannot hold a sharded optimizer; use save(dir), a zest checkpoint");
+  throw Error(
+      "zest::torch::Optimizer: a torch archive cannot hold a sharded optimizer; use save(dir), a zest checkpoint");
 }
 
 void Optimizer::load(::torch::serialize::InputArchive& /*archive*/) {
-  throw Error("zest::torch::Optimizer: a torch archive cannot hold a sharded optimizer; use load(dir), a zest checkpoint");
+  throw Error(
+      "zest::torch::Optimizer: a torch archive cannot hold a sharded optimizer; use load(dir), a zest checkpoint");
 }
 
 NamedParameters Optimizer::full_parameters() {

@@ -83,11 +83,11 @@ GroupMaker split_groups(const Group& parent) {
 
 // zest's collectives on cpu-device buffers over the ranks of a torch.distributed group, on groups
 // of zest's own (GroupMaker; they need a cpu backend: gloo), so that zest's traffic never
-// interleaves with the program's collectives on the group. Every collective is a lockstep task on the caller's stream: the ranks first agree on it
-// (collective_call.hpp; a mismatch raises CommError on every rank and moves nothing), then it runs
-// and the stream's worker waits for it. A collective that has not completed after `timeout`
-// raises CommError naming it and its number on this rank (gloo cannot tell which peer is behind, as
-// MPI's watchdog does), and the communicator is unusable afterwards.
+// interleaves with the program's collectives on the group. Every collective is a lockstep task on the caller's stream:
+// the ranks first agree on it (collective_call.hpp; a mismatch raises CommError on every rank and moves nothing), then
+// it runs and the stream's worker waits for it. A collective that has not completed after `timeout` raises CommError
+// naming it and its number on this rank (gloo cannot tell which peer is behind, as MPI's watchdog does), and the
+// communicator is unusable afterwards.
 class ProcessGroupCommunicator final : public Communicator {
  public:
   // Over `members` (ranks of the world's group, ascending: this communicator's rank order; this

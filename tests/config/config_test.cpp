@@ -290,8 +290,8 @@ TEST(ConfigCombinations, NvmePathListsAreChecked) {
   ASSERT_EQ(empty.size(), 1u) << dump(empty);
   expect_problem(empty, "offload.optimizer.path", 2, 43, {"found an empty list", "at least one directory"});
 
-  const auto problems = problems_in_text("stage: 1\noffload:\n  optimizer:\n    device: nvme\n    path:\n      - '" + a +
-                                         "'\n      - /nonexistent/zest-config-test\n      - '" + a + "/'\n");
+  const auto problems = problems_in_text("stage: 1\noffload:\n  optimizer:\n    device: nvme\n    path:\n      - '" +
+                                         a + "'\n      - /nonexistent/zest-config-test\n      - '" + a + "/'\n");
   ASSERT_EQ(problems.size(), 2u) << dump(problems);
   expect_problem(problems, "offload.optimizer.path[1]", 7, 9, {"'/nonexistent/zest-config-test'", "does not exist"});
   expect_problem(problems, "offload.optimizer.path[2]", 8, 9, {"'" + a + "/'", "listed twice", "item 0"});
@@ -733,7 +733,8 @@ TEST(ConfigCombinations, CompactStatesOnlyWhereAnAdamUpdatesThem) {
   // Compact moments with an fp32 master: the CUDA Adam's compact kernels on a cuda device, whole or
   // in part, the CPU Adam offloaded and on the cpu device.
   EXPECT_NO_THROW(parse_config("device:\n  type: cuda\noptimizer:\n  states: bf16\n"));
-  EXPECT_NO_THROW(parse_config("stage: 3\ndevice:\n  type: cuda\noptimizer:\n  states: int8\nprecision:\n  dtype: bf16\n"));
+  EXPECT_NO_THROW(
+      parse_config("stage: 3\ndevice:\n  type: cuda\noptimizer:\n  states: int8\nprecision:\n  dtype: bf16\n"));
   EXPECT_NO_THROW(parse_config("stage: 2\ndevice:\n  type: cuda\noptimizer:\n  states: int8\n"
                                "offload:\n  optimizer:\n    device: cpu\n    ratio: 0.5\n"));
   EXPECT_NO_THROW(parse_config("stage: 2\ndevice:\n  type: cuda\noptimizer:\n  states: int8\n"
@@ -921,7 +922,8 @@ namespace {
 
 TEST(ConfigParamGroups, TheResolvedConfigReadsBackToTheSameGroups) {
   const Config c = parse_config(
-      "optimizer:\n  param_groups:\n    - {match: ['*.bias', 'a \"b\"'], weight_decay: 0}\n    - {match: x, betas: [0.5, 0.6], lr: 2}\n");
+      "optimizer:\n  param_groups:\n    - {match: ['*.bias', 'a \"b\"'], weight_decay: 0}\n    - {match: x, betas: "
+      "[0.5, 0.6], lr: 2}\n");
   const Config again = parse_config(to_yaml(c));
   ASSERT_EQ(again.optimizer.param_groups.size(), 2u);
   EXPECT_EQ(again.optimizer.param_groups[0].match, c.optimizer.param_groups[0].match);
@@ -950,8 +952,9 @@ TEST(ConfigFuzzRegressions, AStrayCommaIsASyntaxErrorNotAHang) {
       ADD_FAILURE() << "accepted: " << text;
     } catch (const ConfigError& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find(std::string("<string>") + place + ": YAML syntax error: yaml-cpp cannot read past this point"),
-                std::string::npos)
+      EXPECT_NE(
+          what.find(std::string("<string>") + place + ": YAML syntax error: yaml-cpp cannot read past this point"),
+          std::string::npos)
           << text << ": " << what;
     }
   }

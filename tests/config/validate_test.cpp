@@ -46,19 +46,16 @@ void partial_offload(Config& c, double ratio) {
 
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
-      {"stage 9", "stage: 9", [](Config& c) { c.stage = 9; },
-       "expected an integer from 0 to 3, found '9'"},
-      {"10^7 optimizer threads", "optimizer: {threads: 10000000}",
-       [](Config& c) { c.optimizer.threads = 10'000'000; },
+      {"stage 9", "stage: 9", [](Config& c) { c.stage = 9; }, "expected an integer from 0 to 3, found '9'"},
+      {"10^7 optimizer threads", "optimizer: {threads: 10000000}", [](Config& c) { c.optimizer.threads = 10'000'000; },
        "expected an integer from 0 to 1024, found '10000000'"},
       {"negative io threads", "io: {threads: -2}", [](Config& c) { c.io.threads = -2; },
        "expected an integer from 1 to 64, found '-2'"},
       {"a thousand buffers", "offload: {optimizer: {buffer_count: 1000}}",
-       [](Config& c) { c.offload.optimizer.buffer_count = 1000; },
-       "expected an integer from 2 to 64, found '1000'"},
+       [](Config& c) { c.offload.optimizer.buffer_count = 1000; }, "expected an integer from 2 to 64, found '1000'"},
       // offload.optimizer.ratio: a fraction in (0, 1], and only where something is offloaded.
-      {"ratio 0", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 0}}",
-       [](Config& c) { partial_offload(c, 0); }, kRatioExpected + "found '0'"},
+      {"ratio 0", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 0}}", [](Config& c) { partial_offload(c, 0); },
+       kRatioExpected + "found '0'"},
       {"ratio -1", "stage: 2\noffload: {optimizer: {device: cpu, ratio: -1}}",
        [](Config& c) { partial_offload(c, -1); }, kRatioExpected + "found '-1'"},
       {"ratio 1.5", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 1.5}}",
@@ -111,18 +108,19 @@ const std::vector<Case>& cases() {
          c.offload.optimizer_overlap = true;
        },
        "overlap updates offloaded states during backward from gradient shards on the host, which needs stage 2 "
-       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but stage is 1. Set those, or overlap: false"},
+       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but stage is 1. Set those, or overlap: "
+       "false"},
       {"overlap of part of the states", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 0.5, overlap: true}}",
        [](Config& c) {
          partial_offload(c, 0.5);
          c.offload.optimizer_overlap = true;
        },
        "overlap updates offloaded states during backward from gradient shards on the host, which needs stage 2 "
-       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but ratio is 0.5. Set those, or overlap: false"},
+       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but ratio is 0.5. Set those, or "
+       "overlap: false"},
       {"queue depth 0", "io: {queue_depth: 0}", [](Config& c) { c.io.queue_depth = 0; },
        "expected an integer from 1 to 4096, found '0'"},
-      {"block of 2GiB", "io: {block_size: 2GiB}",
-       [](Config& c) { c.io.block_size = std::size_t{2} << 30; },
+      {"block of 2GiB", "io: {block_size: 2GiB}", [](Config& c) { c.io.block_size = std::size_t{2} << 30; },
        "expected a power of two from 4KiB to 1GiB (O_DIRECT moves whole aligned blocks; one read "
        "moves at most 2GiB), found '2GiB' (2147483648 bytes)"},
       {"empty sub-group", "offload: {sub_group: 0}", [](Config& c) { c.offload.sub_group_bytes = 0; },

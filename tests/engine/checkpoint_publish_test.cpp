@@ -92,7 +92,8 @@ TEST_F(SaveTempDir, FilesGoWhereItWasCreatedWhenASymlinkTakesItsPath) {
     open_temp_dir(made.dir.path(), made.dir.identity().inode);
     ADD_FAILURE() << "another rank opened the planted link";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is not the temporary directory rank 0 created"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not the temporary directory rank 0 created"), std::string::npos)
+        << e.what();
   }
   try {
     publish(made.dir, target, {});
@@ -112,7 +113,8 @@ TEST_F(SaveTempDir, AnotherDirectoryAtItsPathIsRefusedByTheOtherRanks) {
     open_temp_dir(made.dir.path(), made.dir.identity().inode);
     ADD_FAILURE() << "another rank opened the directory put in its place";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is not the temporary directory rank 0 created"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not the temporary directory rank 0 created"), std::string::npos)
+        << e.what();
   }
   // The one rank 0 holds is found wherever it went.
   EXPECT_NO_THROW(Directory(dir + "/moved"));

@@ -55,7 +55,8 @@ class ReaderTest : public testing::Test {
             writer.append(&x, sizeof x);
           }
         writer.finish();
-        m.ranks[static_cast<std::size_t>(r)].files[static_cast<std::size_t>(k)] = {file, writer.bytes(), writer.chunk_crcs()};
+        m.ranks[static_cast<std::size_t>(r)].files[static_cast<std::size_t>(k)] = {file, writer.bytes(),
+                                                                                   writer.chunk_crcs()};
       }
     }
     write_manifest();
@@ -100,7 +101,8 @@ class ReaderTest : public testing::Test {
     } catch (const Error&) {
       return false;
     }
-    for (std::size_t j = a; j < b; ++j) EXPECT_EQ(out[j - a], value(state, tensor, j)) << state << ' ' << tensor << ' ' << j;
+    for (std::size_t j = a; j < b; ++j)
+      EXPECT_EQ(out[j - a], value(state, tensor, j)) << state << ' ' << tensor << ' ' << j;
     return true;
   }
 
@@ -163,7 +165,8 @@ class TamperedValues : public ReaderTest {
     FileWriter writer(path, kChunk);
     writer.append(bytes.data(), bytes.size());
     writer.finish();
-    m.ranks[static_cast<std::size_t>(rank)].files[static_cast<std::size_t>(state)] = {name, writer.bytes(), writer.chunk_crcs()};
+    m.ranks[static_cast<std::size_t>(rank)].files[static_cast<std::size_t>(state)] = {name, writer.bytes(),
+                                                                                      writer.chunk_crcs()};
   }
   void expect_refused_value(const std::string& words) {
     Reader reader(dir);
@@ -193,7 +196,9 @@ TEST_F(TamperedValues, AnInfiniteMomentIsRefused) {
 
 TEST_F(TamperedValues, ANegativeSecondMomentIsRefused) {
   reseal(1, StateKind::v, 0, -2.0f);
-  expect_refused_value("rank1.v.bin holds v = -2.000000 for element 61 of tensor 'a', which no save writes (v is finite and not negative)");
+  expect_refused_value(
+      "rank1.v.bin holds v = -2.000000 for element 61 of tensor 'a', which no save writes (v is finite and not "
+      "negative)");
 }
 
 // int8 moments: each block's scale is its largest magnitude, so never negative nor non-finite.
@@ -241,7 +246,8 @@ TEST_F(ReaderTest, ATruncatedFileIsRefusedBeforeReading) {
     reader.check_files();
     ADD_FAILURE() << "accepted a truncated file";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank0.m.bin has 200 bytes, the manifest says 244"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank0.m.bin has 200 bytes, the manifest says 244"), std::string::npos)
+        << e.what();
   }
   ASSERT_EQ(reader.verify_all().size(), 1u);
 }
@@ -351,7 +357,8 @@ TEST_F(ReaderTest, OutOfRangeFieldsAreRefusedByNameDespiteAValidChecksum) {
   edited("skipped 1", "skipped 8", "skipped 8 is out of range (0 to steps)");
   edited("loss_scaler 0x1p+8 0 0", "loss_scaler nan 0 0", "loss scale nan is out of range");
   edited("loss_scaler 0x1p+8 0 0", "loss_scaler 0x1p+8 0 -1", "loss scaler hysteresis -1 is out of range");
-  edited("file rank0.m.bin", "file rank0.master.bin", "rank 0's file 'rank0.master.bin' where its own 'rank0.m.bin' belongs");
+  edited("file rank0.m.bin", "file rank0.master.bin",
+         "rank 0's file 'rank0.master.bin' where its own 'rank0.m.bin' belongs");
   edited("file rank1.v.bin", "file rank0.v.bin", "rank 1's file 'rank0.v.bin' where its own 'rank1.v.bin' belongs");
   edited("tensor 1 37 1 37 b", "tensor -1 37 1 37 b", "tensor group -1 is out of range");
 }

@@ -260,7 +260,8 @@ TEST_F(Fixture, LoadsIntoAnotherStage3To2To0) {
   double worst = 0;
   for (std::size_t t = 0; t < got.size(); ++t)
     for (std::size_t j = 0; j < got[t].size(); ++j)
-      worst = std::max(worst, std::abs(double(got[t][j]) - want.params[t][j]) / std::max(1.0, std::abs(double(want.params[t][j]))));
+      worst = std::max(
+          worst, std::abs(double(got[t][j]) - want.params[t][j]) / std::max(1.0, std::abs(double(want.params[t][j]))));
   EXPECT_LT(worst, 1e-6);
   EXPECT_EQ(engine.stats().steps, kSteps);
 }
@@ -319,7 +320,8 @@ TEST_F(Fixture, CompactStatesAreSavedCompactAndReshardExactly) {
     other.states = states == StatesFormat::bf16 ? StatesFormat::int8 : StatesFormat::bf16;
     Engine engine(make_config(other), *device, *comm, model());
     const auto changes = engine.load(b).config_changes;
-    EXPECT_TRUE(std::any_of(changes.begin(), changes.end(), [](const std::string& c) { return c.rfind("states: ", 0) == 0; }));
+    EXPECT_TRUE(
+        std::any_of(changes.begin(), changes.end(), [](const std::string& c) { return c.rfind("states: ", 0) == 0; }));
     train_steps(engine, other, 4, 5, *comm);
   }
 }
@@ -426,13 +428,17 @@ TEST_F(Damaged, MissingManifest) {
 }
 
 TEST_F(Damaged, EditedManifest) {
-  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(t.find("steps 2"), 7, "steps 9"); }); },
-                 "CRC32C does not match");
+  expect_refused(
+      [](const fs::path& d) {
+        rewrite(d / "manifest", [](std::string& t) { t.replace(t.find("steps 2"), 7, "steps 9"); });
+      },
+      "CRC32C does not match");
 }
 
 TEST_F(Damaged, FutureFormatVersion) {
-  expect_refused([](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 5"); }); },
-                 "format version 5");
+  expect_refused(
+      [](const fs::path& d) { rewrite(d / "manifest", [](std::string& t) { t.replace(0, 17, "zest-checkpoint 5"); }); },
+      "format version 5");
 }
 
 TEST_F(Damaged, AnotherModel) {
@@ -502,7 +508,8 @@ TEST_F(SaveTarget, RefusesADirectoryThatIsNotACheckpoint) {
 }
 
 TEST_F(SaveTarget, RefusesARegularFile) {
-  expect_refused(path("model.pt"), "is a regular file, not a directory", [&] { std::ofstream(path("model.pt")) << "weights"; });
+  expect_refused(path("model.pt"), "is a regular file, not a directory",
+                 [&] { std::ofstream(path("model.pt")) << "weights"; });
   if (rank() == 0) {
     EXPECT_EQ(contents(path("model.pt")), "weights");
     EXPECT_EQ(names(), std::set<std::string>{"model.pt"});
@@ -565,7 +572,8 @@ TEST_F(SaveTarget, NeverRemovesAPathItDidNotCreate) {
   if (rank() == 0) {
     EXPECT_EQ(contents(temp + "/keep"), "mine");
     EXPECT_EQ(contents(aside + "/keep"), "mine");
-    EXPECT_EQ(names(), (std::set<std::string>{"ckpt", fs::path(temp).filename().string(), fs::path(aside).filename().string()}));
+    EXPECT_EQ(names(),
+              (std::set<std::string>{"ckpt", fs::path(temp).filename().string(), fs::path(aside).filename().string()}));
   }
 }
 

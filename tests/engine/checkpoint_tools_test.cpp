@@ -93,7 +93,8 @@ Safetensors parse_layout(const std::string& bytes) {
 // Checks the header entry of each tensor and returns its bytes, as consolidate in `dtype` must
 // have placed them.
 std::vector<std::string> tensor_bytes(const Safetensors& file, const std::vector<ParamSpec>& specs,
-                                      const std::vector<std::string>& json_names, const char* dtype, std::size_t width) {
+                                      const std::vector<std::string>& json_names, const char* dtype,
+                                      std::size_t width) {
   EXPECT_EQ(file.header.size() % 8, 0u);
   EXPECT_EQ(file.header.rfind("{\"__metadata__\":{\"format\":\"pt\",", 0), 0u) << file.header;
   std::vector<std::string> out;
@@ -155,7 +156,8 @@ std::vector<float> awkward_values(std::size_t n) {
   const float cycle[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 1e-40f, -0.0f, 3.0e38f, 65519.0f,
                          1.0f / 3.0f, -2.71828f, 0x1.fffffep-1f};
   std::vector<float> values(n);
-  for (std::size_t j = 0; j < n; ++j) values[j] = j < std::size(cycle) ? cycle[j] : std::sin(0.1f * static_cast<float>(j));
+  for (std::size_t j = 0; j < n; ++j)
+    values[j] = j < std::size(cycle) ? cycle[j] : std::sin(0.1f * static_cast<float>(j));
   return values;
 }
 
@@ -351,7 +353,8 @@ class Synthetic : public testing::Test {
 
 TEST_F(Synthetic, ChunksOfTenBytesAndThreeRanksReadBack) {
   // 10-byte chunks: most values straddle two chunks, and tensors straddle ranks.
-  const std::vector<ParamSpec> specs = {{"a", {7, 3}, 0}, {"b \"quoted\" \\ tab\t", {5}, 1}, {"s", {}, 2}, {"c", {40}, 3}};
+  const std::vector<ParamSpec> specs = {
+      {"a", {7, 3}, 0}, {"b \"quoted\" \\ tab\t", {5}, 1}, {"s", {}, 2}, {"c", {40}, 3}};
   synthetic_checkpoint::write(dir + "/ckpt", specs, 3, 10);
   EXPECT_TRUE(verify_checkpoint(dir + "/ckpt").empty());
   consolidate_checkpoint(dir + "/ckpt", dir + "/w.safetensors", DType::bf16);
@@ -379,7 +382,8 @@ TEST_F(Synthetic, ConsolidationRefusesAFileZestDidNotWrite) {
     consolidate_checkpoint(dir + "/ckpt", dir + "/w.safetensors", DType::f32);
     ADD_FAILURE() << "replaced a file zest did not write";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("exists and is not a safetensors file written by zest"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exists and is not a safetensors file written by zest"), std::string::npos)
+        << e.what();
   }
   EXPECT_EQ(read_file(dir + "/w.safetensors"), "an older file");
   EXPECT_EQ(entries_except(dir, "ckpt"), std::vector<std::string>{"w.safetensors"});

@@ -50,7 +50,8 @@ TEST(CpuDeviceMath, AccumulateCopiesThenAddsRoundingTheFloatSumOnce) {
     rig.stream->synchronize();
     std::vector<std::uint8_t> expected(dst.size());
     for (std::size_t i = 0; i < kCount; ++i)
-      store_from_float(expected.data(), dtype, i, load_as_float(a.data(), dtype, i) + load_as_float(b.data(), dtype, i));
+      store_from_float(expected.data(), dtype, i,
+                       load_as_float(a.data(), dtype, i) + load_as_float(b.data(), dtype, i));
     EXPECT_EQ(std::memcmp(dst.data(), expected.data(), dst.size()), 0) << dtype_name(dtype);
   }
 }
@@ -133,9 +134,10 @@ TEST(CpuDeviceMath, AdamStepEqualsTheReferencePerShardWithItsOwnHyperParameters)
     v.emplace_back(x.v.begin(), x.v.end());
   }
   // Shard 0 with the math's own values (hyper null), shard 1 with its group's; bf16 parameters out.
-  const AdamShard calls[] = {
-      {shards[0].master.data(), shards[0].m.data(), shards[0].v.data(), shards[0].grad.data(), shards[0].out_bf16.data(), kCount, nullptr},
-      {shards[1].master.data(), shards[1].m.data(), shards[1].v.data(), shards[1].grad.data(), shards[1].out_bf16.data(), kCount, &other}};
+  const AdamShard calls[] = {{shards[0].master.data(), shards[0].m.data(), shards[0].v.data(), shards[0].grad.data(),
+                              shards[0].out_bf16.data(), kCount, nullptr},
+                             {shards[1].master.data(), shards[1].m.data(), shards[1].v.data(), shards[1].grad.data(),
+                              shards[1].out_bf16.data(), kCount, &other}};
   rig.math->adam_step(calls, DType::f32, DType::bf16, args, *rig.stream);
   rig.stream->synchronize();
   reference_step(p[0], m[0], v[0], shards[0].grad, own, args);

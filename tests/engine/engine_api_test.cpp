@@ -128,7 +128,11 @@ TEST(EngineMisuseAtConstruction, BadParameterListsAreRefused) {
   auto comm = world->make_host_communicator(*device);
   const std::size_t huge = std::size_t{1} << 40;
   expect_error([&] { Engine(config(), *device, *comm, {{"w", {huge, huge}, 0}}); }, "overflows");
-  expect_error([&] { Engine(config(), *device, *comm, {{"w", {3}, 0}, {"w", {3}, 0}}); }, "two parameters are named 'w'");
+  expect_error(
+      [&] {
+        Engine(config(), *device, *comm, {{"w", {3}, 0}, {"w", {3}, 0}});
+      },
+      "two parameters are named 'w'");
   expect_error([&] { Engine(config(), *device, *comm, {{"", {3}, 0}}); }, "name of parameter 0 is empty");
   // A checkpoint is lines of text: a name it could not hold is refused here, not at save.
   expect_error([&] { Engine(config(), *device, *comm, {{"a\nb", {3}, 0}}); }, "name of parameter 0 holds a newline");

@@ -131,13 +131,14 @@ TEST_P(Coalescing, OneReductionPerBucketAndTheReferenceParameters) {
     EXPECT_EQ(per_step[static_cast<std::size_t>(step)], buckets + scalars) << "step " << step + 1;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    StagesAndBucketSizes, Coalescing,
-    testing::Values(Case{0, 4, "stage0_one_group_each"}, Case{0, 8192, "stage0_8KiB"}, Case{0, 25u << 20, "stage0_25MiB"},
-                    Case{1, 4, "stage1_one_group_each"}, Case{1, 8192, "stage1_8KiB"}, Case{1, 25u << 20, "stage1_25MiB"},
-                    Case{2, 4, "stage2_one_group_each"}, Case{2, 8192, "stage2_8KiB"}, Case{2, 25u << 20, "stage2_25MiB"},
-                    Case{3, 4, "stage3_one_group_each"}, Case{3, 8192, "stage3_8KiB"}, Case{3, 25u << 20, "stage3_25MiB"}),
-    [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(StagesAndBucketSizes, Coalescing,
+                         testing::Values(Case{0, 4, "stage0_one_group_each"}, Case{0, 8192, "stage0_8KiB"},
+                                         Case{0, 25u << 20, "stage0_25MiB"}, Case{1, 4, "stage1_one_group_each"},
+                                         Case{1, 8192, "stage1_8KiB"}, Case{1, 25u << 20, "stage1_25MiB"},
+                                         Case{2, 4, "stage2_one_group_each"}, Case{2, 8192, "stage2_8KiB"},
+                                         Case{2, 25u << 20, "stage2_25MiB"}, Case{3, 4, "stage3_one_group_each"},
+                                         Case{3, 8192, "stage3_8KiB"}, Case{3, 25u << 20, "stage3_25MiB"}),
+                         [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Accumulated micro-batches: a group's second micro-batch lands in the same bucket as its first
 // (large buckets) or in a bucket of its own (one group each); both sum to the whole batch.
@@ -264,7 +265,8 @@ TEST_P(GatherCoalescing, OneAllGatherPerRunAndTheReferenceParameters) {
   const GatherRuns runs = expected_gather_runs(o.specs, k.stage, k.allgather_bytes, ranks);
   ASSERT_EQ(per_step.size(), static_cast<std::size_t>(kSteps));
   if (ranks == 1) {  // one partition: nothing to gather, no bucket
-    for (int step = 0; step < kSteps; ++step) EXPECT_EQ(per_step[static_cast<std::size_t>(step)], 0) << "step " << step + 1;
+    for (int step = 0; step < kSteps; ++step)
+      EXPECT_EQ(per_step[static_cast<std::size_t>(step)], 0) << "step " << step + 1;
     EXPECT_EQ(want.device_of(MemoryCategory::buffers), unbucketed.device_of(MemoryCategory::buffers));
     return;
   }
@@ -411,7 +413,8 @@ TEST(HierarchicalPartition, SameBitsFewerBytesAcrossHostsThePlannedMemory) {
   const int n = comm.size();
   if (n % 2 != 0) GTEST_SKIP() << "hosts of two ranks need an even rank count; this run has " << n;
   std::vector<ParamSpec> specs;
-  for (int g = 0; g < 32; ++g) specs.push_back({"layer" + std::to_string(g), {512 + 64 * static_cast<std::size_t>(g % 3)}, g});
+  for (int g = 0; g < 32; ++g)
+    specs.push_back({"layer" + std::to_string(g), {512 + 64 * static_cast<std::size_t>(g % 3)}, g});
   Options o;
   o.stage = 3;
   o.specs = specs;
@@ -429,7 +432,8 @@ TEST(HierarchicalPartition, SameBitsFewerBytesAcrossHostsThePlannedMemory) {
   EXPECT_EQ(hpz_stats.memory.peak_of(MemoryCategory::params), want.device_of(MemoryCategory::params));
   std::size_t secondary = 0;  // half of every gathered (non-resident) group
   for (const ParamSpec& s : specs)
-    if (padded(s, n) * sizeof(float) > config.stage3.persistence_threshold_bytes) secondary += padded(s, n) / 2 * sizeof(float);
+    if (padded(s, n) * sizeof(float) > config.stage3.persistence_threshold_bytes)
+      secondary += padded(s, n) / 2 * sizeof(float);
   EXPECT_GT(secondary, 0u);
   EXPECT_EQ(hpz_stats.memory.peak_of(MemoryCategory::params) - plain_stats.memory.peak_of(MemoryCategory::params),
             secondary);

@@ -139,7 +139,8 @@ TEST_P(EstimateEqualsEngine, DevicePinnedAndNvmeBytes) {
       EXPECT_EQ(want.nvme, 0u);
     }
     // What the mode promises: nothing of what it offloads stays on the device.
-    if (k.optimizer != OffloadDevice::none && k.ratio == 1) EXPECT_EQ(want.device_of(MemoryCategory::optimizer_states), 0u);
+    if (k.optimizer != OffloadDevice::none && k.ratio == 1)
+      EXPECT_EQ(want.device_of(MemoryCategory::optimizer_states), 0u);
     else EXPECT_GT(want.device_of(MemoryCategory::optimizer_states), 0u);
     // The whole optimizer offloaded at stages 2-3: the gradient shard is on the host, not the device.
     const bool grads_on_host = k.optimizer != OffloadDevice::none && k.ratio == 1 && k.stage >= 2;

@@ -46,7 +46,9 @@ struct Mode {
   DType dtype;
 };
 
-std::string name_of(OffloadDevice d) { return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme"; }
+std::string name_of(OffloadDevice d) {
+  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
+}
 
 std::string mode_name(const testing::TestParamInfo<Mode>& info) {
   const Mode& m = info.param;
@@ -175,7 +177,8 @@ void backward(Engine& engine, int step) {
       if (engine.spec(t).group != g) continue;
       auto* grad = static_cast<float*>(lease.grad(t).data);
       for (std::size_t j = 0; j < engine.spec(t).numel(); ++j)
-        grad[j] = 0.01f * static_cast<float>(std::sin(0.3 * step + 0.7 * static_cast<double>(t) + 0.01 * static_cast<double>(j)));
+        grad[j] = 0.01f * static_cast<float>(
+                              std::sin(0.3 * step + 0.7 * static_cast<double>(t) + 0.01 * static_cast<double>(j)));
     }
     engine.grads_ready(g);
   }

@@ -40,7 +40,8 @@ constexpr std::size_t kPiece = 300;  // a full block and a partial one
 
 // Element i of rank r's buffer: every block's largest value differs, and so do the ranks'.
 float value(int r, std::size_t i) {
-  return std::sin(0.37f * static_cast<float>(i) + 1.1f * static_cast<float>(r)) * (1.0f + 0.5f * static_cast<float>(r)) +
+  return std::sin(0.37f * static_cast<float>(i) + 1.1f * static_cast<float>(r)) *
+             (1.0f + 0.5f * static_cast<float>(r)) +
          0.01f * static_cast<float>(i % 7);
 }
 
@@ -94,7 +95,8 @@ TEST(QuantizedGather, EveryRankGetsEveryShardDecodedFromItsCodes) {
         const float got = load_as_float(full.data() + static_cast<std::size_t>(r) * bytes, dtype, i);
         std::vector<std::byte> rounded(dtype_size(dtype));
         store_from_float(rounded.data(), dtype, 0, want[i]);
-        ASSERT_EQ(got, load_as_float(rounded.data(), dtype, 0)) << dtype_name(dtype) << " rank " << r << " element " << i;
+        ASSERT_EQ(got, load_as_float(rounded.data(), dtype, 0))
+            << dtype_name(dtype) << " rank " << r << " element " << i;
       }
     }
     const WireBytes sent = comm.sent();
@@ -113,7 +115,8 @@ std::vector<float> two_level_sum(int ranks, int per_host, int target, DType dtyp
   for (int k = 0; k < hosts; ++k) {
     std::vector<float> host_sum(kPiece, 0.0f);
     for (int j = 0; j < per_host; ++j) {
-      const std::vector<std::byte> piece = fill(k * per_host + j, kPiece, dtype, static_cast<std::size_t>(target) * kPiece);
+      const std::vector<std::byte> piece =
+          fill(k * per_host + j, kPiece, dtype, static_cast<std::size_t>(target) * kPiece);
       const std::vector<float> decoded = codec.round_trip(piece.data(), dtype, kPiece, bits);
       for (std::size_t i = 0; i < kPiece; ++i) host_sum[i] += decoded[i];
     }
@@ -154,11 +157,13 @@ TEST(QuantizedReduceScatter, TheTwoLevelSumBitForBitOnEveryHostShape) {
           std::vector<std::byte> rounded(dtype_size(dtype));
           store_from_float(rounded.data(), dtype, 0, want[i]);
           ASSERT_EQ(load_as_float(recv.data(), dtype, i), load_as_float(rounded.data(), dtype, 0))
-              << "hosts of " << per_host << ", int" << static_cast<int>(bits) << ", " << dtype_name(dtype) << ", element " << i;
+              << "hosts of " << per_host << ", int" << static_cast<int>(bits) << ", " << dtype_name(dtype)
+              << ", element " << i;
           double exact = 0, largest = 0;
           for (int r = 0; r < n; ++r) {
             exact += value(r, static_cast<std::size_t>(me) * kPiece + i);
-            largest = std::max(largest, std::fabs(static_cast<double>(value(r, static_cast<std::size_t>(me) * kPiece + i))));
+            largest =
+                std::max(largest, std::fabs(static_cast<double>(value(r, static_cast<std::size_t>(me) * kPiece + i))));
           }
           // Each value within half a step of its block's scale (at most 2.6 / qmax here), twice.
           EXPECT_NEAR(load_as_float(recv.data(), dtype, i), exact, 2.0 * n * 2.6 / qmax + 0.02 * std::fabs(exact))
@@ -178,7 +183,8 @@ using namespace reference_training;
 // Many one-tensor groups of 512 to 640 elements (shards of partial blocks at 4 ranks).
 std::vector<ParamSpec> layers() {
   std::vector<ParamSpec> specs;
-  for (int g = 0; g < 32; ++g) specs.push_back({"layer" + std::to_string(g), {512 + 64 * static_cast<std::size_t>(g % 3)}, g});
+  for (int g = 0; g < 32; ++g)
+    specs.push_back({"layer" + std::to_string(g), {512 + 64 * static_cast<std::size_t>(g % 3)}, g});
   return specs;
 }
 
@@ -288,7 +294,8 @@ TEST(QuantizedEngine, RanksThatDisagreeAreRefusedNamingTheKey) {
     o.stage = 3;
     o.specs = layers();
     const bool first = comm.rank() == 0;
-    if (std::string(key) == "comm.quantize.params") o.quantize_params = first ? QuantizeParams::int8 : QuantizeParams::none;
+    if (std::string(key) == "comm.quantize.params")
+      o.quantize_params = first ? QuantizeParams::int8 : QuantizeParams::none;
     else o.quantize_grads = first ? QuantizeGrads::int4 : QuantizeGrads::int8;
     try {
       Engine engine(make_config(o), *device, comm, o.specs);

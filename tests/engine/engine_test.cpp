@@ -107,7 +107,9 @@ TEST_P(EveryStage, Fp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
 TEST_P(EveryStage, OptimizerParamGroupsAndAnLrScheduleMatchTheReference) {
   Options o = options();
   o.param_groups = {{{"b*", "bias"}, 0.02, std::nullopt, std::nullopt, std::nullopt, 0.0}};
-  o.lr_factor = [](int step) { return step <= 2 ? step / 2.0 : 0.5 * (1 + std::cos(3.14159265358979 * (step - 2) / 10.0)); };
+  o.lr_factor = [](int step) {
+    return step <= 2 ? step / 2.0 : 0.5 * (1 + std::cos(3.14159265358979 * (step - 2) / 10.0));
+  };
   const auto got = train(o, 10);
   EXPECT_LT(max_relative_error(got, train_reference(o, 10)), 1e-6);
   // Without the groups the result differs: the test sees them.
@@ -190,7 +192,8 @@ class CompactStatesOnCuda : public testing::TestWithParam<CompactCase> {
 bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t t = 0; t < a.size(); ++t)
-    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
+    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0)
+      return false;
   return true;
 }
 

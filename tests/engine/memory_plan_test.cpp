@@ -37,8 +37,9 @@ TEST(MemoryPlan, ClosedFormSubGroupSizesAreThoseOfTheListedSubGroups) {
           for (std::size_t sub_group : {std::size_t{768}, std::size_t{12 * 128}, std::size_t{12 * 1000},
                                         std::size_t{256} << 20}) {
             if (overlap && ratio != 1.0) continue;
-            SCOPED_TRACE(testing::Message() << "partitions " << partitions << " nvme " << (device == OffloadDevice::nvme)
-                                            << " ratio " << ratio << " overlap " << overlap << " sub_group " << sub_group);
+            SCOPED_TRACE(testing::Message()
+                         << "partitions " << partitions << " nvme " << (device == OffloadDevice::nvme) << " ratio "
+                         << ratio << " overlap " << overlap << " sub_group " << sub_group);
             const Config c = offload_config(device, ratio, overlap, sub_group);
             const MemoryPlan listed = plan_memory(c, layout, SubGroups::listed);
             const MemoryPlan sizes = plan_memory(c, layout, SubGroups::sizes_only);
@@ -95,7 +96,8 @@ TEST(MemoryPlan, TheMasterIsTheParametersOnlyWhereBothAreFp32OnTheDevice) {
   }
   const std::size_t n = layout.shard_numel();
   EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::bf16; }).device_states_bytes, 4 * n);
-  EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::int8; }).device_states_bytes, 2 * n + 2 * n / 64 * 4);
+  EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::int8; }).device_states_bytes,
+            2 * n + 2 * n / 64 * 4);
   const MemoryPlan apart[] = {
       plan([](Config& c) { c.precision.dtype = DType::bf16; }),
       plan([](Config& c) {

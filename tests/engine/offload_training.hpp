@@ -34,7 +34,8 @@ inline TrainedRun train_on_cpu(const Options& o, int steps) {
 inline bool identical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t t = 0; t < a.size(); ++t)
-    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0) return false;
+    if (a[t].size() != b[t].size() || std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)) != 0)
+      return false;
   return true;
 }
 

@@ -83,7 +83,8 @@ struct Rig {
       options.directories = {dir.path()};
       store = std::make_shared<offload::NvmeStore>(std::move(options));
     }
-    optimizer = std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, s.dtype, 1, store, runs, states_options);
+    optimizer =
+        std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, s.dtype, 1, store, runs, states_options);
     std::memset(outs.data(), 0, outs.bytes());  // compared before any step writes it
     init.resize(n);
     for (std::size_t i = 0; i < n; ++i) init[i] = 0.5f + 0.001f * static_cast<float>(i % 997);
@@ -176,7 +177,8 @@ TEST_P(OffloadedStep, EqualsTheReferenceAdam) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, OffloadedStep,
-                         testing::Values(Placement{OffloadDevice::cpu, DType::f32, 2}, Placement{OffloadDevice::nvme, DType::f32, 2},
+                         testing::Values(Placement{OffloadDevice::cpu, DType::f32, 2},
+                                         Placement{OffloadDevice::nvme, DType::f32, 2},
                                          Placement{OffloadDevice::cpu, DType::bf16, 1},
                                          Placement{OffloadDevice::nvme, DType::bf16, 1}));
 
@@ -250,7 +252,8 @@ TEST(OffloadedOptimizer, NoSpeculativeUpdatesWithoutOverlap) {
 // Overlap: each case against the same optimizer without overlap, given the same gradients.
 class Speculative : public testing::TestWithParam<OffloadDevice> {
  protected:
-  Speculative() : plain(Placement{GetParam(), DType::bf16, 2, false}), ahead(Placement{GetParam(), DType::bf16, 2, true}) {}
+  Speculative()
+      : plain(Placement{GetParam(), DType::bf16, 2, false}), ahead(Placement{GetParam(), DType::bf16, 2, true}) {}
 
   // Hands every group's gradient of step t over, assuming `assumed`, and waits until the thread has
   // it (the stream runs the hand-over).

@@ -80,7 +80,8 @@ struct Rig {
         outs(device->allocate(n * sizeof(float), MemoryCategory::params)) {
     std::vector<float*> params_shards;  // states on the device alone, an fp32 master: it is `outs`
     if (plan.master_in_params)
-      for (int g = 0; g < layout.group_count(); ++g) params_shards.push_back(outs.as<float>() + layout.group(g).shard_offset);
+      for (int g = 0; g < layout.group_count(); ++g)
+        params_shards.push_back(outs.as<float>() + layout.group(g).shard_offset);
     auto on_device = std::make_unique<DeviceOptimizerStates>(*device, *stream, *math, layout, plan, DType::f32, staging,
                                                              runs, states_options, std::move(params_shards));
     if (ratio < 1) {
@@ -317,7 +318,8 @@ TEST(SplitOptimizerStates, TheCutGroupIsBegunAndEndedOnce) {
   const std::size_t boundary = rig.plan.device_states.end;
   int cut = -1;
   for (int g = 0; g < rig.layout.group_count(); ++g)
-    if (rig.layout.group(g).shard_offset < boundary && boundary < rig.layout.group(g).shard_offset + rig.layout.group(g).shard)
+    if (rig.layout.group(g).shard_offset < boundary &&
+        boundary < rig.layout.group(g).shard_offset + rig.layout.group(g).shard)
       cut = g;
   ASSERT_GE(cut, 0) << "the boundary " << boundary << " cuts no group; change the model";
   // Begun by the device part; its end is held back until the offloaded part, which steps after the

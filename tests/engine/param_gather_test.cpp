@@ -80,7 +80,8 @@ struct Rig {
     const TensorPlace& place = layout.tensor(t);
     const char* data = params.full(place.group);
     std::vector<float> out(place.numel);
-    for (std::size_t i = 0; i < place.numel; ++i) out[i] = load_as_float(data, config.precision.dtype, place.offset + i);
+    for (std::size_t i = 0; i < place.numel; ++i)
+      out[i] = load_as_float(data, config.precision.dtype, place.offset + i);
     return out;
   }
 

@@ -30,7 +30,8 @@ namespace zest::engine {
 namespace {
 
 // Group 2 is small enough to stay resident (persistence threshold 512 bytes).
-const std::vector<ParamSpec> kModel = {{"a", {300}, 0}, {"b", {5, 7}, 0}, {"c", {1000}, 1}, {"d", {10}, 2}, {"e", {700}, 3}};
+const std::vector<ParamSpec> kModel = {
+    {"a", {300}, 0}, {"b", {5, 7}, 0}, {"c", {1000}, 1}, {"d", {10}, 2}, {"e", {700}, 3}};
 
 struct Rig {
   Rig(OffloadDevice where, DType d, std::function<int(const offload::IoRequestInfo&, int)> hook = {})
@@ -134,7 +135,8 @@ TEST_P(ParamOffloadRoundTrip, WrittenAndUpdatedShardsAreWhatFetchBrings) {
 
 INSTANTIATE_TEST_SUITE_P(Placements, ParamOffloadRoundTrip,
                          testing::Values(Case{OffloadDevice::cpu, DType::f32}, Case{OffloadDevice::cpu, DType::bf16},
-                                         Case{OffloadDevice::nvme, DType::f32}, Case{OffloadDevice::nvme, DType::bf16}));
+                                         Case{OffloadDevice::nvme, DType::f32},
+                                         Case{OffloadDevice::nvme, DType::bf16}));
 
 TEST(ParamOffload, AFailedWriteMakesItUnusable) {
   std::atomic<bool> fail{false};

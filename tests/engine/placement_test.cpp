@@ -149,7 +149,8 @@ TEST(Placement, EachRanksAdamRunsOnItsOwnShareOfTheNode) {
   EXPECT_EQ(runtime.device().host_cpus(), runtime.cpus()) << "the device carries the rank's cpus to its threads";
   const bool launcher_bound = binding != allowed_cpus();
   if (launcher_bound) {
-    EXPECT_EQ(own, binding) << "the launcher's binding " << list(binding) << " is the rank's placement, not " << list(own);
+    EXPECT_EQ(own, binding) << "the launcher's binding " << list(binding) << " is the rank's placement, not "
+                            << list(own);
   }
 
   // 4 groups of 2^19 parameters: each rank's Adam takes milliseconds per step, long enough to be
@@ -187,8 +188,10 @@ TEST(Placement, EachRanksAdamRunsOnItsOwnShareOfTheNode) {
   } else {
     EXPECT_TRUE(sampler.adam().any()) << "the Adam was never seen running pinned";
   }
-  EXPECT_EQ((sampler.adam() & ~own).count(), 0u) << "the Adam ran outside the rank's cpus " << list(own) << ": " << list(sampler.adam());
-  EXPECT_EQ((sampler.pinned() & ~own).count(), 0u) << "a pinned thread ran outside the rank's cpus " << list(own) << ": " << list(sampler.pinned());
+  EXPECT_EQ((sampler.adam() & ~own).count(), 0u)
+      << "the Adam ran outside the rank's cpus " << list(own) << ": " << list(sampler.adam());
+  EXPECT_EQ((sampler.pinned() & ~own).count(), 0u)
+      << "a pinned thread ran outside the rank's cpus " << list(own) << ": " << list(sampler.pinned());
 
   const std::vector<CpuMask> shares = all_gather(own);
   const std::vector<CpuMask> adams = all_gather(sampler.adam());

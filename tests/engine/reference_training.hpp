@@ -41,7 +41,9 @@ inline double partial_grad(double p, int step, int first, int last, std::size_t 
   return g / kExamples;
 }
 
-inline double initial(std::size_t tensor, std::size_t j) { return 0.5 * std::cos(0.3 * static_cast<double>(tensor) + 0.05 * static_cast<double>(j)); }
+inline double initial(std::size_t tensor, std::size_t j) {
+  return 0.5 * std::cos(0.3 * static_cast<double>(tensor) + 0.05 * static_cast<double>(j));
+}
 
 struct Options {
   int stage = 0;
@@ -74,7 +76,9 @@ struct Options {
   QuantizeParams quantize_params = QuantizeParams::none;  // comm.quantize.params
   QuantizeGrads quantize_grads = QuantizeGrads::none;     // comm.quantize.grads
 
-  std::vector<std::string> nvme_paths() const { return nvme_dirs.empty() ? std::vector<std::string>{nvme_path} : nvme_dirs; }
+  std::vector<std::string> nvme_paths() const {
+    return nvme_dirs.empty() ? std::vector<std::string>{nvme_path} : nvme_dirs;
+  }
 };
 
 inline std::vector<ParamSpec> specs_of(const Options& o) { return o.specs.empty() ? model() : o.specs; }
@@ -187,7 +191,8 @@ inline std::vector<std::vector<float>> train_engine(const Options& o, int steps,
       }
     }
     if (o.lr_factor)
-      for (int i = 0; i < engine.optimizer_group_count(); ++i) engine.set_lr(i, base_lr[static_cast<std::size_t>(i)] * o.lr_factor(step));
+      for (int i = 0; i < engine.optimizer_group_count(); ++i)
+        engine.set_lr(i, base_lr[static_cast<std::size_t>(i)] * o.lr_factor(step));
     if (before_step) before_step();
     engine.step();
     if (after_step) after_step();
@@ -241,7 +246,8 @@ inline std::vector<std::vector<double>> train_reference(const Options& o, int st
       }
     }
     const double norm = std::sqrt(norm_sq);
-    const double clip = c.gradient_clipping > 0 && norm > c.gradient_clipping ? c.gradient_clipping / (norm + 1e-6) : 1.0;
+    const double clip =
+        c.gradient_clipping > 0 && norm > c.gradient_clipping ? c.gradient_clipping / (norm + 1e-6) : 1.0;
     for (std::size_t t = 0; t < specs.size(); ++t) {
       const Hyper h = hyper_of(c, specs[t].name, o.lr_factor ? o.lr_factor(step) : 1.0);
       for (std::size_t j = 0; j < p[t].size(); ++j) {
@@ -258,7 +264,8 @@ inline std::vector<std::vector<double>> train_reference(const Options& o, int st
 }
 
 // Largest |got - want| / max(1, |want|) over every element.
-inline double max_relative_error(const std::vector<std::vector<float>>& got, const std::vector<std::vector<double>>& want) {
+inline double max_relative_error(const std::vector<std::vector<float>>& got,
+                                 const std::vector<std::vector<double>>& want) {
   double worst = 0;
   for (std::size_t t = 0; t < want.size(); ++t)
     for (std::size_t j = 0; j < want[t].size(); ++j)

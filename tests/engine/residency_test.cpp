@@ -105,8 +105,8 @@ TEST(NvmeResidency, StoredBytesAreInTheSwapFileAndLoadBack) {
 
 TEST(NvmeResidency, ASpareCopyNeverStoredIsNoData) {
   NvmeRig rig;
-  NvmeResidency nvme(*rig.device, HostPurpose::optimizer_swap, rig.store, "test", {"only"}, std::vector<std::size_t>{100},
-                     2, 4096, 2);
+  NvmeResidency nvme(*rig.device, HostPurpose::optimizer_swap, rig.store, "test", {"only"},
+                     std::vector<std::size_t>{100}, 2, 4096, 2);
   nvme.load(0, 0, Copy::current).wait();  // written with zeros at construction
   EXPECT_THROW(nvme.load(0, 1, Copy::spare).wait(), IoError);
 }

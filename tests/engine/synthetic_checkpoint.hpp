@@ -42,7 +42,8 @@ inline ckpt::StateFile zero_state_file(const std::string& dir, const std::string
   ckpt::StateFile file{name, bytes, {}};
   const std::vector<char> zeros(static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, bytes)), 0);
   for (std::uint64_t at = 0; at < bytes; at += chunk_bytes)
-    file.chunk_crcs.push_back(offload::crc32c(zeros.data(), static_cast<std::size_t>(std::min(chunk_bytes, bytes - at))));
+    file.chunk_crcs.push_back(
+        offload::crc32c(zeros.data(), static_cast<std::size_t>(std::min(chunk_bytes, bytes - at))));
   return file;
 }
 
@@ -97,7 +98,8 @@ inline ckpt::Manifest write(const std::string& dir, const std::vector<ParamSpec>
     m.ranks.push_back(std::move(rank));
   }
   const std::string manifest = ckpt::serialize(m);
-  ckpt::write_file_synced((std::filesystem::path(dir) / ckpt::kManifestName).string(), manifest.data(), manifest.size());
+  ckpt::write_file_synced((std::filesystem::path(dir) / ckpt::kManifestName).string(), manifest.data(),
+                          manifest.size());
   return m;
 }
 

@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
     std::vector<char> all(rank == 0 ? sizeof line * static_cast<std::size_t>(runtime.world_size()) : 0);
     MPI_Gather(line, sizeof line, MPI_CHAR, all.data(), sizeof line, MPI_CHAR, 0, MPI_COMM_WORLD);
     if (rank == 0)
-      for (int r = 0; r < runtime.world_size(); ++r) std::printf("%s\n", all.data() + sizeof line * static_cast<std::size_t>(r));
+      for (int r = 0; r < runtime.world_size(); ++r)
+        std::printf("%s\n", all.data() + sizeof line * static_cast<std::size_t>(r));
     MPI_Barrier(MPI_COMM_WORLD);
     return 0;
   } catch (const zest::Error& error) {

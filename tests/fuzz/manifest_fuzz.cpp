@@ -49,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const ckpt::RankEntry& rank : m.ranks)
     for (const ckpt::Range& range : rank.ranges) held[range.tensor] += range.hi - range.lo;
   for (std::size_t t = 0; t < m.tensors.size(); ++t)
-    if (held[t] != m.tensors[t].numel || m.tensors[t].group < 0 || !ckpt::tensor_name_problem(m.tensors[t].name).empty())
+    if (held[t] != m.tensors[t].numel || m.tensors[t].group < 0 ||
+        !ckpt::tensor_name_problem(m.tensors[t].name).empty())
       std::abort();
   try {
     const ckpt::Manifest again = ckpt::parse(ckpt::serialize(m), "<fuzz round trip>");

@@ -98,7 +98,8 @@ TEST(NvmeStore, PlantedSymlinksAndForeignFilesInTheDirectoryAreNeverTouched) {
   EXPECT_EQ(read_file(victim), "precious data");
   EXPECT_EQ(read_file(dir.path() + "/zest-rank3.swap"), "a user's file");
   EXPECT_EQ(entries(elsewhere.path()), std::vector<std::string>{"precious"});
-  EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"zest-rank3.swap", "zest-rank3.swap.link", "zest-vm-1-planted"}));
+  EXPECT_EQ(entries(dir.path()),
+            (std::vector<std::string>{"zest-rank3.swap", "zest-rank3.swap.link", "zest-vm-1-planted"}));
 }
 
 // Two stores on one directory and rank (two engines of one process, or two jobs started at once)
@@ -327,7 +328,8 @@ TEST(NvmeStore, ReadyTurnsTrueAndMisuseIsRefused) {
     store.read_async(id, data.data());
     ADD_FAILURE() << "a read of a region under a running write was accepted";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("while another transfer of it is running"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("while another transfer of it is running"), std::string::npos)
+        << error.what();
   }
   EXPECT_THROW(store.write_async(id, data.data() + 1), Error);  // not aligned
   EXPECT_THROW(store.allocate("r", 10), Error);                 // name taken

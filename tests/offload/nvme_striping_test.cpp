@@ -84,7 +84,8 @@ TEST(NvmeStriping, RegionsLandInEveryDirectoryAtTheirStripesInTheExpectedAmounts
         std::vector<IoHandle> handles;
         for (std::size_t i = 0; i < sizes.size(); ++i) {
           ids.push_back(store.allocate(std::string("r").append(std::to_string(i)), sizes[i]));
-          data.push_back(std::make_unique<test::PatternBuffer>(store.region(ids[i]).padded_bytes, 7 + static_cast<unsigned>(i)));
+          data.push_back(
+              std::make_unique<test::PatternBuffer>(store.region(ids[i]).padded_bytes, 7 + static_cast<unsigned>(i)));
           back.push_back(std::make_unique<test::PatternBuffer>(store.region(ids[i]).padded_bytes));
           back.back()->clear(0xEE);
           handles.push_back(store.write_async(ids[i], data[i]->data()));
@@ -94,7 +95,8 @@ TEST(NvmeStriping, RegionsLandInEveryDirectoryAtTheirStripesInTheExpectedAmounts
         const std::size_t used = store.used_bytes();
         // Stripe k of the used space goes to file k % D: each file holds its stripes, back to back.
         std::vector<std::size_t> expected(dirs, 0);
-        for (std::size_t k = 0; k * kStripe < used; ++k) expected[k % dirs] = k / dirs * kStripe + std::min(kStripe, used - k * kStripe);
+        for (std::size_t k = 0; k * kStripe < used; ++k)
+          expected[k % dirs] = k / dirs * kStripe + std::min(kStripe, used - k * kStripe);
         const std::vector<std::size_t> reserved = store.file_bytes();
         std::size_t total = 0;
         for (std::size_t f = 0; f < dirs; ++f) {

@@ -321,20 +321,38 @@ TEST(BlockQuant, RefusesBadArgumentsSayingWhatToDo) {
   const ConstTensorSpan good{x.data(), DType::f32, x.size()};
   // A misaligned input, quantized buffer, output and accumulator.
   const auto* shifted = reinterpret_cast<const unsigned char*>(x.data()) + 2;
-  expect_error([&] { quantizer.quantize({shifted, DType::f32, 10}, QuantBits::int8, Quantized(QuantBits::int8, 10).span()); },
-               {"input", "4-byte aligned", "pass an aligned buffer"});
-  expect_error([&] { quantizer.quantize({shifted + 1, DType::bf16, 10}, QuantBits::int8, Quantized(QuantBits::int8, 10).span()); },
-               {"input", "2-byte aligned"});
+  expect_error(
+      [&] {
+        quantizer.quantize({shifted, DType::f32, 10}, QuantBits::int8, Quantized(QuantBits::int8, 10).span());
+      },
+      {"input", "4-byte aligned", "pass an aligned buffer"});
+  expect_error(
+      [&] {
+        quantizer.quantize({shifted + 1, DType::bf16, 10}, QuantBits::int8, Quantized(QuantBits::int8, 10).span());
+      },
+      {"input", "2-byte aligned"});
   Quantized spare(QuantBits::int8, x.size() + 8);
   expect_error([&] { quantizer.quantize(good, QuantBits::int8, spare.span().subspan(2, q.bytes)); },
                {"quantized buffer", "4-byte aligned", "record boundaries"});
-  expect_error([&] { quantizer.dequantize(spare.cspan().subspan(2, q.bytes), QuantBits::int8, {x.data(), DType::f32, x.size()}); },
-               {"quantized buffer", "4-byte aligned"});
+  expect_error(
+      [&] {
+        quantizer.dequantize(spare.cspan().subspan(2, q.bytes), QuantBits::int8, {x.data(), DType::f32, x.size()});
+      },
+      {"quantized buffer", "4-byte aligned"});
   std::vector<float> out(x.size() + 1);
-  expect_error([&] { quantizer.dequantize(q.cspan(), QuantBits::int8, {reinterpret_cast<unsigned char*>(out.data()) + 1, DType::f16, x.size()}); },
-               {"output", "2-byte aligned"});
-  expect_error([&] { quantizer.dequantize_add(q.cspan(), QuantBits::int8, std::span<float>(reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(out.data()) + 1), x.size())); },
-               {"output", "4-byte aligned"});
+  expect_error(
+      [&] {
+        quantizer.dequantize(q.cspan(), QuantBits::int8,
+                             {reinterpret_cast<unsigned char*>(out.data()) + 1, DType::f16, x.size()});
+      },
+      {"output", "2-byte aligned"});
+  expect_error(
+      [&] {
+        quantizer.dequantize_add(
+            q.cspan(), QuantBits::int8,
+            std::span<float>(reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(out.data()) + 1), x.size()));
+      },
+      {"output", "4-byte aligned"});
   // Unsupported element types and formats.
   expect_error([&] { quantizer.quantize({x.data(), static_cast<DType>(7), x.size()}, QuantBits::int8, q.span()); },
                {"element type 7", "DType::f32, DType::bf16 or DType::f16"});
@@ -349,9 +367,13 @@ TEST(BlockQuant, RefusesBadArgumentsSayingWhatToDo) {
                {"quantized_bytes"});
   expect_error([&] { quantizer.quantize({nullptr, DType::f32, x.size()}, QuantBits::int8, q.span()); },
                {"input is null"});
-  expect_error([&] { quantizer.quantize({x.data(), DType::f32, 64}, QuantBits::int8,
-                                        std::span<std::byte>(reinterpret_cast<std::byte*>(x.data()) + 8, quantized_bytes(QuantBits::int8, 64))); },
-               {"overlaps", "separate buffers"});
+  expect_error(
+      [&] {
+        quantizer.quantize(
+            {x.data(), DType::f32, 64}, QuantBits::int8,
+            std::span<std::byte>(reinterpret_cast<std::byte*>(x.data()) + 8, quantized_bytes(QuantBits::int8, 64)));
+      },
+      {"overlaps", "separate buffers"});
   expect_error([] { BlockQuantizer(0); }, {"thread count", "at least 1"});
   // Nothing at all is fine.
   quantizer.quantize({nullptr, DType::f32, 0}, QuantBits::int8, {});
@@ -403,16 +425,19 @@ TEST(BlockQuant, PiecesCallsEqualOneCallPerPiece) {
     for (int threads : {1, 3}) {
       BlockQuantizer quantizer(threads, {}, isa);
       for (QuantBits bits : kBits) {
-        for (std::size_t piece : {std::size_t{1}, std::size_t{300}, 2 * BlockQuantizer::kTileBlocks * kQuantBlock + 77}) {
+        for (std::size_t piece :
+             {std::size_t{1}, std::size_t{300}, 2 * BlockQuantizer::kTileBlocks * kQuantBlock + 77}) {
           const std::size_t record = quantized_bytes(bits, piece);
           for (DType dtype : {DType::f32, DType::bf16}) {
             const std::string at = where(isa, bits, dtype, piece) + " threads " + std::to_string(threads);
-            const test::TypedValues in = as_dtype(mixed_values(5 * piece, 11 + static_cast<std::uint32_t>(piece)), dtype);
+            const test::TypedValues in =
+                as_dtype(mixed_values(5 * piece, 11 + static_cast<std::uint32_t>(piece)), dtype);
             std::vector<std::uint8_t> want;
             for (std::size_t r : order) {
               Quantized one(bits, piece);
-              quantizer.quantize({static_cast<const unsigned char*>(in.data()) + r * piece * dtype_size(dtype), dtype, piece},
-                                 bits, one.span());
+              quantizer.quantize(
+                  {static_cast<const unsigned char*>(in.data()) + r * piece * dtype_size(dtype), dtype, piece}, bits,
+                  one.span());
               const std::vector<std::uint8_t> bytes = one.vec();
               want.insert(want.end(), bytes.begin(), bytes.end());
             }
@@ -424,7 +449,8 @@ TEST(BlockQuant, PiecesCallsEqualOneCallPerPiece) {
           // 2 sums of 3 terms over the six records above (f32 pieces): sum s adds records s, 2 + s, 4 + s.
           const std::vector<float> x = mixed_values(5 * piece, 3 + static_cast<std::uint32_t>(piece));
           std::vector<float> records(order.size() * record / 4 + 1);
-          const std::span<const std::byte> codes{reinterpret_cast<const std::byte*>(records.data()), order.size() * record};
+          const std::span<const std::byte> codes{reinterpret_cast<const std::byte*>(records.data()),
+                                                 order.size() * record};
           quantizer.quantize_pieces({x.data(), DType::f32, x.size()}, piece, order, bits,
                                     {reinterpret_cast<std::byte*>(records.data()), codes.size()});
           std::vector<float> want(2 * piece);
@@ -441,11 +467,14 @@ TEST(BlockQuant, PiecesCallsEqualOneCallPerPiece) {
           for (DType dtype : {DType::f32, DType::f16}) {
             std::vector<float> one(order.size() * piece, -1.0f), all(order.size() * piece, -1.0f);
             for (std::size_t r = 0; r < order.size(); ++r)
-              quantizer.dequantize(codes.subspan(r * record, record), bits,
-                                   {reinterpret_cast<unsigned char*>(one.data()) + r * piece * dtype_size(dtype), dtype, piece});
+              quantizer.dequantize(
+                  codes.subspan(r * record, record), bits,
+                  {reinterpret_cast<unsigned char*>(one.data()) + r * piece * dtype_size(dtype), dtype, piece});
             quantizer.dequantize_pieces(codes, bits, piece, {all.data(), dtype, order.size() * piece});
-            EXPECT_EQ(first_difference(output_bits(all.data(), dtype, all.size()), output_bits(one.data(), dtype, one.size())),
-                      -1) << at << " " << dtype_name(dtype);
+            EXPECT_EQ(first_difference(output_bits(all.data(), dtype, all.size()),
+                                       output_bits(one.data(), dtype, one.size())),
+                      -1)
+                << at << " " << dtype_name(dtype);
           }
         }
       }
@@ -460,8 +489,11 @@ TEST(BlockQuant, PiecesCallsEqualOneCallPerPiece) {
   expect_error([&] { quantizer.quantize_pieces({x.data(), DType::f32, 599}, 300, order, QuantBits::int8, codes); },
                {"599 elements, not a whole number of pieces of 300"});
   const std::vector<std::size_t> two{0, 1};
-  expect_error([&] { quantizer.quantize_pieces({x.data(), DType::f32, 600}, 300, two, QuantBits::int8, codes.first(8)); },
-               {"2 records of 300 elements take", "exactly that size"});
+  expect_error(
+      [&] {
+        quantizer.quantize_pieces({x.data(), DType::f32, 600}, 300, two, QuantBits::int8, codes.first(8));
+      },
+      {"2 records of 300 elements take", "exactly that size"});
   expect_error([&] { quantizer.dequantize_sum(codes, QuantBits::int8, 300, 0, x); }, {"at least one term"});
   expect_error([&] { quantizer.dequantize_sum(codes, QuantBits::int8, 300, 2, x); },
                {"4 records of 300 elements take"});  // 2 terms of 2 sums, where the codes hold 2 records

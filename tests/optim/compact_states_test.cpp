@@ -571,7 +571,8 @@ TEST(CompactStates, StepFromWritesWhatTheStepInPlaceWritesAndKeepsTheSource) {
         const CpuAdam::CompactStates states = layout.moments(to, 0, n);
         const CpuAdam::CompactRounding rounding{7, 1000};
         if (from == to && master == DType::bf16)
-          adam.step_compact(std::span<std::uint16_t>(layout.bf16_master(to), n), states, {g.data(), g.dtype, n}, {t}, rounding);
+          adam.step_compact(std::span<std::uint16_t>(layout.bf16_master(to), n), states, {g.data(), g.dtype, n}, {t},
+                            rounding);
         else if (from == to)
           adam.step_compact(std::span<float>(layout.master(to), n), states, {g.data(), g.dtype, n}, {t}, rounding);
         else if (master == DType::bf16)
@@ -597,11 +598,11 @@ TEST(CompactStates, StepFromWritesWhatTheStepInPlaceWritesAndKeepsTheSource) {
   CpuAdam adam(hp, 1);
   std::vector<float> p(64), m(64), v(64), g(64);
   const CpuAdam::CompactStates bf16{StatesFormat::bf16, m.data(), v.data(), 64};
-  EXPECT_THROW(adam.step_compact_from({p.data(), {StatesFormat::int8, m.data(), v.data(), 64}}, std::span<float>(p), bf16,
-                                      {g.data(), DType::f32, 64}, {1}, {}),
+  EXPECT_THROW(adam.step_compact_from({p.data(), {StatesFormat::int8, m.data(), v.data(), 64}}, std::span<float>(p),
+                                      bf16, {g.data(), DType::f32, 64}, {1}, {}),
                Error);
-  EXPECT_THROW(adam.step_compact_from({p.data(), {StatesFormat::bf16, m.data(), v.data(), 32}}, std::span<float>(p), bf16,
-                                      {g.data(), DType::f32, 64}, {1}, {}),
+  EXPECT_THROW(adam.step_compact_from({p.data(), {StatesFormat::bf16, m.data(), v.data(), 32}}, std::span<float>(p),
+                                      bf16, {g.data(), DType::f32, 64}, {1}, {}),
                Error);
   EXPECT_THROW(adam.step_compact_from({nullptr, bf16}, std::span<float>(p), bf16, {g.data(), DType::f32, 64}, {1}, {}),
                Error);

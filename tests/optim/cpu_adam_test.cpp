@@ -106,7 +106,8 @@ TEST_P(AdamAgainstReference, EveryVariantTracksDoubleReference) {
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> init(n);
-  for (std::size_t i = 0; i < n; ++i) init[i] = c.adversarial ? adversarial_param(i) * (1.0f + 0.1f * normal(rng)) : normal(rng);
+  for (std::size_t i = 0; i < n; ++i)
+    init[i] = c.adversarial ? adversarial_param(i) * (1.0f + 0.1f * normal(rng)) : normal(rng);
 
   ReferenceAdam ref(hp, init);
   const std::vector<Isa> isas = supported_isas();
@@ -402,7 +403,8 @@ TEST(CpuAdam, GradStatsSumOfSquaresAndNonfinite) {
         v2[at] = bad;
         Grads g2 = store_as(dtype, v2);
         for (Isa isa : supported_isas())
-          EXPECT_TRUE(adam_kernels(isa).grad_stats(g2.data(dtype), dtype, n).nonfinite) << isa_name(isa) << " at " << at;
+          EXPECT_TRUE(adam_kernels(isa).grad_stats(g2.data(dtype), dtype, n).nonfinite)
+              << isa_name(isa) << " at " << at;
         EXPECT_TRUE(adam.grad_stats({g2.data(dtype), dtype, n}).nonfinite);
       }
     }

@@ -91,7 +91,9 @@ TEST(CudaAdam, MultiTensorTracksDoubleReference) {
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     const std::vector<float> p = to_host(tensors[k].master, sizes[k]);
     const std::vector<std::uint16_t> out = to_host(static_cast<std::uint16_t*>(tensors[k].out), sizes[k]);
-    EXPECT_LE(optim::test::worst_ratio(p.data(), hosts[k].ref.p, 300 * 2 * std::ldexp(1.0, -24), 300 * 1e-3 * 1e-5), 1.0) << k;
+    EXPECT_LE(optim::test::worst_ratio(p.data(), hosts[k].ref.p, 300 * 2 * std::ldexp(1.0, -24), 300 * 1e-3 * 1e-5),
+              1.0)
+        << k;
     for (std::size_t i = 0; i < sizes[k]; ++i) ASSERT_EQ(out[i], float_to_bf16(p[i])) << k << ":" << i;
   }
   for (const CudaAdamTensor& t : tensors) {

@@ -1,11 +1,11 @@
 // The SIMD int8 codecs of adam_kernels.cpp against their definitions, outside the kernel: this
 // program includes the kernel source, compiled for one instruction set (see meson.build), and
 // checks that Int8Encoder::encode equals the binary search dynamic_encode_magnitude, the decoders
-// dequantize and the code bytes signed_code_byte and unsigned_code_byte, on every input that matters. The closed-form encoder is exact by an error
-// bound (DynamicCode::decade_slope), so the check is what proves it: the test runs a dense sample
-// (every float within 2^14 units in the last place of each midpoint, decade threshold and power of
-// two, every 61st float of [0, 1] and beyond, Inf and NaN; ~1 s); `--all` checks all 2^31
-// non-negative floats (a minute), which is how the codecs were accepted.
+// dequantize and the code bytes signed_code_byte and unsigned_code_byte, on every input that matters. The closed-form
+// encoder is exact by an error bound (DynamicCode::decade_slope), so the check is what proves it: the test runs a dense
+// sample (every float within 2^14 units in the last place of each midpoint, decade threshold and power of two, every
+// 61st float of [0, 1] and beyond, Inf and NaN; ~1 s); `--all` checks all 2^31 non-negative floats (a minute), which is
+// how the codecs were accepted.
 #include "../../src/optim/adam_kernels.cpp"  // NOLINT: the kernel's internals, for this ISA
 
 #include <cstdio>

@@ -406,7 +406,8 @@ TEST(CpuDevice, PinnedMemoryIsCountedByTheCallersLabels) {
     static_cast<void>(device->allocate_pinned(100, TrainerLabel::past_the_end));
     ADD_FAILURE() << "a label past HostLabel::kCount was accepted";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("pinned memory label 8 is not below HostLabel::kCount (8)"), std::string::npos)
+    EXPECT_NE(std::string(error.what()).find("pinned memory label 8 is not below HostLabel::kCount (8)"),
+              std::string::npos)
         << error.what();
   }
   EXPECT_EQ(device->pinned_stats().current, 1500u);

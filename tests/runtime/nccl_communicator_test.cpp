@@ -189,7 +189,8 @@ TEST_F(NcclCommunicatorTest, ReduceScatterEveryDtypeAndOp) {
         const DeviceBuffer recv = to_device({}, recv_bytes + dtype_size(dtype));
         comm_->reduce_scatter(send.data(), recv.data(), recv_count, dtype, op, *stream_);
         const auto host = to_host(recv, recv_bytes + dtype_size(dtype));
-        const auto got = decode(std::vector<unsigned char>(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(recv_bytes)), dtype);
+        const auto got = decode(
+            std::vector<unsigned char>(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(recv_bytes)), dtype);
         for (std::size_t j = 0; j < recv_count; ++j) {
           ASSERT_EQ(got[j], reduce_inputs(op, ranks, rank * recv_count + j))
               << label("reduce_scatter", dtype, recv_count) << " at " << j;

@@ -29,7 +29,8 @@ struct Probe {
 
 std::unique_ptr<PendingWatchdog> make(Probe& probe, std::chrono::milliseconds timeout) {
   return std::make_unique<PendingWatchdog>(
-      "nccl rank 1", timeout, [&probe] { return probe.unhealthy ? std::string("NCCL reports: remote process exited") : std::string(); },
+      "nccl rank 1", timeout,
+      [&probe] { return probe.unhealthy ? std::string("NCCL reports: remote process exited") : std::string(); },
       [&probe] { ++probe.aborts; }, 10ms);
 }
 
@@ -60,7 +61,8 @@ TEST(PendingWatchdog, AnOperationPendingPastTheTimeoutAbortsOnceAndNamesItself) 
   std::this_thread::sleep_for(100ms);  // the thread has ended: no second abort
   EXPECT_EQ(probe.aborts, 1);
   const std::string error = error_of(*watchdog);
-  EXPECT_NE(error.find("reduce_scatter #2 on nccl rank 1: not complete after 0.2 s (comm.timeout)"), std::string::npos) << error;
+  EXPECT_NE(error.find("reduce_scatter #2 on nccl rank 1: not complete after 0.2 s (comm.timeout)"), std::string::npos)
+      << error;
   EXPECT_NE(error.find("refuses every later operation"), std::string::npos) << error;
   EXPECT_THROW(watchdog->track("all_gather", [] { return true; }), CommError);
 }

@@ -74,8 +74,10 @@ std::vector<::torch::optim::OptimizerParamGroup> decay_and_bias_groups(Net& net,
   for (const auto& item : net->named_parameters())
     (item.key().find("bias") != std::string::npos ? biases : weights).push_back(item.value());
   std::vector<::torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(weights, std::make_unique<::torch::optim::AdamWOptions>(::torch::optim::AdamWOptions(lr).weight_decay(0.1)));
-  groups.emplace_back(biases, std::make_unique<::torch::optim::AdamWOptions>(::torch::optim::AdamWOptions(lr).weight_decay(0.0)));
+  groups.emplace_back(
+      weights, std::make_unique<::torch::optim::AdamWOptions>(::torch::optim::AdamWOptions(lr).weight_decay(0.1)));
+  groups.emplace_back(
+      biases, std::make_unique<::torch::optim::AdamWOptions>(::torch::optim::AdamWOptions(lr).weight_decay(0.0)));
   return groups;
 }
 
@@ -86,7 +88,8 @@ TEST_P(TorchOptimizerTest, EqualsAdamWWithGroupsAndLearningRateChanges) {
   Runtime runtime(config_for(stage));
   const int world = runtime.world_size();
   Net ours = make_net(), theirs = make_net();
-  zest::torch::Optimizer zest_opt(ours->named_parameters(), decay_and_bias_groups(ours, 1e-2), config_for(stage), &runtime);
+  zest::torch::Optimizer zest_opt(ours->named_parameters(), decay_and_bias_groups(ours, 1e-2), config_for(stage),
+                                  &runtime);
   ::torch::optim::AdamW torch_opt(decay_and_bias_groups(theirs, 1e-2), ::torch::optim::AdamWOptions(1e-2));
   ASSERT_EQ(zest_opt.param_groups().size(), 2u);
   for (int step = 1; step <= 6; ++step) {
@@ -217,7 +220,8 @@ TEST_P(TorchOptimizerTest, TheModuleKeepsItsTrainedValuesWhenTheOptimizerGoes) {
   const auto params = net->parameters();
   for (std::size_t t = 0; t < params.size(); ++t) {
     ASSERT_EQ(bytes_held(params[t]), trained[t].size() * sizeof(float));
-    EXPECT_TRUE(params[t].detach().flatten().equal(::torch::from_blob(trained[t].data(), {static_cast<std::int64_t>(trained[t].size())})));
+    EXPECT_TRUE(params[t].detach().flatten().equal(
+        ::torch::from_blob(trained[t].data(), {static_cast<std::int64_t>(trained[t].size())})));
   }
   loss_of(net, 2, 1).backward();
   EXPECT_TRUE(net->fc1->weight.grad().defined());
@@ -442,7 +446,8 @@ TEST_P(TorchOptimizerTest, TiedWeightsAreOneParameterWithOneUpdate) {
   ASSERT_EQ(ours->named_parameters().size(), 6u);  // encoder.*, decoder.* (the same two), out.*
   zest::torch::Optimizer zest_opt(ours->named_parameters(), config_for(stage), &runtime);
   EXPECT_EQ(zest_opt.engine().tensor_count(), 4u);
-  std::vector<::torch::Tensor> distinct = {theirs->shared->weight, theirs->shared->bias, theirs->out->weight, theirs->out->bias};
+  std::vector<::torch::Tensor> distinct = {theirs->shared->weight, theirs->shared->bias, theirs->out->weight,
+                                           theirs->out->bias};
   ::torch::optim::AdamW torch_opt(distinct, ::torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   for (int step = 1; step <= 4; ++step) {
     ::torch::manual_seed(200 + step);
@@ -534,7 +539,8 @@ class CudaTensors : public testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     if (!::torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU visible (torch::cuda::is_available() is false)";
-    if (Runtime(config_for(0)).world_size() > 1) GTEST_SKIP() << "the cuda cases run in a world of one (one GPU per rank)";
+    if (Runtime(config_for(0)).world_size() > 1)
+      GTEST_SKIP() << "the cuda cases run in a world of one (one GPU per rank)";
   }
 };
 
