@@ -41,7 +41,8 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
       comm_(comm),
       stream_(comm_stream),
       math_(math),
-      quantized_(options.stage >= 1 ? quantized : nullptr),
+      exact_(comm, options.dtype),
+      reduce_scatter_(options.stage >= 1 && quantized ? static_cast<ShardReduceScatter&>(*quantized) : exact_),
       staging_(staging),
       layout_(layout),
       stage_(options.stage),
@@ -211,7 +212,8 @@ void GradBuckets::collect(const Bucket& b, char* data) {
     if (stage_ == 0 && comm_.size() > 1) comm_.all_reduce(data, data, b.used, dtype_, ReduceOp::sum, stream_);
     for (const Bucket::Entry& e : b.entries) {
       char* const mine = data + bytes(e.offset + shard_begin(e.group));
-      if (stage_ >= 1 && comm_.size() > 1) reduce_scatter(data + bytes(e.offset), mine, layout_.group(e.group).shard);
+      if (stage_ >= 1 && comm_.size() > 1)
+        reduce_scatter_.reduce_scatter(data + bytes(e.offset), mine, layout_.group(e.group).shard, stream_);
       parts_.push_back(mine);
     }
     return;
@@ -228,13 +230,9 @@ void GradBuckets::collect(const Bucket& b, char* data) {
     parts_.push_back(packed + bytes(static_cast<std::size_t>(rank_) * piece + at));
     at += shard;
   }
-  reduce_scatter(packed, packed + bytes(static_cast<std::size_t>(rank_) * piece), piece);
+  reduce_scatter_.reduce_scatter(packed, packed + bytes(static_cast<std::size_t>(rank_) * piece), piece, stream_);
 }
 
-void GradBuckets::reduce_scatter(const char* send, char* recv, std::size_t piece) {
-  if (quantized_) return quantized_->reduce_scatter(send, recv, piece, stream_);
-  comm_.reduce_scatter(send, recv, piece, dtype_, ReduceOp::sum, stream_);
-}
 
 // One collective over the bucket (collect), then each group's part added to the accumulated
 // gradient.

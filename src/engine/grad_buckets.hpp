@@ -21,8 +21,8 @@
 // bucket is zeroed and freed, so the device holds only the buckets in flight. The step asks this
 // class for the statistics instead of asking where the gradients are.
 //
-// With comm.quantize.grads (`quantized`) each of stages 1-3's reduce-scatters goes through
-// QuantizedReduceScatter (codes on the wire, sums in fp32) instead of the communicator.
+// Stages 1-3 reduce-scatter through a ShardReduceScatter: the communicator's (ExactReduceScatter),
+// or with comm.quantize.grads the QuantizedReduceScatter given (codes on the wire, sums in fp32).
 // Threading: the engine's host thread; the work runs on the comm stream.
 #pragma once
 
@@ -169,14 +169,13 @@ class GradBuckets {
   };
   // Runs the bucket's collective; parts_ then holds where this rank's reduced part of each entry is.
   void collect(const Bucket& b, char* data);
-  // A reduce-scatter of `piece` elements per rank (exact, or through quantized_).
-  void reduce_scatter(const char* send, char* recv, std::size_t piece);
 
   Device& device_;
   Communicator& comm_;
   Stream& stream_;
   DeviceMath& math_;
-  QuantizedReduceScatter* quantized_;
+  ExactReduceScatter exact_;
+  ShardReduceScatter& reduce_scatter_;  // exact_, or comm.quantize.grads' quantized one
   HostStaging& staging_;
   const Layout& layout_;
   const int stage_;

@@ -28,9 +28,10 @@ ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Comm
       rank_(comm.rank()),
       dtype_(options.dtype),
       prefetch_bytes_(options.prefetch_bytes),
+      exact_(comm, options.dtype),
+      gather_(sharded() && quantized ? static_cast<ShardGather&>(*quantized) : exact_),
       gathered_("gathered-parameter", "release leases sooner, or raise stage3.max_live") {
   const auto groups = static_cast<std::size_t>(layout.group_count());
-  quantized_ = sharded() ? quantized : nullptr;
   shards_ = device.allocate(plan.param_shards, MemoryCategory::params);
   for (std::size_t size : plan.resident) resident_.push_back(device.allocate(size, MemoryCategory::params));
   full_params_ = device.allocate(plan.full_params, MemoryCategory::params);
@@ -123,8 +124,7 @@ void ParamGather::start_gather(int g) {
       offload_->fetch(g, s.shard.data(), static_cast<std::size_t>(slot), stream_);
       shard = s.shard.data();
     }
-    if (quantized_) quantized_->all_gather(shard, s.buffer.data(), place.shard, stream_);
-    else comm_.all_gather(shard, s.buffer.data(), place.shard, dtype_, stream_);
+    gather_.all_gather(shard, s.buffer.data(), place.shard, stream_);
     if (host_comm_) {
       device_.copy_async(secondary, s.buffer.as<char>() + bytes(static_cast<std::size_t>(host_comm_->rank()) * slice),
                          bytes(slice), stream_);

@@ -112,6 +112,8 @@ class ParamGather {
   const int rank_;
   const DType dtype_;
   const std::size_t prefetch_bytes_;
+  ExactGather exact_;
+  ShardGather& gather_;  // stage 3's gathers over every rank: exact_, or comm.quantize.params' quantized one
 
   DeviceBuffer full_params_;             // stages 0-2: every segment in full
   DeviceBuffer shards_;                  // stage 3 without parameter offload: this rank's shards
@@ -120,7 +122,6 @@ class ParamGather {
   DeviceBuffer gather_bucket_;           // every rank's shards of one run of groups
   std::unique_ptr<ParamOffload> offload_;
   Communicator* host_comm_ = nullptr;    // partition.secondary: host
-  QuantizedGather* quantized_ = nullptr;  // comm.quantize.params
   DeviceBuffer secondary_;               // this rank's slice of each non-resident group, in group order
   std::vector<std::size_t> secondary_at_;  // group -> its slice in secondary_, elements
   std::vector<bool> secondary_fresh_;    // group -> the slice holds the current parameters

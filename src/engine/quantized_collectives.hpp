@@ -14,6 +14,7 @@
 
 #include "engine/device_math.hpp"
 #include "engine/memory_plan.hpp"
+#include "engine/shard_collectives.hpp"
 #include "zest/communicator.hpp"
 #include "zest/device.hpp"
 
@@ -21,14 +22,14 @@ namespace zest::engine {
 
 // qwZ: every rank's shard crosses the wire as int8 records; every rank decodes all of them, its own
 // too, so the ranks compute with the same parameters.
-class QuantizedGather {
+class QuantizedGather final : public ShardGather {
  public:
   // The codes of plan.quant_gather_codes bytes: every rank's records of the largest shard.
   QuantizedGather(Device& device, Communicator& comm, DeviceMath& math, const MemoryPlan& plan, DType dtype);
 
   // full = comm.size() shards of `shard` elements of the working dtype, block r rank r's `own`
   // decoded. `own` may be full's block rank() (in place).
-  void all_gather(const void* own, void* full, std::size_t shard, Stream& stream);
+  void all_gather(const void* own, void* full, std::size_t shard, Stream& stream) override;
 
  private:
   Communicator& comm_;
@@ -45,7 +46,7 @@ class QuantizedGather {
 // piece's host (an all-to-all across hosts), then decodes and sums the H partial sums of its own
 // piece in fp32. Across hosts a rank sends (H - 1) / H of one piece, where a reduce-scatter sends
 // (H - 1) L / (H L) of the whole buffer: 1/L as much, at 8 or 4 bits an element.
-class QuantizedReduceScatter {
+class QuantizedReduceScatter final : public ShardReduceScatter {
  public:
   // `host`: this rank's host's ranks (Communicator::split_by_host), `across`: the ranks holding its
   // place on every host (split_across_hosts; null where there is one host); together over the
@@ -57,7 +58,7 @@ class QuantizedReduceScatter {
   // send: world.size() pieces of `piece` elements of the working dtype, rank-major; recv: `piece`
   // elements, the sum over ranks of this rank's piece (formed in fp32 from the decoded codes,
   // rounded once to the dtype). recv may be send's block rank().
-  void reduce_scatter(const void* send, void* recv, std::size_t piece, Stream& stream);
+  void reduce_scatter(const void* send, void* recv, std::size_t piece, Stream& stream) override;
 
  private:
   Communicator& host_;
