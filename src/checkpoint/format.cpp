@@ -183,236 +183,258 @@ void check_ranges_tile_tensors(const Manifest& m, const std::string& path, int l
 
 }  // namespace
 
-Manifest parse(const std::string& text, const std::string& path) {
-  // The version first (a newer format may end differently), then the checksum line: a truncated
-  // or edited manifest is refused before anything else is read.
-  {
-    int version = 0;
-    if (std::sscanf(text.c_str(), "zest-checkpoint %d", &version) != 1)
-      bad_manifest(path, 1, "not a zest checkpoint manifest");
-    if (version > kFormatVersion)
-      throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
-                      .append(std::to_string(version)).append(", this build reads version ")
-                      .append(std::to_string(kFormatVersion)).append("; load it with a newer zest"));
-    if (version < kOldestReadableVersion)
-      throw Error(std::string("checkpoint manifest ")
-                      .append(path)
-                      .append(": format version ")
-                      .append(std::to_string(version))
-                      .append(" was written by a pre-release zest; this build reads versions ")
-                      .append(std::to_string(kOldestReadableVersion))
-                      .append(" to ")
-                      .append(std::to_string(kFormatVersion))
-                      .append(": save the checkpoint again"));
-  }
+namespace {
+
+// The version first (a newer format may end differently), then the checksum line: a truncated or
+// edited manifest is refused before anything else is read. Returns where the checksum line starts.
+std::size_t check_version_and_checksum(const std::string& text, const std::string& path) {
+  int version = 0;
+  if (std::sscanf(text.c_str(), "zest-checkpoint %d", &version) != 1)
+    bad_manifest(path, 1, "not a zest checkpoint manifest");
+  if (version > kFormatVersion)
+    throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
+                    .append(std::to_string(version)).append(", this build reads version ")
+                    .append(std::to_string(kFormatVersion)).append("; load it with a newer zest"));
+  if (version < kOldestReadableVersion)
+    throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
+                    .append(std::to_string(version)).append(" was written by a pre-release zest; this build reads ")
+                    .append("versions ").append(std::to_string(kOldestReadableVersion)).append(" to ")
+                    .append(std::to_string(kFormatVersion)).append(": save the checkpoint again"));
   const std::size_t end = text.rfind("end ");
   if (end == std::string::npos || text.empty() || text.back() != '\n')
     bad_manifest(path, 0, "no closing checksum line (truncated?)");
   const unsigned long long stored = std::strtoull(text.c_str() + end + 4, nullptr, 10);
-  if (stored != offload::crc32c(text.data(), end))
-    bad_manifest(path, 0, "its CRC32C does not match its contents");
+  if (stored != offload::crc32c(text.data(), end)) bad_manifest(path, 0, "its CRC32C does not match its contents");
+  return end;
+}
 
-  std::istringstream in(text.substr(0, end));
-  Manifest m;
-  int line_no = 0;
-  std::string line;
-  auto next = [&](const char* key) {
-    if (!std::getline(in, line)) bad_manifest(path, line_no, std::string("missing '").append(key).append("'"));
-    ++line_no;
-    std::istringstream fields(line);
+// The manifest's lines in order, each opened by its key, and the errors that name the line.
+class ManifestLines {
+ public:
+  ManifestLines(const std::string& body, const std::string& path) : in_(body), path_(path) {}
+
+  // The next line's fields after `key`; an error where the line is missing or has another key.
+  std::istringstream next(const char* key) {
+    if (!std::getline(in_, line_)) fail(std::string("missing '").append(key).append("'"));
+    ++number_;
+    std::istringstream fields(line_);
     std::string word;
     fields >> word;
-    if (word != key)
-      bad_manifest(path, line_no, std::string("expected '").append(key).append("', found '").append(word).append("'"));
+    if (word != key) fail(std::string("expected '").append(key).append("', found '").append(word).append("'"));
     return fields;
-  };
-  auto check = [&](std::istream& fields, const char* what) {
-    if (!fields) bad_manifest(path, line_no, std::string("unreadable ").append(what));
-  };
-  auto rest_of_line = [](std::istream& fields) {
+  }
+  void check(const std::istream& fields, const char* what) const {
+    if (!fields) fail(std::string("unreadable ").append(what));
+  }
+  // A checksum says the text is what a writer wrote, not that it means anything: every field is
+  // held to the range a saving engine can produce, and the error names the field and the value.
+  [[noreturn]] void out_of_range(const char* field, const std::string& value, const char* allowed) const {
+    fail(std::string(field).append(" ").append(value).append(" is out of range (").append(allowed).append(")"));
+  }
+  [[noreturn]] void fail(const std::string& what) const { bad_manifest(path_, number_, what); }
+  static std::string rest_of_line(std::istream& fields) {
     std::string rest;
     std::getline(fields, rest);
     if (!rest.empty() && rest.front() == ' ') rest.erase(0, 1);
     return rest;
-  };
-  { auto f = next("zest-checkpoint"); f >> m.version; check(f, "format version"); }
+  }
+  const std::string& line() const { return line_; }
+  int number() const { return number_; }
+
+ private:
+  std::istringstream in_;
+  const std::string& path_;
+  std::string line_;
+  int number_ = 0;
+};
+
+// Format version to states format: the run as a whole.
+void read_run(ManifestLines& lines, Manifest& m) {
+  { auto f = lines.next("zest-checkpoint"); f >> m.version; lines.check(f, "format version"); }
   {
-    auto f = next("world_size");
+    auto f = lines.next("world_size");
     f >> m.world_size;
-    check(f, "world size");
-    if (m.world_size < 1) bad_manifest(path, line_no, "a world size below 1");
+    lines.check(f, "world size");
+    if (m.world_size < 1) lines.fail("a world size below 1");
   }
-  // A checksum says the text is what a writer wrote, not that it means anything: every field is
-  // held to the range a saving engine can produce, and the error names the field and the value.
-  const auto out_of_range = [&](const char* field, const std::string& value, const char* allowed) {
-    bad_manifest(path, line_no, std::string(field).append(" ").append(value).append(" is out of range (")
-                                    .append(allowed).append(")"));
-  };
   {
-    auto f = next("stage");
+    auto f = lines.next("stage");
     f >> m.stage;
-    check(f, "stage");
-    if (m.stage < 0 || m.stage > 3) out_of_range("stage", std::to_string(m.stage), "0 to 3");
+    lines.check(f, "stage");
+    if (m.stage < 0 || m.stage > 3) lines.out_of_range("stage", std::to_string(m.stage), "0 to 3");
   }
   {
-    auto f = next("steps");
+    auto f = lines.next("steps");
     f >> m.steps;
-    check(f, "steps");
-    if (m.steps < 0 || m.steps > kMaxSteps) out_of_range("steps", std::to_string(m.steps), "0 to 2^53");
+    lines.check(f, "steps");
+    if (m.steps < 0 || m.steps > kMaxSteps) lines.out_of_range("steps", std::to_string(m.steps), "0 to 2^53");
   }
   {
-    auto f = next("skipped");
+    auto f = lines.next("skipped");
     f >> m.skipped;
-    check(f, "skipped steps");
-    if (m.skipped < 0 || m.skipped > m.steps) out_of_range("skipped", std::to_string(m.skipped), "0 to steps");
+    lines.check(f, "skipped steps");
+    if (m.skipped < 0 || m.skipped > m.steps) lines.out_of_range("skipped", std::to_string(m.skipped), "0 to steps");
   }
   {
-    auto f = next("loss_scaler");
+    auto f = lines.next("loss_scaler");
     std::string scale;
     f >> scale >> m.clean_steps >> m.hysteresis_left;
-    check(f, "loss scaler state");
+    lines.check(f, "loss scaler state");
     char* end = nullptr;
     m.loss_scale = std::strtod(scale.c_str(), &end);
     // The step multiplies fp32 gradients by 1 / scale: a scale outside float's normal range (a
     // subnormal, 0x1p-1074) makes that infinite, which no save writes.
     if (*end != '\0' || !std::isnormal(m.loss_scale) || m.loss_scale < 0x1p-126 || m.loss_scale > 0x1p+127)
-      out_of_range("loss scale", scale, "a number from 2^-126 to 2^127");
-    if (m.clean_steps < 0) out_of_range("loss scaler clean steps", std::to_string(m.clean_steps), "0 or more");
-    if (m.hysteresis_left < 0) out_of_range("loss scaler hysteresis", std::to_string(m.hysteresis_left), "0 or more");
+      lines.out_of_range("loss scale", scale, "a number from 2^-126 to 2^127");
+    if (m.clean_steps < 0) lines.out_of_range("loss scaler clean steps", std::to_string(m.clean_steps), "0 or more");
+    if (m.hysteresis_left < 0)
+      lines.out_of_range("loss scaler hysteresis", std::to_string(m.hysteresis_left), "0 or more");
   }
-  { auto f = next("config"); m.config = rest_of_line(f); }
+  { auto f = lines.next("config"); m.config = ManifestLines::rest_of_line(f); }
   if (m.version >= 4) {
-    auto f = next("states");
+    auto f = lines.next("states");
     std::string name;
     f >> name;
-    check(f, "states format");
+    lines.check(f, "states format");
     const auto* known = std::find_if(detail::kStatesFormatNames.begin(), detail::kStatesFormatNames.end(),
                                      [&](const auto& entry) { return entry.name == name; });
     if (known == detail::kStatesFormatNames.end())
-      bad_manifest(path, line_no, std::string("states '").append(name).append("', not fp32, bf16 or int8"));
+      lines.fail(std::string("states '").append(name).append("', not fp32, bf16 or int8"));
     m.states = known->value;
   }
-  if (m.version >= 3) {
-    std::size_t groups = 0;
-    { auto f = next("optimizer_groups"); f >> groups; check(f, "optimizer group count"); }
-    // Each group is one line of the text: a count beyond the lines left is damage, not a size.
-    if (groups > static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')))
-      bad_manifest(path, line_no, "more optimizer groups than lines");
-    for (std::size_t i = 0; i < groups; ++i) {
-      auto f = next("optimizer_group");
-      std::string v[5];
-      f >> v[0] >> v[1] >> v[2] >> v[3] >> v[4];
-      check(f, "optimizer group");
-      const Manifest::OptimizerGroup g{std::strtod(v[0].c_str(), nullptr), std::strtod(v[1].c_str(), nullptr),
-                                       std::strtod(v[2].c_str(), nullptr), std::strtod(v[3].c_str(), nullptr),
-                                       std::strtod(v[4].c_str(), nullptr)};
-      const bool usable = g.lr > 0 && g.lr < HUGE_VAL && g.beta1 >= 0 && g.beta1 < 1 && g.beta2 >= 0 && g.beta2 < 1 &&
-                          g.eps > 0 && g.eps < HUGE_VAL && g.weight_decay >= 0 && g.weight_decay < HUGE_VAL;
-      if (!usable) bad_manifest(path, line_no, "optimizer group values no step can use");
-      m.optimizer_groups.push_back(g);
-    }
+}
+
+// Version 3 on: each optimizer group's values, a line each (`line_count` bounds their count).
+void read_optimizer_groups(ManifestLines& lines, Manifest& m, std::size_t line_count) {
+  if (m.version < 3) return;
+  std::size_t groups = 0;
+  { auto f = lines.next("optimizer_groups"); f >> groups; lines.check(f, "optimizer group count"); }
+  // Each group is one line of the text: a count beyond the lines left is damage, not a size.
+  if (groups > line_count) lines.fail("more optimizer groups than lines");
+  for (std::size_t i = 0; i < groups; ++i) {
+    auto f = lines.next("optimizer_group");
+    std::string v[5];
+    f >> v[0] >> v[1] >> v[2] >> v[3] >> v[4];
+    lines.check(f, "optimizer group");
+    const Manifest::OptimizerGroup g{std::strtod(v[0].c_str(), nullptr), std::strtod(v[1].c_str(), nullptr),
+                                     std::strtod(v[2].c_str(), nullptr), std::strtod(v[3].c_str(), nullptr),
+                                     std::strtod(v[4].c_str(), nullptr)};
+    const bool usable = g.lr > 0 && g.lr < HUGE_VAL && g.beta1 >= 0 && g.beta1 < 1 && g.beta2 >= 0 && g.beta2 < 1 &&
+                        g.eps > 0 && g.eps < HUGE_VAL && g.weight_decay >= 0 && g.weight_decay < HUGE_VAL;
+    if (!usable) lines.fail("optimizer group values no step can use");
+    m.optimizer_groups.push_back(g);
   }
-  {
-    auto f = next("chunk_bytes");
-    f >> m.chunk_bytes;
-    check(f, "chunk size");
-    // A reader holds one chunk in memory: a size past the limit is damage, not a setting.
-    if (m.chunk_bytes == 0 || m.chunk_bytes > kMaxChunkBytes)
-      bad_manifest(path, line_no,
-                   std::string("a chunk size of ")
-                       .append(std::to_string(m.chunk_bytes))
-                       .append(" bytes (1 to ")
-                       .append(std::to_string(kMaxChunkBytes))
-                       .append(" allowed)"));
-  }
-  // Counts only bound loops that need a line per item: a huge count runs out of lines and is
-  // refused there, having allocated no more than the lines it read.
+}
+
+void read_chunk_bytes(ManifestLines& lines, Manifest& m) {
+  auto f = lines.next("chunk_bytes");
+  f >> m.chunk_bytes;
+  lines.check(f, "chunk size");
+  // A reader holds one chunk in memory: a size past the limit is damage, not a setting.
+  if (m.chunk_bytes == 0 || m.chunk_bytes > kMaxChunkBytes)
+    lines.fail(std::string("a chunk size of ").append(std::to_string(m.chunk_bytes)).append(" bytes (1 to ")
+                   .append(std::to_string(kMaxChunkBytes)).append(" allowed)"));
+}
+
+// Counts only bound loops that need a line per item: a huge count runs out of lines and is
+// refused there, having allocated no more than the lines it read.
+void read_tensors(ManifestLines& lines, Manifest& m) {
   std::size_t count = 0;
   std::uint64_t all_elements = 0;
-  { auto f = next("tensors"); f >> count; check(f, "tensor count"); }
+  { auto f = lines.next("tensors"); f >> count; lines.check(f, "tensor count"); }
   for (std::size_t i = 0; i < count; ++i) {
-    auto f = next("tensor");
+    auto f = lines.next("tensor");
     TensorEntry t;
     std::size_t dims = 0;
     f >> t.group >> t.numel >> dims;
-    check(f, "tensor entry");
-    if (t.group < 0) out_of_range("tensor group", std::to_string(t.group), "0 or more");
+    lines.check(f, "tensor entry");
+    if (t.group < 0) lines.out_of_range("tensor group", std::to_string(t.group), "0 or more");
     // Each dimension takes at least two characters (" 7"): more than the line holds is damage,
     // refused before it sizes anything.
-    if (dims > line.size() / 2) bad_manifest(path, line_no, "more dimensions than the line holds");
+    if (dims > lines.line().size() / 2) lines.fail("more dimensions than the line holds");
     t.shape.resize(dims);
     for (std::size_t& d : t.shape) f >> d;
-    check(f, "tensor shape");
+    lines.check(f, "tensor shape");
     std::uint64_t product = 1;
     for (std::size_t d : t.shape)
-      if (!multiply_elements(product, d))
-        bad_manifest(path, line_no, "a tensor shape whose element count overflows 64-bit byte sizes");
-    if (product != t.numel || t.numel == 0)
-      bad_manifest(path, line_no, "a tensor whose shape does not hold its element count");
-    if (!add_elements(all_elements, t.numel))
-      bad_manifest(path, line_no, "tensors whose element count overflows 64-bit byte sizes");
-    t.name = rest_of_line(f);
+      if (!multiply_elements(product, d)) lines.fail("a tensor shape whose element count overflows 64-bit byte sizes");
+    if (product != t.numel || t.numel == 0) lines.fail("a tensor whose shape does not hold its element count");
+    if (!add_elements(all_elements, t.numel)) lines.fail("tensors whose element count overflows 64-bit byte sizes");
+    t.name = ManifestLines::rest_of_line(f);
     if (const std::string problem = tensor_name_problem(t.name); !problem.empty())
-      bad_manifest(path, line_no, "a tensor name that " + problem);
+      lines.fail("a tensor name that " + problem);
     m.tensors.push_back(std::move(t));
   }
-  { auto f = next("ranks"); f >> count; check(f, "rank count"); }
+}
+
+// Rank `rank`'s file of `kind`: its own name, the size its ranges need, a checksum per chunk.
+void read_state_file(ManifestLines& lines, const Manifest& m, int rank, const RankEntry& entry, StateKind kind,
+                     std::uint64_t elements, StateFile& file) {
+  auto f = lines.next("file");
+  std::size_t chunks = 0;
+  f >> file.name >> file.bytes >> chunks;
+  lines.check(f, "file entry");
+  // The name, size and chunk count are checked against each other before the checksums are read,
+  // so the count sizes nothing it does not match. Each rank's files are its own, each of its kind:
+  // a name pointing at another rank's file, or at the master file for m, would load one state as
+  // another.
+  const std::string expected = state_file_name(rank, kind);
+  if (file.name != expected)
+    lines.fail(std::string("rank ").append(std::to_string(rank)).append("'s file '").append(file.name)
+                   .append("' where its own '").append(expected).append("' belongs"));
+  if (file.bytes != state_file_bytes(m.states, kind, entry.ranges))
+    lines.fail(std::string("file ").append(file.name).append(" of ").append(std::to_string(file.bytes))
+                   .append(" bytes for ranges of ").append(std::to_string(elements))
+                   .append(kind == StateKind::master ? " fp32" : std::string(" ").append(states_format_name(m.states)))
+                   .append(" values"));
+  if (chunks != file.bytes / m.chunk_bytes + (file.bytes % m.chunk_bytes != 0))
+    lines.fail(std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
+  file.chunk_crcs.resize(chunks);
+  for (std::uint32_t& crc : file.chunk_crcs) f >> crc;
+  lines.check(f, "chunk checksums");
+}
+
+void read_ranks(ManifestLines& lines, Manifest& m) {
+  std::size_t count = 0;
+  { auto f = lines.next("ranks"); f >> count; lines.check(f, "rank count"); }
   if (count != static_cast<std::size_t>(m.world_size))
-    bad_manifest(path, line_no, std::string(std::to_string(count)).append(" ranks listed for world size ")
-                                    .append(std::to_string(m.world_size)));
+    lines.fail(std::string(std::to_string(count)).append(" ranks listed for world size ")
+                   .append(std::to_string(m.world_size)));
   for (std::size_t i = 0; i < count; ++i) {
     RankEntry rank;
     std::size_t ranges = 0;
     std::uint64_t elements = 0;  // what rank.elements() sums, checked for overflow as it grows
-    { auto f = next("rank"); f >> ranges; check(f, "rank entry"); }
+    { auto f = lines.next("rank"); f >> ranges; lines.check(f, "rank entry"); }
     for (std::size_t r = 0; r < ranges; ++r) {
-      auto g = next("range");
+      auto g = lines.next("range");
       Range range;
       g >> range.tensor >> range.lo >> range.hi;
-      check(g, "range");
+      lines.check(g, "range");
       if (range.tensor >= m.tensors.size() || range.lo >= range.hi || range.hi > m.tensors[range.tensor].numel)
-        bad_manifest(path, line_no, "a range outside its tensor");
+        lines.fail("a range outside its tensor");
       if (!add_elements(elements, range.hi - range.lo))
-        bad_manifest(path, line_no, "ranges whose element count overflows 64-bit byte sizes");
+        lines.fail("ranges whose element count overflows 64-bit byte sizes");
       rank.ranges.push_back(range);
     }
-    for (StateFile& file : rank.files) {
-      auto f = next("file");
-      std::size_t chunks = 0;
-      f >> file.name >> file.bytes >> chunks;
-      check(f, "file entry");
-      // The name, size and chunk count are checked against each other before the checksums are
-      // read, so the count sizes nothing it does not match.
-      // Each rank's files are its own, each of its kind: a name pointing at another rank's file,
-      // or at the master file for m, would load one state as another.
-      const std::string expected =
-          state_file_name(static_cast<int>(i), static_cast<StateKind>(&file - rank.files.data()));
-      if (file.name != expected)
-        bad_manifest(path, line_no, std::string("rank ").append(std::to_string(i)).append("'s file '").append(file.name)
-                                        .append("' where its own '").append(expected).append("' belongs"));
-      const StateKind kind = static_cast<StateKind>(&file - rank.files.data());
-      if (file.bytes != state_file_bytes(m.states, kind, rank.ranges))
-        bad_manifest(
-            path, line_no,
-            std::string("file ")
-                .append(file.name)
-                .append(" of ")
-                .append(std::to_string(file.bytes))
-                .append(" bytes for ranges of ")
-                .append(std::to_string(elements))
-                .append(kind == StateKind::master ? " fp32" : std::string(" ").append(states_format_name(m.states)))
-                .append(" values"));
-      if (chunks != file.bytes / m.chunk_bytes + (file.bytes % m.chunk_bytes != 0))
-        bad_manifest(
-            path, line_no,
-            std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
-      file.chunk_crcs.resize(chunks);
-      for (std::uint32_t& crc : file.chunk_crcs) f >> crc;
-      check(f, "chunk checksums");
-    }
+    for (StateFile& file : rank.files)
+      read_state_file(lines, m, static_cast<int>(i), rank, static_cast<StateKind>(&file - rank.files.data()),
+                      elements, file);
     m.ranks.push_back(std::move(rank));
   }
-  check_ranges_tile_tensors(m, path, line_no);
+}
+
+}  // namespace
+
+Manifest parse(const std::string& text, const std::string& path) {
+  const std::size_t end = check_version_and_checksum(text, path);
+  ManifestLines lines(text.substr(0, end), path);
+  Manifest m;
+  read_run(lines, m);
+  read_optimizer_groups(lines, m, static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')));
+  read_chunk_bytes(lines, m);
+  read_tensors(lines, m);
+  read_ranks(lines, m);
+  check_ranges_tile_tensors(m, path, lines.number());
   return m;
 }
 
