@@ -1,7 +1,7 @@
 // Store: where the offload engines keep what does not fit on the device or in host memory — named
 // regions of bytes moved asynchronously between a store and host buffers. NvmeStore (one
 // preallocated O_DIRECT file per rank, io_uring; offload device "nvme") implements it; the engine's
-// NvmeResidency (src/engine/residency.hpp) drives it. Offload device "cpu" needs no store: its
+// NvmeResidency (src/engine/optimizer/residency.hpp) drives it. Offload device "cpu" needs no store: its
 // data stays in pinned host memory and is used in place (PinnedResidency), with nothing to move.
 //
 // Regions are allocated once, at setup: allocate(name, bytes) gives each a fixed place (NvmeStore:

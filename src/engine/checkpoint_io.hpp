@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/layout.hpp"
-#include "engine/loss_scaler.hpp"
-#include "engine/optimizer_states.hpp"
-#include "engine/param_gather.hpp"
+#include "engine/plan/layout.hpp"
+#include "engine/optimizer/loss_scaler.hpp"
+#include "engine/optimizer/optimizer_states.hpp"
+#include "engine/collectives/param_gather.hpp"
 #include "optim/adam_math.hpp"
 #include "zest/communicator.hpp"
 #include "zest/config.hpp"

@@ -3,7 +3,7 @@
 // after its previous write is confirmed, failures and cancelled groups never count as done,
 // cancel() waits for the update under way, and settle(false) stops without finishing the queue.
 // Runs under ThreadSanitizer too (suite tsan).
-#include "engine/ahead_updates.hpp"
+#include "engine/optimizer/ahead_updates.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // place across hosts for qgZ on several hosts), the configs refused (unequal hosts, a backend that
 // returns no communicator), and the bytes counted over all of them, per step. A stand-in
 // communicator plays one rank of a world cut into hosts; nothing crosses a wire.
-#include "engine/comm_levels.hpp"
+#include "engine/collectives/comm_levels.hpp"
 
 #include <gtest/gtest.h>
 

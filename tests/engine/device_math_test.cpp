@@ -8,7 +8,7 @@
 //   as the master rounded to nearest even, with the loss scale and clip coefficient applied;
 // - the pieces calls of the quantized collectives (one task for all pieces) give the bytes and bits
 //   of DeviceMath's defaults, one quantize or dequantize per piece, which the cuda backend keeps.
-#include "engine/device_math.hpp"
+#include "engine/math/device_math.hpp"
 
 #include <gtest/gtest.h>
 

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/layout.hpp"
+#include "engine/plan/layout.hpp"
 #include "engine/offload_training.hpp"
-#include "engine/optimizer_groups.hpp"
+#include "engine/optimizer/optimizer_groups.hpp"
 #include "engine/reference_training.hpp"
 #include "offload/scratch_dir.hpp"
 #include "optim/cpu_adam.hpp"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/memory_plan.hpp"
+#include "engine/plan/memory_plan.hpp"
 #include "offload/nvme_store.hpp"
 #include "offload/scratch_dir.hpp"
 #include "runtime/mpi_communicator.hpp"

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/layout.hpp"
+#include "engine/plan/layout.hpp"
 #include "engine/offload_training.hpp"
 #include "engine/reference_training.hpp"
 #include "offload/scratch_dir.hpp"

@@ -17,10 +17,10 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/device_math.hpp"
+#include "engine/math/device_math.hpp"
 #include "engine/host_communicators.hpp"
-#include "engine/memory_plan.hpp"
-#include "engine/quantized_collectives.hpp"
+#include "engine/plan/memory_plan.hpp"
+#include "engine/collectives/quantized_collectives.hpp"
 #include "engine/reference_training.hpp"
 #include "optim/block_quant.hpp"
 #include "runtime/counting_communicator.hpp"

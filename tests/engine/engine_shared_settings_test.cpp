@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/shared_settings.hpp"
+#include "engine/plan/shared_settings.hpp"
 #include "runtime/world.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"

@@ -7,7 +7,7 @@
 // tensor or group not written is zero; the device memory is the plan's (grads, two buckets) and
 // does not grow over steps; flush() refuses a group requested and not ready, and a third bucket is
 // refused naming the remedy.
-#include "engine/grad_buckets.hpp"
+#include "engine/collectives/grad_buckets.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/device_math.hpp"
-#include "engine/host_staging.hpp"
-#include "engine/layout.hpp"
-#include "engine/memory_plan.hpp"
+#include "engine/math/device_math.hpp"
+#include "engine/plan/host_staging.hpp"
+#include "engine/plan/layout.hpp"
+#include "engine/plan/memory_plan.hpp"
 #include "optim/adam_math.hpp"
 #include "runtime/half.hpp"
 #include "runtime/local_communicator.hpp"

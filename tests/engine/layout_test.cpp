@@ -1,6 +1,6 @@
 // The engine's flat layout: aligned tensors, equal padded shards, each tensor's part of each
 // rank's shard, and refusals of unusable lists.
-#include "engine/layout.hpp"
+#include "engine/plan/layout.hpp"
 
 #include <gtest/gtest.h>
 

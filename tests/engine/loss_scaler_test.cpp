@@ -1,6 +1,6 @@
 // Dynamic loss scaling: halves after `hysteresis` overflows, doubles after `window` clean steps,
 // never below min_scale; static scaling never moves.
-#include "engine/loss_scaler.hpp"
+#include "engine/optimizer/loss_scaler.hpp"
 
 #include <gtest/gtest.h>
 

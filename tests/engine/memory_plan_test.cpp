@@ -2,7 +2,7 @@
 // sizes_only) are those of the listed sub-groups the engine builds its pipeline from, and the plan
 // of an estimate holds no per-sub-group entry however many sub-groups there are (issue 21: a
 // 10^12-parameter estimate at sub_group 1 aborted with bad_alloc).
-#include "engine/memory_plan.hpp"
+#include "engine/plan/memory_plan.hpp"
 
 #include <gtest/gtest.h>
 

@@ -10,7 +10,7 @@
 //   equal those of the optimizer without overlap, bit for bit; without overlap there is no
 //   speculative part;
 // - buffer_count below 2 is refused with an Error naming the setting.
-#include "engine/offloaded_optimizer.hpp"
+#include "engine/optimizer/offloaded_optimizer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/layout.hpp"
-#include "engine/memory_plan.hpp"
-#include "engine/optimizer_groups.hpp"
+#include "engine/plan/layout.hpp"
+#include "engine/plan/memory_plan.hpp"
+#include "engine/optimizer/optimizer_groups.hpp"
 #include "offload/nvme_store.hpp"
 #include "offload/scratch_dir.hpp"
 #include "optim/adam_reference.hpp"

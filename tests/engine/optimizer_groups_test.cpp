@@ -5,7 +5,7 @@
 //   tensors it covers (padding joined to the run before it, neighbours of one group merged), at
 //   1, 2 and 3 ranks;
 // - values no step can use are refused, naming the rule.
-#include "engine/optimizer_groups.hpp"
+#include "engine/optimizer/optimizer_groups.hpp"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 // - a new shard (write_shard, or the step's write to shard_out followed by gather_all) is what the
 //   next gather shows;
 // - a lease beyond the gathered-parameter buffers raises zest::Error naming them and the remedy.
-#include "engine/param_gather.hpp"
+#include "engine/collectives/param_gather.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/host_staging.hpp"
-#include "engine/layout.hpp"
-#include "engine/memory_plan.hpp"
+#include "engine/plan/host_staging.hpp"
+#include "engine/plan/layout.hpp"
+#include "engine/plan/memory_plan.hpp"
 #include "runtime/half.hpp"
 #include "runtime/local_communicator.hpp"
 #include "zest/device.hpp"

@@ -7,7 +7,7 @@
 // - its memory is the plan's (pinned and swap bytes);
 // - nvme: a failed write surfaces from finish_updates as IoError, and every later call is refused
 //   with an Error saying the parameters are unusable.
-#include "engine/param_offload.hpp"
+#include "engine/optimizer/param_offload.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/layout.hpp"
-#include "engine/memory_plan.hpp"
+#include "engine/plan/layout.hpp"
+#include "engine/plan/memory_plan.hpp"
 #include "offload/nvme_store.hpp"
 #include "offload/scratch_dir.hpp"
 #include "runtime/half.hpp"

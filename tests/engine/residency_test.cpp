@@ -7,7 +7,7 @@
 //   brings it back; the spare copy is a region of its own, which promote() makes the one load()
 //   reads; a piece of 0 bytes has no region, and the regions are the swap bytes counted;
 // - a spare copy never stored is not data: loading it raises IoError.
-#include "engine/residency.hpp"
+#include "engine/optimizer/residency.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/memory_plan.hpp"
+#include "engine/plan/memory_plan.hpp"
 #include "offload/nvme_store.hpp"
 #include "offload/scratch_dir.hpp"
 #include "zest/error.hpp"

@@ -1,7 +1,7 @@
 // The exact shard collectives pass each call to the communicator as it is (the counts, the working
 // dtype, a sum), so that a part holding a ShardGather or ShardReduceScatter sends what it sent
 // when it called the communicator itself. A stand-in communicator records the calls.
-#include "engine/shard_collectives.hpp"
+#include "engine/collectives/shard_collectives.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/quantized_collectives.hpp"
+#include "engine/collectives/quantized_collectives.hpp"
 
 namespace zest::engine {
 namespace {

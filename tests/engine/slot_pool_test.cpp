@@ -1,7 +1,7 @@
 // SlotPool alone, on the cpu device: a slot goes to one group at a time, a taker waits for the end
 // of the slot's last use on the stream (so a buffer is never rewritten under a collective still
 // reading it), and a pool with every slot taken refuses, saying how many there are and the remedy.
-#include "engine/slot_pool.hpp"
+#include "engine/plan/slot_pool.hpp"
 
 #include <gtest/gtest.h>
 

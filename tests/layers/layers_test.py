@@ -23,8 +23,14 @@ PARTS = [
     ("offload", 2, ["offload/"]),
     ("optim", 2, ["src/optim/", "kernels/"]),
     ("checkpoint", 3, ["src/checkpoint/", "include/zest/checkpoint.hpp"]),
-    ("engine", 4, ["src/engine/", "include/zest/engine.hpp", "include/zest/estimate.hpp",
-                   "include/zest/host_purpose.hpp"]),
+    # The engine's folders, each over those listed before it (src/engine/meson.build): its public
+    # headers, the device math, the plan, the optimizer, the collectives, then the orchestration.
+    ("engine api", 4.0, ["include/zest/engine.hpp", "include/zest/estimate.hpp", "include/zest/host_purpose.hpp"]),
+    ("engine math", 4.1, ["src/engine/math/"]),
+    ("engine plan", 4.2, ["src/engine/plan/"]),
+    ("engine optimizer", 4.3, ["src/engine/optimizer/"]),
+    ("engine collectives", 4.4, ["src/engine/collectives/"]),
+    ("engine", 4.5, ["src/engine/"]),
     ("torch", 5, ["src/torch/", "include/zest/torch.hpp"]),
     ("api", 5, ["include/zest/zest.hpp"]),  # the umbrella header: everything below it
     ("python", 6, ["src/python/"]),
