@@ -6,7 +6,7 @@
 
 #include "kernels/adam.hpp"
 #include "cuda_adam_bench.hpp"
-#include "runtime/cuda_check.hpp"
+#include "runtime/device/cuda_check.hpp"
 
 namespace zest::kernels {
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "base/trace.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 
 namespace zest::train {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "kernels/accumulate.hpp"
 #include "kernels/dtype_access.cuh"
-#include "runtime/cuda_check.hpp"
+#include "runtime/device/cuda_check.hpp"
 
 namespace zest::kernels {
 namespace {

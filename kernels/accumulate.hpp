@@ -1,6 +1,6 @@
 // Element-wise gradient accumulation on the GPU: what the engine does when a later micro-batch's
 // reduced gradients join the ones already held. Bit-identical to the host's loop (the sum formed in
-// float, rounded once to the storage type with runtime/half.hpp's conversions).
+// float, rounded once to the storage type with runtime/host/half.hpp's conversions).
 #pragma once
 
 #include <cuda_runtime_api.h>

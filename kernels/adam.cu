@@ -5,8 +5,8 @@
 #include "kernels/adam.hpp"
 #include "kernels/dtype_access.cuh"
 #include "kernels/multi_tensor.cuh"
-#include "runtime/cuda_check.hpp"
-#include "runtime/half.hpp"
+#include "runtime/device/cuda_check.hpp"
+#include "runtime/host/half.hpp"
 
 namespace zest::kernels {
 namespace {

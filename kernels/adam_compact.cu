@@ -15,8 +15,8 @@
 #include "kernels/dtype_access.cuh"
 #include "kernels/multi_tensor.cuh"
 #include "optim/compact_math.hpp"
-#include "runtime/cuda_check.hpp"
-#include "runtime/half.hpp"
+#include "runtime/device/cuda_check.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::kernels {

@@ -12,8 +12,8 @@
 #include "kernels/block_quant.hpp"
 #include "kernels/dtype_access.cuh"
 #include "optim/block_quant_math.hpp"
-#include "runtime/cuda_check.hpp"
-#include "runtime/half.hpp"
+#include "runtime/device/cuda_check.hpp"
+#include "runtime/host/half.hpp"
 
 namespace zest::kernels {
 namespace {

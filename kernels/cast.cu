@@ -7,7 +7,7 @@
 
 #include "kernels/cast.hpp"
 #include "kernels/dtype_access.cuh"
-#include "runtime/cuda_check.hpp"
+#include "runtime/device/cuda_check.hpp"
 
 namespace zest::kernels {
 namespace {

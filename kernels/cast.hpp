@@ -1,5 +1,5 @@
 // Element-wise conversion between fp32, fp16 and bf16 on the GPU, e.g. the fp32 master copy to the
-// low-precision parameters the trainer computes with. Bit-identical to runtime/half.hpp's host
+// low-precision parameters the trainer computes with. Bit-identical to runtime/host/half.hpp's host
 // conversions (round to nearest even; NaN stays NaN, Inf stays Inf).
 #pragma once
 

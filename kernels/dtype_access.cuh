@@ -1,12 +1,12 @@
 // Element access by DType in device code: f32 is stored as float, bf16 and f16 as their 16-bit
 // patterns; values travel through float (widening is exact, so a low-to-low conversion rounds
-// once). The conversions are the host's (runtime/half.hpp), so host and device round alike.
+// once). The conversions are the host's (runtime/host/half.hpp), so host and device round alike.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/dtype.hpp"
 
 namespace zest::kernels::detail {

@@ -5,7 +5,7 @@
 #include "kernels/adam.hpp"
 #include "kernels/dtype_access.cuh"
 #include "kernels/multi_tensor.cuh"
-#include "runtime/cuda_check.hpp"
+#include "runtime/device/cuda_check.hpp"
 
 namespace zest::kernels {
 namespace {

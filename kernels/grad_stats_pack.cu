@@ -1,7 +1,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/grad_stats_pack.hpp"
-#include "runtime/cuda_check.hpp"
+#include "runtime/device/cuda_check.hpp"
 
 namespace zest::kernels {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "runtime/thread_binding.hpp"
+#include "runtime/host/thread_binding.hpp"
 
 namespace zest::offload {
 

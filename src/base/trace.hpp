@@ -3,7 +3,7 @@
 // One recorder per process (a rank), off by default. Off, a span costs one relaxed load and one
 // predictable branch. On (start), events go into an array of fixed capacity allocated at start:
 // a slot is taken with one atomic increment from any thread, filled, and published with a release
-// store; events past the capacity are counted as dropped, never allocated. runtime/trace_file.hpp
+// store; events past the capacity are counted as dropped, never allocated. runtime/comm/trace_file.cpp
 // starts it and writes every rank's events as one Chrome trace (chrome://tracing, Perfetto).
 //
 // An event is a complete span ("ph":"X"): a name (a string literal: only the pointer is kept), a

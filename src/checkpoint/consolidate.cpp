@@ -19,7 +19,7 @@
 #include "checkpoint/output_target.hpp"
 #include "checkpoint/reader.hpp"
 #include "checkpoint/safetensors_header.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/checkpoint.hpp"
 #include "zest/error.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "offload/checksum.hpp"
 #include "optim/states_layout.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::checkpoint {

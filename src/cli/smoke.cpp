@@ -12,7 +12,7 @@
 
 #include "args/args.hpp"
 #include "cli/commands.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/zest.hpp"
 
 namespace zest::cli {

@@ -21,7 +21,7 @@
 #include "checkpoint/publish.hpp"
 #include "checkpoint/reader.hpp"
 #include "optim/states_layout.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/config.hpp"
 #include "zest/error.hpp"
 

@@ -27,7 +27,7 @@ struct QuantKernels {
   void (*dequantize)(const std::uint8_t* in, QuantBits bits, std::size_t count, void* out, DType dtype);
   // acc[i] += the value of element i, in fp32 (the product rounded, then the sum).
   void (*dequantize_add)(const std::uint8_t* in, QuantBits bits, std::size_t count, float* acc);
-  // out = the count fp32 values at `in` in `dtype`, rounded to nearest even (runtime/half.hpp).
+  // out = the count fp32 values at `in` in `dtype`, rounded to nearest even (runtime/host/half.hpp).
   void (*cast_from_f32)(const float* in, std::size_t count, void* out, DType dtype);
 };
 
@@ -68,7 +68,7 @@ class BlockQuantizer {
   // acc[i] += the value of element i of `in` (quantized_bytes(bits, acc.size()) bytes), in fp32:
   // one rank's piece of a reduction of quantized gradients.
   void dequantize_add(std::span<const std::byte> in, QuantBits bits, std::span<float> acc);
-  // out = `in` in out.dtype (fp32, bf16 or fp16: rounded to nearest even, as runtime/half.hpp),
+  // out = `in` in out.dtype (fp32, bf16 or fp16: rounded to nearest even, as runtime/host/half.hpp),
   // out.count == in.size(), not overlapping: the 16-bit wire format of uncompressed collectives.
   void cast_from_f32(std::span<const float> in, TensorSpan out);
 

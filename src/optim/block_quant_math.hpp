@@ -41,7 +41,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/dtype.hpp"
 
 namespace zest::optim {

@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/dtype.hpp"
 
 namespace zest::optim {

@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "optim/states_layout.hpp"
-#include "runtime/half.hpp"
-#include "runtime/thread_binding.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/host/thread_binding.hpp"
 #include "zest/error.hpp"
 
 namespace zest::optim {

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/dtype.hpp"
 
 #if !defined(ZEST_ADAM_ISA_NS)
@@ -51,7 +51,7 @@ inline VecF load_bf16(const std::uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load_u16(p)), 16));
 }
 inline VecF load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(load_u16(p)); }
-// Round to nearest even as runtime/half.hpp does; NaN becomes a quiet NaN with its top bits kept.
+// Round to nearest even as runtime/host/half.hpp does; NaN becomes a quiet NaN with its top bits kept.
 inline void store_bf16(std::uint16_t* p, VecF x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i high = _mm512_srli_epi32(u, 16);
@@ -158,7 +158,7 @@ inline VecF load_typed(const void* data, std::size_t i) {
   }
 }
 
-// x as kLanes elements of type D at element i of `data`, rounded to nearest even (runtime/half.hpp).
+// x as kLanes elements of type D at element i of `data`, rounded to nearest even (runtime/host/half.hpp).
 template <DType D>
 inline void store_typed(void* data, std::size_t i, VecF x) {
   if constexpr (D == DType::f32) {

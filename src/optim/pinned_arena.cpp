@@ -9,7 +9,7 @@
 #include <tbb/task_arena.h>
 #include <tbb/task_scheduler_observer.h>
 
-#include "runtime/thread_binding.hpp"
+#include "runtime/host/thread_binding.hpp"
 #include "zest/error.hpp"
 
 // oneTBB is not built with ThreadSanitizer, so TSan cannot see the synchronization by which a

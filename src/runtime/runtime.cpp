@@ -4,8 +4,8 @@
 #include <set>
 #include <string>
 
-#include "runtime/thread_binding.hpp"
-#include "runtime/world.hpp"
+#include "runtime/host/thread_binding.hpp"
+#include "runtime/comm/world.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

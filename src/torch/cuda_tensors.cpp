@@ -5,7 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "runtime/cuda_device.hpp"
+#include "runtime/device/cuda_device.hpp"
 
 namespace zest::torch::detail {
 namespace {

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/collective_call.hpp"
-#include "runtime/nccl_communicator.hpp"
+#include "runtime/comm/collective_call.hpp"
+#include "runtime/comm/nccl_communicator.hpp"
 #include "zest/error.hpp"
 
 namespace zest::torch::detail {

@@ -17,7 +17,7 @@
 #include <chrono>
 #include <memory>
 
-#include "runtime/world.hpp"
+#include "runtime/comm/world.hpp"
 #include "zest/torch.hpp"
 
 namespace zest::torch::detail {

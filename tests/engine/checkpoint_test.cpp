@@ -26,8 +26,8 @@
 #include "checkpoint/reader.hpp"
 #include "engine/reference_training.hpp"
 #include "engine/shared_dir.hpp"
-#include "runtime/mpi_communicator.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/comm/mpi_communicator.hpp"
+#include "runtime/comm/mpi_session.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

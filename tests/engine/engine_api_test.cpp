@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/world.hpp"
+#include "runtime/comm/world.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 

@@ -12,7 +12,7 @@
 
 #include "engine/host_communicators.hpp"
 #include "engine/reference_training.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/comm/mpi_session.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 #include "zest/estimate.hpp"

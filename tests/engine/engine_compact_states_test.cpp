@@ -22,7 +22,7 @@
 #include "offload/scratch_dir.hpp"
 #include "optim/cpu_adam.hpp"
 #include "optim/states_layout.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/engine.hpp"
 
 namespace zest {

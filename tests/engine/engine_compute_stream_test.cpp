@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/world.hpp"
+#include "runtime/comm/world.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/half.hpp"
-#include "runtime/mpi_communicator.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/comm/mpi_communicator.hpp"
+#include "runtime/comm/mpi_session.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

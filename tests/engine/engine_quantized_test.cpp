@@ -23,9 +23,9 @@
 #include "engine/collectives/quantized_collectives.hpp"
 #include "engine/reference_training.hpp"
 #include "optim/block_quant.hpp"
-#include "runtime/counting_communicator.hpp"
-#include "runtime/half.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/comm/counting_communicator.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/comm/mpi_session.hpp"
 #include "zest/estimate.hpp"
 
 namespace zest {

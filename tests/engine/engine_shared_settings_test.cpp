@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/plan/shared_settings.hpp"
-#include "runtime/world.hpp"
+#include "runtime/comm/world.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 

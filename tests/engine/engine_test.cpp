@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "engine/reference_training.hpp"
-#include "runtime/world.hpp"
+#include "runtime/comm/world.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

@@ -21,8 +21,8 @@
 #include "engine/plan/layout.hpp"
 #include "engine/plan/memory_plan.hpp"
 #include "optim/adam_math.hpp"
-#include "runtime/half.hpp"
-#include "runtime/local_communicator.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/comm/local_communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
 

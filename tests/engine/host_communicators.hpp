@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-#include "runtime/mpi_communicator.hpp"
+#include "runtime/comm/mpi_communicator.hpp"
 #include "zest/communicator.hpp"
 
 namespace zest::test_hosts {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "engine/reference_training.hpp"
-#include "runtime/mpi_communicator.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/comm/mpi_communicator.hpp"
+#include "runtime/comm/mpi_session.hpp"
 #include "zest/engine.hpp"
 
 namespace zest::reference_training {

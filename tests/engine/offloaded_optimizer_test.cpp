@@ -26,7 +26,7 @@
 #include "offload/nvme_store.hpp"
 #include "offload/scratch_dir.hpp"
 #include "optim/adam_reference.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

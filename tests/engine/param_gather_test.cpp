@@ -19,8 +19,8 @@
 #include "engine/plan/host_staging.hpp"
 #include "engine/plan/layout.hpp"
 #include "engine/plan/memory_plan.hpp"
-#include "runtime/half.hpp"
-#include "runtime/local_communicator.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/comm/local_communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
 

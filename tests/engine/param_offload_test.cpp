@@ -23,7 +23,7 @@
 #include "engine/plan/memory_plan.hpp"
 #include "offload/nvme_store.hpp"
 #include "offload/scratch_dir.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/communicator.hpp"
 #include "zest/config.hpp"
 #include "zest/device.hpp"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "opaque_device.hpp"
-#include "runtime/local_communicator.hpp"
+#include "runtime/comm/local_communicator.hpp"
 #include "trainer.hpp"
 #include "zest/device.hpp"
 

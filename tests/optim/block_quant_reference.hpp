@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "optim/block_quant_math.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/dtype.hpp"
 
 namespace zest::optim::test {

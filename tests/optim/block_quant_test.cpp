@@ -18,7 +18,7 @@
 #include "optim/block_quant.hpp"
 #include "optim/block_quant_reference.hpp"
 #include "optim/supported_isas.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::optim {

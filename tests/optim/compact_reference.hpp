@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "optim/adam_math.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 
 namespace zest::optim::test {
 

@@ -17,7 +17,7 @@
 #include "optim/cpu_adam.hpp"
 #include "optim/states_layout.hpp"
 #include "optim/supported_isas.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 
 namespace zest::optim {
 namespace {

@@ -1,6 +1,6 @@
 // The CPU Adam against an independent double-precision reference, every instruction-set variant
 // against the others (bit for bit), the threaded front end against the single-threaded kernel,
-// low-precision outputs against runtime/half.hpp, and the argument checks.
+// low-precision outputs against runtime/host/half.hpp, and the argument checks.
 #include <gtest/gtest.h>
 #include <sched.h>
 
@@ -21,8 +21,8 @@
 #include "optim/adam_reference.hpp"
 #include "optim/cpu_adam.hpp"
 #include "optim/supported_isas.hpp"
-#include "runtime/half.hpp"
-#include "runtime/thread_binding.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/host/thread_binding.hpp"
 
 namespace zest::optim {
 namespace {

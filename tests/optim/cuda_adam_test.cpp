@@ -13,7 +13,7 @@
 #include "optim/compact_math.hpp"
 #include "optim/cpu_adam.hpp"
 #include "optim/adam_reference.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 
 namespace zest::kernels {
 namespace {

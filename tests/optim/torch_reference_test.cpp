@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "optim/cpu_adam.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 
 namespace zest::optim {
 namespace {

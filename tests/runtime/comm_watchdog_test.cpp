@@ -12,8 +12,8 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/mpi_communicator.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/comm/mpi_communicator.hpp"
+#include "runtime/comm/mpi_session.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

@@ -1,7 +1,7 @@
 // CountingCommunicator: every call reaches the communicator it wraps, and the bytes it counts are
 // the pairwise model's (zest/communicator.hpp), split by Communicator::host_of. A stand-in
 // communicator plays rank 1 of 4 on two hosts ({0, 1} and {2, 3}) and records what it was asked.
-#include "runtime/counting_communicator.hpp"
+#include "runtime/comm/counting_communicator.hpp"
 
 #include <gtest/gtest.h>
 

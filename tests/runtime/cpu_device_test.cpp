@@ -1,6 +1,6 @@
 // The cpu Device: budget accounting, OutOfDeviceMemory, RAII buffers, async copy/memset on the
 // stream workers, device-wide synchronize, pinned memory counted apart.
-#include "runtime/cpu_device.hpp"
+#include "runtime/device/cpu_device.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // CpuStream and CpuEvent: real asynchrony, stream order, CUDA event semantics, sticky errors.
-#include "runtime/cpu_stream.hpp"
+#include "runtime/device/cpu_stream.hpp"
 
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/thread_binding.hpp"
+#include "runtime/host/thread_binding.hpp"
 #include "tests/runtime/watchdog.hpp"
 #include "zest/error.hpp"
 

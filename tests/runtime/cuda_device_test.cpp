@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "kernels/cast.hpp"
-#include "runtime/block_cache.hpp"
-#include "runtime/cuda_device.hpp"
-#include "runtime/half.hpp"
+#include "runtime/device/block_cache.hpp"
+#include "runtime/device/cuda_device.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
 
@@ -467,7 +467,7 @@ TEST(CudaDevice, PinnedMemoryIsLockedCountedAndCopiable) {
   EXPECT_EQ(device->pinned_stats().peak, 10000u);
 }
 
-// --- the cast kernel, bit for bit against runtime/half.hpp
+// --- the cast kernel, bit for bit against runtime/host/half.hpp
 
 template <class T>
 std::vector<T> run_cast(Device& device, Stream& stream, const void* host_src, DType src_type,

@@ -1,6 +1,6 @@
-// fp16/bf16 conversions (src/runtime/half.hpp) against references built independently with
+// fp16/bf16 conversions (src/runtime/host/half.hpp) against references built independently with
 // double arithmetic: exact values from the bit fields with ldexp, rounding by nearest distance.
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 
 #include <gtest/gtest.h>
 

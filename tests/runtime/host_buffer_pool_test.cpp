@@ -1,5 +1,5 @@
 // HostBufferPool: allocated once, leases are exclusive, acquire blocks until a lease comes back.
-#include "runtime/host_buffer_pool.hpp"
+#include "runtime/device/host_buffer_pool.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // The local communicator (a world of one, builds without MPI): each collective over one rank is
 // the identity, carried out as a copy on the caller's stream; misuse raises CommError as on the
 // other backends.
-#include "runtime/local_communicator.hpp"
+#include "runtime/comm/local_communicator.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // checked against values each rank computes on its own from the formula every rank used to fill
 // its buffers; the inputs are multiples of 1/4 small enough that every partial sum is exact in
 // fp16 and bf16, so the result does not depend on MPI's reduction order.
-#include "runtime/mpi_communicator.hpp"
+#include "runtime/comm/mpi_communicator.hpp"
 #include "zest/mpi.hpp"
 
 #include <gtest/gtest.h>
@@ -24,8 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/half.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/comm/mpi_session.hpp"
 #include "zest/communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/half.hpp"
-#include "runtime/nccl_communicator.hpp"
-#include "runtime/world.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/comm/nccl_communicator.hpp"
+#include "runtime/comm/world.hpp"
 #include "zest/communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"

@@ -4,7 +4,7 @@
 // operation's clock starts when it becomes the oldest; the backend's own failure aborts at once;
 // timeout 0 bounds nothing. Timeouts here are 10x the poll interval or more, so a loaded machine
 // delays a verdict but does not change it.
-#include "runtime/pending_watchdog.hpp"
+#include "runtime/device/pending_watchdog.hpp"
 
 #include <gtest/gtest.h>
 

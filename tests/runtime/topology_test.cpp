@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/cpu_split.hpp"
+#include "runtime/host/cpu_split.hpp"
 #include "zest/error.hpp"
 #include "zest/topology.hpp"
 #include "zest_build_config.h"

@@ -1,4 +1,4 @@
-// The step's trace (base/trace.hpp, runtime/trace_file.hpp, runtime/stream_span.hpp): nothing is
+// The step's trace (base/trace.hpp, runtime/comm/trace_file.cpp, runtime/device/stream_span.hpp): nothing is
 // recorded while off; spans from any thread land on their lanes; the capacity bounds what is kept
 // and the rest is counted; a stream's span is timed when the stream runs the work; the file is
 // one JSON document (python3's json module reads it back), written only where no file was, and a
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "base/trace.hpp"
-#include "runtime/stream_span.hpp"
+#include "runtime/device/stream_span.hpp"
 #include "zest/trace.hpp"
 #include "zest/error.hpp"
 

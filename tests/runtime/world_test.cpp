@@ -1,7 +1,7 @@
 // The world a build knows and the Runtime over it: MPI's ranks where zest was built with MPI (run
 // alone here), else one process that refuses to be one of several launched ranks. Either way a
 // trainer's host scalars are reduced through Runtime::comm() without a stream or device buffer.
-#include "runtime/world.hpp"
+#include "runtime/comm/world.hpp"
 
 #include <gtest/gtest.h>
 

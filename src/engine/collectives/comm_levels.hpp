@@ -8,8 +8,8 @@
 #include <memory>
 #include <span>
 
-#include "runtime/counting_communicator.hpp"
-#include "runtime/same_on_ranks.hpp"
+#include "runtime/comm/counting_communicator.hpp"
+#include "runtime/comm/same_on_ranks.hpp"
 #include "zest/config.hpp"
 
 namespace zest::engine {

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "optim/adam_math.hpp"
-#include "runtime/stream_span.hpp"
+#include "runtime/device/stream_span.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

@@ -5,8 +5,8 @@
 #include <string>
 #include <utility>
 
-#include "runtime/half.hpp"
-#include "runtime/stream_span.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/device/stream_span.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

@@ -9,7 +9,7 @@
 
 #include "engine/math/device_math.hpp"
 #include "optim/block_quant.hpp"
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 
 namespace zest::engine {
 namespace {

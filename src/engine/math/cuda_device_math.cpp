@@ -16,8 +16,8 @@
 #include "kernels/cast.hpp"
 #include "kernels/grad_stats_pack.hpp"
 #include "optim/compact_math.hpp"
-#include "runtime/cuda_check.hpp"
-#include "runtime/cuda_device.hpp"
+#include "runtime/device/cuda_check.hpp"
+#include "runtime/device/cuda_device.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

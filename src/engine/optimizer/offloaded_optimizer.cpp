@@ -10,7 +10,7 @@
 #include "base/trace.hpp"
 #include "engine/optimizer/residency.hpp"
 #include "engine/optimizer/sub_groups.hpp"
-#include "runtime/stream_span.hpp"
+#include "runtime/device/stream_span.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

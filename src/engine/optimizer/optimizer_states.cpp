@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "runtime/half.hpp"
+#include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {

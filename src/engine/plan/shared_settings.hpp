@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "runtime/same_on_ranks.hpp"
+#include "runtime/comm/same_on_ranks.hpp"
 #include "zest/config.hpp"
 #include "zest/engine.hpp"
 

@@ -5,7 +5,7 @@
 // be created and used from any host thread (offload workers, the trainer's thread), and a thread's
 // current device is per thread. It is not restored afterwards: a rank drives one GPU, and leaving
 // the thread on it makes the caller's own launches land there too.
-#include "runtime/cuda_device.hpp"
+#include "runtime/device/cuda_device.hpp"
 
 #include <cuda_runtime.h>
 
@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/block_cache.hpp"
-#include "runtime/cuda_check.hpp"
+#include "runtime/device/block_cache.hpp"
+#include "runtime/device/cuda_check.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

@@ -1,9 +1,9 @@
-#include "runtime/thread_binding.hpp"
+#include "runtime/host/thread_binding.hpp"
 
 #include <cerrno>
 #include <utility>
 
-#include "runtime/sys_check.hpp"
+#include "runtime/host/sys_check.hpp"
 #include "zest/error.hpp"
 
 namespace zest::detail {

@@ -1,4 +1,4 @@
-#include "runtime/cpu_device.hpp"
+#include "runtime/device/cpu_device.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <new>
 
-#include "runtime/sys_check.hpp"
+#include "runtime/host/sys_check.hpp"
 #include "zest/error.hpp"
 
 // Linux 5.14 added MADV_POPULATE_WRITE; older headers lack the name, older kernels return EINVAL.

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/cpu_split.hpp"
-#include "runtime/thread_binding.hpp"
+#include "runtime/host/cpu_split.hpp"
+#include "runtime/host/thread_binding.hpp"
 #include "zest/error.hpp"
 #include "zest_build_config.h"
 

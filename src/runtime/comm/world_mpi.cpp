@@ -3,11 +3,11 @@
 
 #include <memory>
 
-#include "runtime/mpi_check.hpp"
-#include "runtime/mpi_communicator.hpp"
-#include "runtime/mpi_session.hpp"
-#include "runtime/nccl_communicator.hpp"
-#include "runtime/world.hpp"
+#include "runtime/comm/mpi_check.hpp"
+#include "runtime/comm/mpi_communicator.hpp"
+#include "runtime/comm/mpi_session.hpp"
+#include "runtime/comm/nccl_communicator.hpp"
+#include "runtime/comm/world.hpp"
 
 namespace zest {
 namespace {

@@ -24,7 +24,7 @@ using BroadcastFromRankZero = std::function<void(void* data, std::size_t bytes)>
 // Throws CommError when `device` is not a cuda Device or NCCL cannot start, and SystemError when
 // zest was built without CUDA. `device` must outlive the communicator. `timeout` (comm.timeout;
 // 0 = none): a collective not complete after it aborts NCCL on this rank and raises CommError at
-// the communicator's next operation (runtime/pending_watchdog.hpp). `hosts`: each rank's host
+// the communicator's next operation (runtime/device/pending_watchdog.hpp). `hosts`: each rank's host
 // (Communicator::host_of), or empty where every rank is on one host.
 std::unique_ptr<Communicator> make_nccl_communicator(Device& device, int rank, int size,
                                                      const BroadcastFromRankZero& broadcast,

@@ -1,4 +1,4 @@
-#include "runtime/host_buffer_pool.hpp"
+#include "runtime/device/host_buffer_pool.hpp"
 
 #include <string>
 #include <utility>

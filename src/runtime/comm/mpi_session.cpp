@@ -1,8 +1,8 @@
-#include "runtime/mpi_session.hpp"
+#include "runtime/comm/mpi_session.hpp"
 
 #include <string>
 
-#include "runtime/mpi_check.hpp"
+#include "runtime/comm/mpi_check.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

@@ -1,4 +1,4 @@
-#include "runtime/same_on_ranks.hpp"
+#include "runtime/comm/same_on_ranks.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "runtime/memory_ledger.hpp"
+#include "runtime/device/memory_ledger.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

@@ -1,4 +1,4 @@
-#include "runtime/mpi_communicator.hpp"
+#include "runtime/comm/mpi_communicator.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/collective_call.hpp"
-#include "runtime/half.hpp"
-#include "runtime/mpi_check.hpp"
+#include "runtime/comm/collective_call.hpp"
+#include "runtime/host/half.hpp"
+#include "runtime/comm/mpi_check.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

@@ -1,4 +1,4 @@
-#include "runtime/collective_watchdog.hpp"
+#include "runtime/comm/collective_watchdog.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/mpi_check.hpp"
+#include "runtime/comm/mpi_check.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

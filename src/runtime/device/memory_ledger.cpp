@@ -1,4 +1,4 @@
-#include "runtime/memory_ledger.hpp"
+#include "runtime/device/memory_ledger.hpp"
 
 #include <algorithm>
 #include <cstdio>

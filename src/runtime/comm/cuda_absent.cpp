@@ -2,7 +2,7 @@
 // the rest of zest links unchanged, and say how to get the real thing.
 #include <memory>
 
-#include "runtime/nccl_communicator.hpp"
+#include "runtime/comm/nccl_communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
 

@@ -34,9 +34,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/collective_call.hpp"
-#include "runtime/collective_watchdog.hpp"
-#include "runtime/mpi_session.hpp"
+#include "runtime/comm/collective_call.hpp"
+#include "runtime/comm/collective_watchdog.hpp"
+#include "runtime/comm/mpi_session.hpp"
 #include "zest/base_types.hpp"
 #include "zest/communicator.hpp"
 #include "zest/mpi.hpp"

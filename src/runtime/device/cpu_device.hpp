@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/cpu_stream.hpp"
+#include "runtime/device/cpu_stream.hpp"
 #include "zest/device.hpp"
 
 namespace zest {

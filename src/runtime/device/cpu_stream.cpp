@@ -1,8 +1,8 @@
-#include "runtime/cpu_stream.hpp"
+#include "runtime/device/cpu_stream.hpp"
 
 #include <utility>
 
-#include "runtime/thread_binding.hpp"
+#include "runtime/host/thread_binding.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

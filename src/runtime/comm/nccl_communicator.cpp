@@ -1,7 +1,7 @@
 // NCCL collectives on the caller's CUDA streams; the unique id comes from rank 0 through the
 // World's broadcast (MPI, or nothing in a world of one), or the program hands over a communicator
 // it made itself (zest/nccl.hpp).
-#include "runtime/nccl_communicator.hpp"
+#include "runtime/comm/nccl_communicator.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/cuda_check.hpp"
-#include "runtime/cuda_device.hpp"
-#include "runtime/nccl_check.hpp"
-#include "runtime/pending_watchdog.hpp"
+#include "runtime/device/cuda_check.hpp"
+#include "runtime/device/cuda_device.hpp"
+#include "runtime/comm/nccl_check.hpp"
+#include "runtime/device/pending_watchdog.hpp"
 #include "zest/error.hpp"
 #include "zest/nccl.hpp"
 

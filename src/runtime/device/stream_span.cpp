@@ -1,4 +1,4 @@
-#include "runtime/stream_span.hpp"
+#include "runtime/device/stream_span.hpp"
 
 namespace zest {
 

@@ -1,4 +1,4 @@
-#include "runtime/local_communicator.hpp"
+#include "runtime/comm/local_communicator.hpp"
 
 #include <cstdint>
 #include <string>

@@ -3,9 +3,9 @@
 #include <memory>
 #include <string>
 
-#include "runtime/local_communicator.hpp"
-#include "runtime/nccl_communicator.hpp"
-#include "runtime/world.hpp"
+#include "runtime/comm/local_communicator.hpp"
+#include "runtime/comm/nccl_communicator.hpp"
+#include "runtime/comm/world.hpp"
 #include "zest/error.hpp"
 
 namespace zest {

@@ -1,4 +1,4 @@
-#include "runtime/collective_call.hpp"
+#include "runtime/comm/collective_call.hpp"
 
 #include <cstdint>
 #include <string>

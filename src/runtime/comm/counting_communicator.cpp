@@ -1,4 +1,4 @@
-#include "runtime/counting_communicator.hpp"
+#include "runtime/comm/counting_communicator.hpp"
 
 namespace zest {
 

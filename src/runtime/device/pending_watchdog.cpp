@@ -1,4 +1,4 @@
-#include "runtime/pending_watchdog.hpp"
+#include "runtime/device/pending_watchdog.hpp"
 
 #include <cstdio>
 #include <utility>
