@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "adam_peers.hpp"
@@ -77,9 +78,7 @@ struct Array {
     bytes = (bytes + align - 1) / align * align;
     data = std::aligned_alloc(align, bytes);
     if (data == nullptr)
-      throw Error(std::string("zest bench adam: cannot allocate ")
-                      .append(std::to_string(bytes))
-                      .append(" bytes; pass a smaller --params"));
+      throw Error(fmt::format("zest bench adam: cannot allocate {} bytes; pass a smaller --params", bytes));
     madvise(data, bytes, MADV_HUGEPAGE);  // advice only: without THP the bench still runs
     std::memset(data, 0, bytes);
   }
@@ -129,10 +128,9 @@ std::array<double, 3> check_peers(AdamPeers& peers, const optim::AdamHyperParams
       if (!(d <= diff[j])) diff[j] = d;  // a NaN sticks
     }
     if (!(diff[j] <= kCheckTolerance))
-      throw Error(std::string("--peers: ").append(AdamPeers::kNames[j])
-                      .append(" computes another update than zest: largest difference ")
-                      .append(std::to_string(diff[j])).append(" after ").append(std::to_string(kCheckSteps))
-                      .append(" steps (tolerance ").append(std::to_string(kCheckTolerance)).append(")"));
+      throw Error(fmt::format(
+          "--peers: {} computes another update than zest: largest difference {} after {} steps (tolerance {})",
+          AdamPeers::kNames[j], diff[j], kCheckSteps, kCheckTolerance));
   }
   return diff;
 }

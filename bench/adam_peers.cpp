@@ -13,6 +13,8 @@
 #include <cstring>
 #include <sstream>
 
+#include <fmt/core.h>
+
 #include "adam_peers_script.h"  // kAdamPeersScript: bench/adam_peers.py, compiled in (meson.build)
 #include "zest/error.hpp"
 
@@ -69,8 +71,8 @@ AdamPeers::AdamPeers(const std::string& python, std::size_t params, const optim:
     close(in[1]);
     close(out[0]);
     pid_ = -1;
-    throw Error("--peers: cannot run the Python of the peers '" + python + "' (" +
-                std::strerror(rc) + "): " + kFix);
+    throw Error(
+        fmt::format("--peers: cannot run the Python of the peers '{}' ({}): {}", python, std::strerror(rc), kFix));
   }
   from_ = out[0];
   to_ = fdopen(in[1], "w");
@@ -139,14 +141,15 @@ std::string AdamPeers::read_line() {
       return line;
     }
     if (pending_.size() > kMaxAnswerBytes)
-      throw Error("--peers: an answer of the peers' Python process exceeds " + std::to_string(kMaxAnswerBytes) +
-                  " bytes: it is not bench/adam_peers.py's");
+      throw Error(fmt::format(
+          "--peers: an answer of the peers' Python process exceeds {} bytes: it is not bench/adam_peers.py's",
+          kMaxAnswerBytes));
     pollfd ready{from_, POLLIN, 0};
     const int polled = poll(&ready, 1, kAnswerTimeoutSeconds * 1000);
     if (polled < 0 && errno == EINTR) continue;
     if (polled == 0)
-      throw Error("--peers: no answer from the peers' Python process in " + std::to_string(kAnswerTimeoutSeconds) +
-                  " s (hung?); " + std::string(kFix));
+      throw Error(fmt::format("--peers: no answer from the peers' Python process in {} s (hung?); {}",
+                              kAnswerTimeoutSeconds, kFix));
     char chunk[1 << 16];
     const ssize_t n = polled < 0 ? -1 : read(from_, chunk, sizeof chunk);
     if (n < 0 && errno == EINTR) continue;
@@ -192,8 +195,7 @@ std::array<std::vector<float>, 3> AdamPeers::check(std::size_t count, int steps)
       values[i].push_back(x);
     }
     if (values[i].size() != count)
-      throw Error("--peers: " + std::string(kNames[i]) + " returned " +
-                  std::to_string(values[i].size()) + " values for a check of " + std::to_string(count));
+      throw Error(fmt::format("--peers: {} returned {} values for a check of {}", kNames[i], values[i].size(), count));
   }
   return values;
 }

@@ -19,10 +19,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "args/args.hpp"
+#include "base/files.hpp"
 #include "bench_commands.hpp"
 #include "charlm/batch_sampler.hpp"
 #include "charlm/text_corpus.hpp"
@@ -491,11 +493,9 @@ void write_peer_inputs(const std::string& dir, const Config& config, const train
       {"weight_decay", opt.weight_decay},
       {"tensors", tensors}};
   const std::string json = description.dump(2) + "\n";
-  checkpoint::write_file_synced((std::filesystem::path(dir) / "model.json").string(), json.data(), json.size());
-  checkpoint::write_file_synced((std::filesystem::path(dir) / "init.f32").string(), init.data(),
-                                init.size() * sizeof(float));
-  checkpoint::write_file_synced((std::filesystem::path(dir) / "batches.i32").string(), batches.data(),
-                                batches.size() * sizeof(charlm::Token));
+  write_file_synced(join_path(dir, "model.json"), json.data(), json.size());
+  write_file_synced(join_path(dir, "init.f32"), init.data(), init.size() * sizeof(float));
+  write_file_synced(join_path(dir, "batches.i32"), batches.data(), batches.size() * sizeof(charlm::Token));
   std::printf("zest bench memory: wrote the peers' inputs (%zu parameters, %d steps of %zu windows) to %s\n",
               init.size(), steps, train.global_batch, dir.c_str());
 }
@@ -526,14 +526,14 @@ std::vector<MemoryRecord> read_peers(const std::string& path, std::size_t params
         r.final_loss = p["final_loss"].as<double>();
       }
       if (r.ranks != ranks || r.params != params)
-        throw Error(what + ": '" + r.name + "' ran " + std::to_string(r.params) + " parameters on " +
-                    std::to_string(r.ranks) + " ranks, this run has " + std::to_string(params) + " on " +
-                    std::to_string(ranks) +
-                    ": write the inputs and run the peers again with the same --params and ranks");
+        throw Error(
+            fmt::format("{}: '{}' ran {} parameters on {} ranks, this run has {} on {}: write the inputs and run "
+                        "the peers again with the same --params and ranks",
+                        what, r.name, r.params, r.ranks, params, ranks));
       peers.push_back(r);
     }
   } catch (const YAML::Exception& e) {
-    throw Error(what + " is not bench/memory_peers.py's output (" + e.what() + ")");
+    throw Error(fmt::format("{} is not bench/memory_peers.py's output ({})", what, e.what()));
   }
   if (peers.empty()) throw Error(what + " holds no peer rows");
   return peers;

@@ -36,6 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "args/args.hpp"
@@ -224,8 +225,7 @@ StepTiming timed_step(Engine& engine, Communicator& comm, DType dtype, int step,
   timing.step = seconds_since(step_start);
   timing.exposed = seconds_since(backward_end);
   if (timing.result.skipped)
-    throw Error(std::string("step ").append(std::to_string(step + 1))
-                    .append(" was skipped (overflow); the benchmark's gradients must be finite"));
+    throw Error(fmt::format("step {} was skipped (overflow); the benchmark's gradients must be finite", step + 1));
   return timing;
 }
 
@@ -330,7 +330,7 @@ class ScratchDirectory {
       if (errno == EEXIST)
         throw Error(message.append(" exists (left by an earlier run?): --overlap makes its own directory for each "
                                    "engine's swap file and uses no other; remove it or give another --path"));
-      throw Error(message.append(": cannot make the directory (").append(std::strerror(errno)).append(")"));
+      throw Error(fmt::format("{}: cannot make the directory ({})", message, std::strerror(errno)));
     }
     path_ = path;
   }
@@ -339,8 +339,8 @@ class ScratchDirectory {
     if (path_.empty()) return;
     const std::string path = std::exchange(path_, std::string());
     if (::rmdir(path.c_str()) != 0)
-      throw Error(std::string("cannot remove ").append(path).append(" (").append(std::strerror(errno))
-                      .append("), which this run made for a swap file"));
+      throw Error(
+          fmt::format("cannot remove {} ({}), which this run made for a swap file", path, std::strerror(errno)));
   }
 
  private:

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::bench {
@@ -30,8 +32,7 @@ double store_pass(offload::NvmeStore& store, bool write, const std::vector<offlo
       std::size_t stamp = 0;
       std::memcpy(&stamp, buffers[k].data(), sizeof stamp);
       if (stamp != in_buffer[k])
-        throw Error(std::string("zest bench: store region ").append(std::to_string(in_buffer[k]))
-                        .append(" read back wrong data"));
+        throw Error(fmt::format("zest bench: store region {} read back wrong data", in_buffer[k]));
     }
   };
   const auto start = std::chrono::steady_clock::now();

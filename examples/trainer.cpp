@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "base/trace.hpp"
 #include "runtime/host/half.hpp"
 
@@ -129,9 +131,9 @@ Trainer::Trainer(const Config& config, const TrainConfig& train, const charlm::T
           blas_threads),
       sampler_(corpus.tokens().size(), train.model.context, train.global_batch, train.seed) {
   if (train.global_batch % static_cast<std::size_t>(accumulation_) != 0)
-    throw Error(std::string("train.global_batch (").append(std::to_string(train.global_batch))
-                    .append(") must split evenly into gradient_accumulation_steps (")
-                    .append(std::to_string(accumulation_)).append(") micro-batches"));
+    throw Error(
+        fmt::format("train.global_batch ({}) must split evenly into gradient_accumulation_steps ({}) micro-batches",
+                    train.global_batch, accumulation_));
   engine_ = std::make_unique<Engine>(config, device, comm, engine_params(model_));
   for (std::size_t t = 0; t < engine_->tensor_count(); ++t) {
     std::vector<float> values(engine_->spec(t).numel());

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "args/args.hpp"
 #include "zest/trace.hpp"
 #include "trainer.hpp"
@@ -111,9 +113,8 @@ int run(int argc, char** argv) {
   if (trace_file) {
     const std::size_t dropped = trace_file->write();
     if (leader)
-      std::printf(
-          "zest-train: wrote the trace of %d rank(s) to %s%s\n", runtime.world_size(), trace_path.c_str(),
-          dropped > 0 ? (" (" + std::to_string(dropped) + " events past its capacity were dropped)").c_str() : "");
+      std::printf("zest-train: wrote the trace of %d rank(s) to %s%s\n", runtime.world_size(), trace_path.c_str(),
+                  dropped > 0 ? fmt::format(" ({} events past its capacity were dropped)", dropped).c_str() : "");
   }
   const EngineStats stats = engine.stats();
   if (leader) {

@@ -12,6 +12,8 @@
 #include <exception>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "base/trace.hpp"
 #include "offload/checksum.hpp"
 #include "offload/worker_thread.hpp"
@@ -21,9 +23,7 @@ namespace zest::offload {
 namespace {
 
 [[noreturn]] void throw_uring(const char* call, int negative_errno) {
-  std::string text(call);
-  text.append(" failed: ").append(std::strerror(-negative_errno)).append(" (errno ")
-      .append(std::to_string(-negative_errno)).append(")");
+  std::string text = fmt::format("{} failed: {} (errno {})", call, std::strerror(-negative_errno), -negative_errno);
   if (negative_errno == -ENOMEM || negative_errno == -EPERM)
     text.append("; io_uring needs locked memory: raise the memlock limit (ulimit -l) or lower io.queue_depth");
   throw SystemError(text);
@@ -36,13 +36,11 @@ void warn_to_stderr(const std::string& message) {
 NvmeStoreOptions checked(NvmeStoreOptions options) {
   const std::size_t block = options.io.block_size;
   if (block < 4096 || (block & (block - 1)) != 0)
-    throw Error(
-        std::string("io.block_size must be a power of two of at least 4KiB, got ").append(std::to_string(block)));
+    throw Error(fmt::format("io.block_size must be a power of two of at least 4KiB, got {}", block));
   if (options.io.queue_depth < 1 || options.io.queue_depth > 4096)
-    throw Error(
-        std::string("io.queue_depth must be between 1 and 4096, got ").append(std::to_string(options.io.queue_depth)));
+    throw Error(fmt::format("io.queue_depth must be between 1 and 4096, got {}", options.io.queue_depth));
   if (options.io.threads < 1 || options.io.threads > 64)
-    throw Error(std::string("io.threads must be between 1 and 64, got ").append(std::to_string(options.io.threads)));
+    throw Error(fmt::format("io.threads must be between 1 and 64, got {}", options.io.threads));
   if (options.directories.empty())
     throw Error("NvmeStore needs at least one directory (offload.*.path)");
   // The same directory twice would put two stripes' files on one path: each truncating the other.
@@ -52,11 +50,9 @@ NvmeStoreOptions checked(NvmeStoreOptions options) {
     if (::stat(options.directories[i].c_str(), &info) != 0) continue;  // SwapFile names the problem
     for (std::size_t j = 0; j < seen.size(); ++j)
       if (seen[j] == std::pair<dev_t, ino_t>{info.st_dev, info.st_ino})
-        throw Error(std::string("offload directories '")
-                        .append(options.directories[j])
-                        .append("' and '")
-                        .append(options.directories[i])
-                        .append("' are the same directory; list each drive's directory once"));
+        throw Error(
+            fmt::format("offload directories '{}' and '{}' are the same directory; list each drive's directory once",
+                        options.directories[j], options.directories[i]));
     seen.emplace_back(info.st_dev, info.st_ino);
   }
   if (!options.warn) options.warn = warn_to_stderr;

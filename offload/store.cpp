@@ -5,6 +5,8 @@
 #include <exception>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "base/text.hpp"
 #include "zest/error.hpp"
 
@@ -12,7 +14,7 @@ namespace zest::offload {
 
 Store::Store(std::size_t alignment) : alignment_(alignment) {
   if (alignment == 0 || (alignment & (alignment - 1)) != 0)
-    throw Error(std::string("store alignment must be a power of two, got ").append(std::to_string(alignment)));
+    throw Error(fmt::format("store alignment must be a power of two, got {}", alignment));
 }
 
 Store::~Store() = default;
@@ -48,8 +50,7 @@ RegionId Store::find(std::string_view name) const {
 
 Region Store::region(RegionId id) const {
   std::lock_guard lock(mutex_);
-  if (id >= regions_.size())
-    throw Error(std::string("store has no region id ").append(std::to_string(id)));
+  if (id >= regions_.size()) throw Error(fmt::format("store has no region id {}", id));
   return regions_[id];
 }
 
@@ -77,18 +78,19 @@ IoHandle Store::read_async(RegionId id, void* dst) { return submit(id, Op::read,
 
 Region Store::begin_transfer(RegionId id, Op op, const void* buffer) {
   std::lock_guard lock(mutex_);
-  if (id >= regions_.size())
-    throw Error(std::string("store has no region id ").append(std::to_string(id)));
+  if (id >= regions_.size()) throw Error(fmt::format("store has no region id {}", id));
   const Region& region = regions_[id];
   const char* verb = op == Op::write ? "write" : "read";
   if (buffer == nullptr || reinterpret_cast<std::uintptr_t>(buffer) % alignment_ != 0)
-    throw Error(std::string("store ").append(verb).append(" of region ").append(in_quotes(region.name))
-                    .append(": the host buffer must be aligned to ").append(std::to_string(alignment_))
-                    .append(" bytes (use Device::allocate_pinned or a HostBufferPool)"));
+    throw Error(fmt::format(
+        "store {} of region {}: the host buffer must be aligned to {} bytes (use Device::allocate_pinned or a "
+        "HostBufferPool)",
+        verb, in_quotes(region.name), alignment_));
   State& state = states_[id];
   if (state.writing || (op == Op::write && state.readers > 0))
-    throw Error(std::string("store ").append(verb).append(" of region ").append(in_quotes(region.name))
-                    .append(" while another transfer of it is running; wait for that transfer's handle first"));
+    throw Error(fmt::format(
+        "store {} of region {} while another transfer of it is running; wait for that transfer's handle first", verb,
+        in_quotes(region.name)));
   if (op == Op::read && !state.has_data)
     throw IoError(std::string("cannot read region ").append(in_quotes(region.name))
                       .append(": it holds no data (never written, or its last write failed)"),

@@ -15,6 +15,8 @@
 #include <random>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::offload {
@@ -151,13 +153,15 @@ void SwapFile::report_stale_directories(const std::string& directory) const {
   }
   ::closedir(dir);
   if (stale.empty()) return;
-  std::string message = "zest: warning: " + directory + " holds " + std::to_string(stale.size()) +
-                        " swap director" + (stale.size() == 1 ? "y" : "ies") +
-                        " of jobs that are gone (no live process holds them):";
+  std::string message = fmt::format(
+      "zest: warning: {} holds {} swap director{} of jobs that are gone (no live process holds them):", directory,
+      stale.size(), stale.size() == 1 ? "y" : "ies");
   for (std::size_t i = 0; i < stale.size() && i < 8; ++i) message += " " + stale[i];
   if (stale.size() > 8) message += " ...";
-  warn_(message + ". zest leaves them alone. A running job holds a lock on its directory: "
-        "`flock -n " + directory + "/NAME rm -r " + directory + "/NAME` removes one only if no job holds it.");
+  warn_(
+      fmt::format("{0}. zest leaves them alone. A running job holds a lock on its directory: "
+                  "`flock -n {1}/NAME rm -r {1}/NAME` removes one only if no job holds it.",
+                  message, directory));
 }
 
 // Opens (creates) the file inside zest's own directory. Returns false only when `direct` is

@@ -9,6 +9,7 @@ ZEST_BUILD=${ZEST_BUILD:-$ZEST_ROOT/build}
 packages=(build-essential git python3 pkg-config meson ninja-build
           libyaml-cpp-dev libopenmpi-dev openmpi-bin liburing-dev libtbb-dev libhwloc-dev
           nlohmann-json3-dev  # every JSON zest writes (header-only)
+          libfmt-dev          # message formatting
           libgtest-dev libgmock-dev libopenblas-dev
           clang-14 libclang-rt-14-dev  # libFuzzer, for the fuzz targets (tests/fuzz)
           python3-venv python3-dev)    # the pinned PyTorch's environment (python-env.sh)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "counter_rng.hpp"
 #include "zest/error.hpp"
 
@@ -10,12 +12,8 @@ namespace zest::charlm {
 
 ExampleRange rank_slice(std::size_t global_batch, int rank, int world) {
   if (world < 1 || rank < 0 || rank >= world) {
-    std::string message = "rank_slice: rank ";
-    message.append(std::to_string(rank))
-        .append(" of world ")
-        .append(std::to_string(world))
-        .append(" is not a valid rank (need 0 <= rank < world, world >= 1)");
-    throw Error(message);
+    throw Error(fmt::format("rank_slice: rank {} of world {} is not a valid rank (need 0 <= rank < world, world >= 1)",
+                            rank, world));
   }
   // floor(r*B/N) with B = q*N + rem is r*q + floor(r*rem/N): no product of r and B to overflow.
   const auto n = static_cast<std::size_t>(world);
@@ -30,12 +28,10 @@ BatchSampler::BatchSampler(std::size_t corpus_tokens, std::size_t context,
                            std::size_t global_batch, std::uint64_t seed)
     : corpus_tokens_(corpus_tokens), context_(context), global_batch_(global_batch), seed_(seed) {
   if (context == 0 || corpus_tokens < context + 1) {
-    std::string message = "batch sampler: a window of context ";
-    message.append(std::to_string(context))
-        .append(" + 1 tokens does not fit in a corpus of ")
-        .append(std::to_string(corpus_tokens))
-        .append(" tokens; use a context of at least 1 and a longer text or a shorter context");
-    throw Error(message);
+    throw Error(
+        fmt::format("batch sampler: a window of context {} + 1 tokens does not fit in a corpus of {} tokens; use "
+                    "a context of at least 1 and a longer text or a shorter context",
+                    context, corpus_tokens));
   }
   if (global_batch == 0) {
     throw Error("batch sampler: the global batch size is 0; set it to at least 1");
@@ -50,31 +46,16 @@ std::size_t BatchSampler::position(std::uint64_t step, std::size_t example) cons
 void BatchSampler::gather(std::span<const Token> corpus, std::uint64_t step, ExampleRange range,
                           std::span<Token> out) const {
   if (corpus.size() != corpus_tokens_) {
-    std::string message = "batch sampler: built for a corpus of ";
-    message.append(std::to_string(corpus_tokens_))
-        .append(" tokens but given one of ")
-        .append(std::to_string(corpus.size()));
-    throw Error(message);
+    throw Error(fmt::format("batch sampler: built for a corpus of {} tokens but given one of {}", corpus_tokens_,
+                            corpus.size()));
   }
   if (range.first > global_batch_ || range.count > global_batch_ - range.first) {
-    std::string message = "batch sampler: examples [";
-    message.append(std::to_string(range.first))
-        .append(", ")
-        .append(std::to_string(range.first + range.count))
-        .append(") are outside the global batch of ")
-        .append(std::to_string(global_batch_));
-    throw Error(message);
+    throw Error(fmt::format("batch sampler: examples [{}, {}) are outside the global batch of {}", range.first,
+                            range.first + range.count, global_batch_));
   }
   if (out.size() != range.count * window()) {
-    std::string message = "batch sampler: the output holds ";
-    message.append(std::to_string(out.size()))
-        .append(" tokens but ")
-        .append(std::to_string(range.count))
-        .append(" windows of ")
-        .append(std::to_string(window()))
-        .append(" need ")
-        .append(std::to_string(range.count * window()));
-    throw Error(message);
+    throw Error(fmt::format("batch sampler: the output holds {} tokens but {} windows of {} need {}", out.size(),
+                            range.count, window(), range.count * window()));
   }
   for (std::size_t i = 0; i < range.count; ++i) {
     const std::size_t start = position(step, range.first + i);

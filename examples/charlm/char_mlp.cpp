@@ -1,6 +1,7 @@
 #include "char_mlp.hpp"
 
 #include <cblas.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <climits>
@@ -72,9 +73,7 @@ Real gelu_derivative(Real x) {
 }
 
 std::string shape_problem(const char* what, std::size_t value, const char* fix) {
-  std::string message = "char MLP: ";
-  message.append(what).append(" is ").append(std::to_string(value)).append("; ").append(fix);
-  return message;
+  return fmt::format("char MLP: {} is {}; {}", what, value, fix);
 }
 
 void call(const std::function<void(int)>* hook, int group) {
@@ -163,11 +162,7 @@ const Real* BasicCharMlp<Real>::activation_input(std::size_t layer) const {
 template <typename Real>
 void BasicCharMlp<Real>::init(std::span<Real* const> params, std::uint64_t seed) const {
   if (params.size() != params_.size()) {
-    std::string message = "char MLP init: given ";
-    message.append(std::to_string(params.size()))
-        .append(" tensors, the model has ")
-        .append(std::to_string(params_.size()));
-    throw Error(message);
+    throw Error(fmt::format("char MLP init: given {} tensors, the model has {}", params.size(), params_.size()));
   }
   for (std::size_t t = 0; t < params_.size(); ++t) {
     init_tensor(t, 0, std::span<Real>(params[t], params_[t].numel()), seed);
@@ -179,14 +174,8 @@ void BasicCharMlp<Real>::init_tensor(std::size_t tensor, std::size_t first, std:
                                      std::uint64_t seed) const {
   if (tensor >= params_.size() || first > params_[tensor].numel() ||
       out.size() > params_[tensor].numel() - first) {
-    std::string message = "char MLP init_tensor: elements [";
-    message.append(std::to_string(first))
-        .append(", ")
-        .append(std::to_string(first + out.size()))
-        .append(") of tensor ")
-        .append(std::to_string(tensor))
-        .append(" are outside the model's tensors");
-    throw Error(message);
+    throw Error(fmt::format("char MLP init_tensor: elements [{}, {}) of tensor {} are outside the model's tensors",
+                            first, first + out.size(), tensor));
   }
   const ParamInfo& info = params_[tensor];
   double std_dev = 0.0;
@@ -214,43 +203,27 @@ std::size_t BasicCharMlp<Real>::check_batch(std::span<Real* const> params,
                                             std::span<const Token> windows,
                                             double loss_normalizer) const {
   if (params.size() != params_.size()) {
-    std::string message = "char MLP: given ";
-    message.append(std::to_string(params.size()))
-        .append(" parameter tensors, the model has ")
-        .append(std::to_string(params_.size()));
-    throw Error(message);
+    throw Error(fmt::format("char MLP: given {} parameter tensors, the model has {}", params.size(), params_.size()));
   }
   if (windows.size() % window() != 0) {
-    std::string message = "char MLP: ";
-    message.append(std::to_string(windows.size()))
-        .append(" tokens are not a whole number of windows of context + 1 = ")
-        .append(std::to_string(window()));
-    throw Error(message);
+    throw Error(fmt::format("char MLP: {} tokens are not a whole number of windows of context + 1 = {}", windows.size(),
+                            window()));
   }
   const std::size_t batch = windows.size() / window();
   if (batch > max_batch_) {
-    std::string message = "char MLP: a batch of ";
-    message.append(std::to_string(batch))
-        .append(" examples exceeds the max_batch of ")
-        .append(std::to_string(max_batch_))
-        .append(" the model was built for; build it with a larger max_batch");
-    throw Error(message);
+    throw Error(fmt::format(
+        "char MLP: a batch of {} examples exceeds the max_batch of {} the model was built for; build it with a larger "
+        "max_batch",
+        batch, max_batch_));
   }
   if (!(loss_normalizer > 0.0)) {
-    std::string message = "char MLP: the loss normalizer is ";
-    message.append(std::to_string(loss_normalizer)).append("; pass the global batch size (> 0)");
-    throw Error(message);
+    throw Error(
+        fmt::format("char MLP: the loss normalizer is {}; pass the global batch size (> 0)", loss_normalizer));
   }
   for (std::size_t i = 0; i < windows.size(); ++i) {
     if (windows[i] < 0 || static_cast<std::size_t>(windows[i]) >= shape_.vocab) {
-      std::string message = "char MLP: token ";
-      message.append(std::to_string(windows[i]))
-          .append(" at index ")
-          .append(std::to_string(i))
-          .append(" is outside the vocabulary [0, ")
-          .append(std::to_string(shape_.vocab))
-          .append(")");
-      throw Error(message);
+      throw Error(
+          fmt::format("char MLP: token {} at index {} is outside the vocabulary [0, {})", windows[i], i, shape_.vocab));
     }
   }
   return batch;
@@ -333,11 +306,7 @@ double BasicCharMlp<Real>::forward_backward(std::span<Real* const> params,
                                             double loss_normalizer, const GroupHooks* hooks) {
   const std::size_t batch = check_batch(params, windows, loss_normalizer);
   if (grads.size() != params_.size()) {
-    std::string message = "char MLP: given ";
-    message.append(std::to_string(grads.size()))
-        .append(" gradient tensors, the model has ")
-        .append(std::to_string(params_.size()));
-    throw Error(message);
+    throw Error(fmt::format("char MLP: given {} gradient tensors, the model has {}", grads.size(), params_.size()));
   }
   const double loss = run_forward(params, windows, batch, hooks) / loss_normalizer;
 

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::charlm {
@@ -72,14 +74,8 @@ std::string TextCorpus::decode(std::span<const Token> ids) const {
   text.reserve(ids.size());
   for (const Token id : ids) {
     if (id < 0 || static_cast<std::size_t>(id) >= vocabulary_.size()) {
-      std::string message = "token id ";
-      message.append(std::to_string(id))
-          .append(" is outside the vocabulary of ")
-          .append(origin_)
-          .append(" (")
-          .append(std::to_string(vocabulary_.size()))
-          .append(" symbols)");
-      throw Error(message);
+      throw Error(
+          fmt::format("token id {} is outside the vocabulary of {} ({} symbols)", id, origin_, vocabulary_.size()));
     }
     text.push_back(static_cast<char>(vocabulary_[static_cast<std::size_t>(id)]));
   }

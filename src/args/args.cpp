@@ -13,6 +13,8 @@
 #include <system_error>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "config/config_checks.hpp"
 #include "config/config_names.hpp"
 #include "config/size_parse.hpp"
@@ -24,8 +26,7 @@ namespace {
 // "--flag: expected <what>, found '<text>'[: <why>]"
 [[noreturn]] void refuse(std::string_view flag, std::string_view what, std::string_view text,
                          std::string_view why = {}) {
-  std::string message(flag);
-  message.append(": expected ").append(what).append(", found '").append(text).append("'");
+  std::string message = fmt::format("{}: expected {}, found '{}'", flag, what, text);
   if (!why.empty()) message.append(": ").append(why);
   throw UsageError(message);
 }
@@ -33,7 +34,7 @@ namespace {
 // "from 1 to 1000000" / ">= 1" when hi is "no limit" for the type.
 template <typename T>
 std::string range_text(T lo, T hi, std::string (*text)(T)) {
-  return std::string("from ").append(text(lo)).append(" to ").append(text(hi));
+  return fmt::format("from {} to {}", text(lo), text(hi));
 }
 
 std::string integer_text(long long value) { return std::to_string(value); }
@@ -56,8 +57,7 @@ std::string directory_of(const std::string& path) {
 void check_writable_directory(std::string_view flag, const std::string& directory,
                               const std::string& what) {
   struct stat info {};
-  std::string message(flag);
-  message.append(": ").append(what).append(" '").append(directory).append("'");
+  std::string message = fmt::format("{}: {} '{}'", flag, what, directory);
   if (::stat(directory.c_str(), &info) != 0) {
     const int error = errno;
     if (error == ENOENT) throw UsageError(message.append(" does not exist; create it first"));
@@ -65,8 +65,8 @@ void check_writable_directory(std::string_view flag, const std::string& director
   }
   if (!S_ISDIR(info.st_mode)) throw UsageError(message.append(" is not a directory"));
   if (::access(directory.c_str(), W_OK | X_OK) != 0)
-    throw UsageError(message.append(" is not writable (").append(std::strerror(errno)).append(
-        "); choose a directory this user can write"));
+    throw UsageError(
+        fmt::format("{} is not writable ({}); choose a directory this user can write", message, std::strerror(errno)));
 }
 
 }  // namespace
@@ -82,7 +82,7 @@ long long parse_integer(std::string_view flag, std::string_view text, long long 
 }
 
 double parse_number(std::string_view flag, std::string_view text, double lo, double hi) {
-  const std::string what = "a number from " + detail::number_text(lo) + " to " + detail::number_text(hi);
+  const std::string what = fmt::format("a number from {} to {}", detail::number_text(lo), detail::number_text(hi));
   double value = 0;
   if (!finite_decimal(text, value) || value < lo || value > hi) refuse(flag, what, text);
   return value;
@@ -135,15 +135,14 @@ void check_distinct_outputs(std::initializer_list<std::pair<std::string_view, st
     if (!resolved.has_filename() && resolved.has_parent_path()) resolved = resolved.parent_path();
     for (const auto& [other_flag, other] : seen)
       if (other == resolved)
-        throw UsageError(std::string(other_flag).append(" and ").append(flag).append(" name the same path '")
-                             .append(path).append("'; each output needs a path of its own"));
+        throw UsageError(fmt::format("{} and {} name the same path '{}'; each output needs a path of its own",
+                                     other_flag, flag, path));
     seen.emplace_back(flag, std::move(resolved));
   }
 }
 
 void check_output_file(std::string_view flag, const std::string& path) {
-  std::string message(flag);
-  message.append(": '").append(path).append("'");
+  std::string message = fmt::format("{}: '{}'", flag, path);
   if (path.empty()) throw UsageError(std::string(flag).append(": expected a file path, found ''"));
   struct stat info {};
   if (::stat(path.c_str(), &info) == 0) {
@@ -153,7 +152,7 @@ void check_output_file(std::string_view flag, const std::string& path) {
       throw UsageError(message.append(" is not a regular file (a FIFO, device or socket); give a "
                                       "regular file path"));
     if (::access(path.c_str(), W_OK) != 0)
-      throw UsageError(message.append(" is not writable (").append(std::strerror(errno)).append(")"));
+      throw UsageError(fmt::format("{} is not writable ({})", message, std::strerror(errno)));
     return;
   }
   if (errno != ENOENT)
@@ -175,8 +174,7 @@ std::string_view path_of(int argc, char** argv, int& i) {
   const std::string flag = argv[i];
   const std::string_view value = value_of(argc, argv, i);
   if (value.empty())
-    throw UsageError(std::string(flag).append(": the path is empty (an unset variable?); give a path, or leave ")
-                         .append(flag).append(" out"));
+    throw UsageError(fmt::format("{0}: the path is empty (an unset variable?); give a path, or leave {0} out", flag));
   return value;
 }
 
@@ -194,8 +192,8 @@ int print_usage(const char* usage) {
 StatesFormat parse_states_format(std::string_view flag, std::string_view text) {
   for (const auto& entry : detail::kStatesFormatNames)
     if (entry.name == text) return entry.value;
-  throw UsageError(std::string(flag).append(": expected ").append(detail::expected_choice(detail::kStatesFormatNames))
-                       .append(", found '").append(text).append("'"));
+  throw UsageError(
+      fmt::format("{}: expected {}, found '{}'", flag, detail::expected_choice(detail::kStatesFormatNames), text));
 }
 
 }  // namespace zest::args

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
 
 namespace zest {
 namespace {
@@ -23,8 +24,7 @@ std::string ConfigProblem::to_string() const {
   // Appends one piece at a time: GCC 12 at -O3 reports a false -Wrestrict on chained operator+.
   std::string text = file;
   if (line > 0) {
-    text.append(":").append(std::to_string(line));
-    text.append(":").append(std::to_string(column));
+    text += fmt::format(":{}:{}", line, column);
   }
   // A Config built in code has no file: its problems start at the key.
   if (!text.empty()) text.append(": ");
@@ -41,9 +41,8 @@ OutOfDeviceMemory::OutOfDeviceMemory(const std::string& message, std::size_t req
 
 IoError::IoError(const std::string& what_failed, std::string path, std::size_t offset,
                  std::size_t length, int error_number)
-    : Error(what_failed + ": " + path + " at offset " + std::to_string(offset) + ", length " +
-            std::to_string(length) + ": " + std::strerror(error_number) + " (errno " +
-            std::to_string(error_number) + ")"),
+    : Error(fmt::format("{}: {} at offset {}, length {}: {} (errno {})", what_failed, path, offset, length,
+                        std::strerror(error_number), error_number)),
       path_(std::move(path)),
       offset_(offset),
       length_(length),

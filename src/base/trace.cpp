@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "zest/error.hpp"
@@ -75,8 +76,7 @@ std::int64_t now_ns() noexcept {
 
 void start(std::size_t capacity) {
   if (capacity == 0 || capacity > kMaxCapacity)
-    throw Error("trace: a capacity of " + std::to_string(capacity) + " events; give 1 to " +
-                std::to_string(kMaxCapacity));
+    throw Error(fmt::format("trace: a capacity of {} events; give 1 to {}", capacity, kMaxCapacity));
   bool expected = false;
   if (!claimed.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
     throw Error("trace: already recording (one trace at a time per process); write or stop the first one");

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "checkpoint/output_target.hpp"
 #include "checkpoint/reader.hpp"
 #include "checkpoint/safetensors_header.hpp"
@@ -42,7 +44,7 @@ class OutputFile {
  public:
   OutputFile(std::string out, std::string dir) : out_(std::move(out)), dir_(std::move(dir)) {
     for (auto n = static_cast<unsigned>(::getpid());; ++n) {
-      temp_ = std::string(out_).append(".tmp-").append(std::to_string(n));
+      temp_ = fmt::format("{}.tmp-{}", out_, n);
       try {
         guarded([&] { writer_ = std::make_unique<ckpt::FileWriter>(temp_); });
         return;
@@ -54,9 +56,9 @@ class OutputFile {
   // Removes the temporary file unless committed, and only if its path still names the file this
   // created: whatever someone else put at that path is theirs.
   ~OutputFile() {
-    const ckpt::FileIdentity mine = writer_->identity();
+    const FileIdentity mine = writer_->identity();
     writer_.reset();  // closes it
-    if (!committed_ && ckpt::path_names(temp_, mine)) std::remove(temp_.c_str());
+    if (!committed_ && path_names(temp_, mine)) std::remove(temp_.c_str());
   }
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -68,18 +70,18 @@ class OutputFile {
   void commit() {
     guarded([&] { writer_->finish(); });
     const std::string what = std::string("consolidate: cannot rename ").append(temp_).append(" to OUT");
-    if (!ckpt::path_names(temp_, writer_->identity()))
+    if (!path_names(temp_, writer_->identity()))
       throw Error(std::string("consolidate: ").append(temp_)
                       .append(" is no longer the file it wrote (someone who can write its directory moved it); "
                               "nothing was renamed: write OUT to a directory only you can write"));
     if (!ckpt::check_output_target(out_, dir_)) {
-      ckpt::rename_noreplace(temp_, out_, what);
+      rename_noreplace(temp_, out_, what);
     } else if (std::rename(temp_.c_str(), out_.c_str()) != 0) {
       throw IoError(what, out_, 0, 0, errno);
     }
     committed_ = true;
     const std::filesystem::path parent = std::filesystem::path(out_).parent_path();
-    ckpt::fsync_directory(parent.empty() ? "." : parent.string());
+    fsync_directory(parent.empty() ? "." : parent.string());
   }
 
  private:
@@ -88,8 +90,9 @@ class OutputFile {
     try {
       write();
     } catch (const IoError& e) {
-      throw IoError(std::string("consolidate: cannot write ").append(out_).append(" (").append(remedy(e.error_number()))
-                        .append("; it was left as it was)"), e.path(), e.offset(), e.length(), e.error_number());
+      throw IoError(
+          fmt::format("consolidate: cannot write {} ({}; it was left as it was)", out_, remedy(e.error_number())),
+          e.path(), e.offset(), e.length(), e.error_number());
     }
   }
 

@@ -1,21 +1,18 @@
 #include "checkpoint/format.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <limits>
 #include <sstream>
 #include <utility>
 #include <vector>
+
+#include <fmt/core.h>
 
 #include "base/files.hpp"
 #include "config/config_names.hpp"
@@ -27,9 +24,9 @@ namespace zest::checkpoint {
 namespace {
 
 [[noreturn]] void bad_manifest(const std::string& path, int line, const std::string& what) {
-  throw Error(std::string("checkpoint manifest ").append(path).append(" line ").append(std::to_string(line))
-                  .append(": ").append(what)
-                  .append("; the checkpoint is damaged or not a zest checkpoint: load another one"));
+  throw Error(fmt::format(
+      "checkpoint manifest {} line {}: {}; the checkpoint is damaged or not a zest checkpoint: load another one", path,
+      line, what));
 }
 
 // Element counts beyond this would overflow the 64-bit byte sizes and offsets derived from them
@@ -81,11 +78,7 @@ std::uint64_t state_file_bytes(StatesFormat states, StateKind state, const std::
 }
 
 std::string state_file_name(int rank, StateKind state) {
-  return std::string("rank").append(std::to_string(rank)).append(".").append(state_name(state)).append(".bin");
-}
-
-std::string join(const std::string& dir, const std::string& name) {
-  return (std::filesystem::path(dir) / name).string();
+  return fmt::format("rank{}.{}.bin", rank, state_name(state));
 }
 
 std::string serialize(const Manifest& m) {
@@ -148,7 +141,7 @@ bool valid_utf8(const std::string& text) {
 std::string tensor_name_problem(const std::string& name) {
   if (name.empty()) return "is empty";
   if (name.size() > kMaxTensorNameBytes)
-    return "is " + std::to_string(name.size()) + " bytes long (at most " + std::to_string(kMaxTensorNameBytes) + ")";
+    return fmt::format("is {} bytes long (at most {})", name.size(), kMaxTensorNameBytes);
   if (name.find('\n') != std::string::npos) return "holds a newline";
   if (name.find('\0') != std::string::npos) return "holds a NUL byte";
   if (!valid_utf8(name))
@@ -170,8 +163,8 @@ void check_ranges_tile_tensors(const Manifest& m, const std::string& path, int l
     std::sort(ranges.begin(), ranges.end());
     std::size_t covered = 0;
     const auto refuse = [&](const char* why) {
-      bad_manifest(path, line_no, std::string("the ranges of tensor '").append(m.tensors[t].name)
-                                      .append("' do not cover it exactly once (").append(why).append(")"));
+      bad_manifest(path, line_no,
+                   fmt::format("the ranges of tensor '{}' do not cover it exactly once ({})", m.tensors[t].name, why));
     };
     for (const auto& [lo, hi] : ranges) {
       if (lo != covered) refuse(lo < covered ? "elements listed by two ranges" : "elements no rank holds");
@@ -192,14 +185,14 @@ std::size_t check_version_and_checksum(const std::string& text, const std::strin
   if (std::sscanf(text.c_str(), "zest-checkpoint %d", &version) != 1)
     bad_manifest(path, 1, "not a zest checkpoint manifest");
   if (version > kFormatVersion)
-    throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
-                    .append(std::to_string(version)).append(", this build reads version ")
-                    .append(std::to_string(kFormatVersion)).append("; load it with a newer zest"));
+    throw Error(
+        fmt::format("checkpoint manifest {}: format version {}, this build reads version {}; load it with a newer zest",
+                    path, version, kFormatVersion));
   if (version < kOldestReadableVersion)
-    throw Error(std::string("checkpoint manifest ").append(path).append(": format version ")
-                    .append(std::to_string(version)).append(" was written by a pre-release zest; this build reads ")
-                    .append("versions ").append(std::to_string(kOldestReadableVersion)).append(" to ")
-                    .append(std::to_string(kFormatVersion)).append(": save the checkpoint again"));
+    throw Error(
+        fmt::format("checkpoint manifest {}: format version {} was written by a pre-release zest; this build reads "
+                    "versions {} to {}: save the checkpoint again",
+                    path, version, kOldestReadableVersion, kFormatVersion));
   const std::size_t end = text.rfind("end ");
   if (end == std::string::npos || text.empty() || text.back() != '\n')
     bad_manifest(path, 0, "no closing checksum line (truncated?)");
@@ -220,7 +213,7 @@ class ManifestLines {
     std::istringstream fields(line_);
     std::string word;
     fields >> word;
-    if (word != key) fail(std::string("expected '").append(key).append("', found '").append(word).append("'"));
+    if (word != key) fail(fmt::format("expected '{}', found '{}'", key, word));
     return fields;
   }
   void check(const std::istream& fields, const char* what) const {
@@ -229,7 +222,7 @@ class ManifestLines {
   // A checksum says the text is what a writer wrote, not that it means anything: every field is
   // held to the range a saving engine can produce, and the error names the field and the value.
   [[noreturn]] void out_of_range(const char* field, const std::string& value, const char* allowed) const {
-    fail(std::string(field).append(" ").append(value).append(" is out of range (").append(allowed).append(")"));
+    fail(fmt::format("{} {} is out of range ({})", field, value, allowed));
   }
   [[noreturn]] void fail(const std::string& what) const { bad_manifest(path_, number_, what); }
   static std::string rest_of_line(std::istream& fields) {
@@ -332,8 +325,7 @@ void read_chunk_bytes(ManifestLines& lines, Manifest& m) {
   lines.check(f, "chunk size");
   // A reader holds one chunk in memory: a size past the limit is damage, not a setting.
   if (m.chunk_bytes == 0 || m.chunk_bytes > kMaxChunkBytes)
-    lines.fail(std::string("a chunk size of ").append(std::to_string(m.chunk_bytes)).append(" bytes (1 to ")
-                   .append(std::to_string(kMaxChunkBytes)).append(" allowed)"));
+    lines.fail(fmt::format("a chunk size of {} bytes (1 to {} allowed)", m.chunk_bytes, kMaxChunkBytes));
 }
 
 // Counts only bound loops that need a line per item: a huge count runs out of lines and is
@@ -380,13 +372,10 @@ void read_state_file(ManifestLines& lines, const Manifest& m, int rank, const Ra
   // another.
   const std::string expected = state_file_name(rank, kind);
   if (file.name != expected)
-    lines.fail(std::string("rank ").append(std::to_string(rank)).append("'s file '").append(file.name)
-                   .append("' where its own '").append(expected).append("' belongs"));
+    lines.fail(fmt::format("rank {}'s file '{}' where its own '{}' belongs", rank, file.name, expected));
   if (file.bytes != state_file_bytes(m.states, kind, entry.ranges))
-    lines.fail(std::string("file ").append(file.name).append(" of ").append(std::to_string(file.bytes))
-                   .append(" bytes for ranges of ").append(std::to_string(elements))
-                   .append(kind == StateKind::master ? " fp32" : std::string(" ").append(states_format_name(m.states)))
-                   .append(" values"));
+    lines.fail(fmt::format("file {} of {} bytes for ranges of {} {} values", file.name, file.bytes, elements,
+                           kind == StateKind::master ? "fp32" : states_format_name(m.states)));
   if (chunks != file.bytes / m.chunk_bytes + (file.bytes % m.chunk_bytes != 0))
     lines.fail(std::string("file ").append(file.name).append(" with a checksum count that does not fit its size"));
   file.chunk_crcs.resize(chunks);
@@ -398,8 +387,7 @@ void read_ranks(ManifestLines& lines, Manifest& m) {
   std::size_t count = 0;
   { auto f = lines.next("ranks"); f >> count; lines.check(f, "rank count"); }
   if (count != static_cast<std::size_t>(m.world_size))
-    lines.fail(std::string(std::to_string(count)).append(" ranks listed for world size ")
-                   .append(std::to_string(m.world_size)));
+    lines.fail(fmt::format("{} ranks listed for world size {}", count, m.world_size));
   for (std::size_t i = 0; i < count; ++i) {
     RankEntry rank;
     std::size_t ranges = 0;
@@ -438,69 +426,8 @@ Manifest parse(const std::string& text, const std::string& path) {
   return m;
 }
 
-namespace {
-
-FileIdentity identity_from(const struct stat& info) {
-  return {static_cast<std::uint64_t>(info.st_dev), static_cast<std::uint64_t>(info.st_ino)};
-}
-
-struct stat stat_of(const UniqueFd& fd, const std::string& path, const std::string& what) {
-  struct stat info {};
-  if (::fstat(fd.get(), &info) != 0) throw IoError(what, path, 0, 0, errno);
-  return info;
-}
-
-}  // namespace
-
-bool path_names(const std::string& path, const FileIdentity& id) {
-  struct stat info {};
-  return ::lstat(path.c_str(), &info) == 0 && identity_from(info) == id;
-}
-
-Directory::Directory(std::string path)
-    : path_(std::move(path)), fd_(::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) {
-  if (!fd_) throw IoError("cannot open the directory", path_, 0, 0, errno);
-  const struct stat info = stat_of(fd_, path_, "cannot look at the directory");
-  identity_ = identity_from(info);
-  owner_ = info.st_uid;
-}
-
-std::vector<std::string> Directory::names() const {
-  // A stream of its own (fdopendir takes the descriptor it is given), reading from the start.
-  const int copy = ::openat(fd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR* stream = copy < 0 ? nullptr : ::fdopendir(copy);
-  if (!stream) {
-    const int error = errno;
-    if (copy >= 0) ::close(copy);
-    throw IoError("cannot list the directory", path_, 0, 0, error);
-  }
-  std::vector<std::string> names;
-  while (const dirent* entry = ::readdir(stream)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(stream);
-  return names;
-}
-
-void Directory::sync() const {
-  if (::fsync(fd_.get()) != 0) throw IoError("checkpoint: cannot fsync directory", path_, 0, 0, errno);
-}
-
-void write_file_synced(const std::string& path, const void* data, std::size_t bytes) {
-  FileWriter writer(path);
-  writer.append(data, bytes);
-  writer.finish();
-}
-
-void write_file_synced(const Directory& dir, const std::string& name, const void* data, std::size_t bytes) {
-  FileWriter writer(dir, name);
-  writer.append(data, bytes);
-  writer.finish();
-}
-
 Manifest read_manifest(const std::string& dir) {
-  const std::string path = join(dir, kManifestName);
+  const std::string path = join_path(dir, kManifestName);
   return parse(read_regular_file(path, kMaxManifestBytes, "checkpoint manifest"), path);
 }
 
@@ -518,8 +445,9 @@ UniqueFd open_regular_or_throw(int at, const std::string& name, const std::strin
   FileProblem problem;
   UniqueFd fd = open_regular(at, name, follow, problem);
   if (problem.kind == FileProblem::Kind::not_regular)
-    throw Error(std::string(what).append(" ").append(shown).append(" is ").append(problem.file_kind)
-                    .append(", not a regular file: zest does not read it; give a checkpoint written by Engine::save"));
+    throw Error(
+        fmt::format("{} {} is {}, not a regular file: zest does not read it; give a checkpoint written by Engine::save",
+                    what, shown, problem.file_kind));
   if (problem) throw IoError(std::string("cannot open ").append(what), shown, 0, 0, problem.error);
   return fd;
 }
@@ -532,12 +460,11 @@ std::string read_whole_or_throw(const UniqueFd& fd, const std::string& path, std
     case FileProblem::Kind::none:
       return text;
     case FileProblem::Kind::too_large:
-      throw Error(std::string(what).append(" ").append(path).append(" has ").append(std::to_string(problem.size))
-                      .append(" bytes, more than the ").append(std::to_string(max_bytes))
-                      .append(" zest reads: it is damaged or not what zest wrote"));
+      throw Error(fmt::format("{} {} has {} bytes, more than the {} zest reads: it is damaged or not what zest wrote",
+                              what, path, problem.size, max_bytes));
     case FileProblem::Kind::grew:
-      throw Error(std::string(what).append(" ").append(path).append(" grew past ").append(std::to_string(max_bytes))
-                      .append(" bytes while it was read: it is damaged or not what zest wrote"));
+      throw Error(fmt::format("{} {} grew past {} bytes while it was read: it is damaged or not what zest wrote", what,
+                              path, max_bytes));
     case FileProblem::Kind::system:
     case FileProblem::Kind::not_regular:
       break;
@@ -561,38 +488,6 @@ std::string read_regular_file(const Directory& dir, const std::string& name, std
   return read_whole_or_throw(open_regular_or_throw(dir.fd(), name, path, what, false), path, max_bytes, what);
 }
 
-void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std::uint64_t offset) {
-  char* out = static_cast<char*>(data);
-  std::size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd, out + done, bytes - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw IoError("checkpoint: cannot read", path, offset + done, bytes - done, errno);
-    if (n == 0) throw IoError("checkpoint: file ends early (truncated)", path, offset + done, bytes - done, EIO);
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-void fsync_directory(const std::string& path) {
-  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd) throw IoError("checkpoint: cannot open directory", path, 0, 0, errno);
-  if (::fsync(fd.get()) != 0) throw IoError("checkpoint: cannot fsync directory", path, 0, 0, errno);
-}
-
-void rename_noreplace(const std::string& from, const std::string& to, const std::string& what) {
-  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return;
-  if (errno == EINVAL) {
-    struct stat info {};
-    if (::stat(from.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-      if (::rename(from.c_str(), to.c_str()) == 0) return;
-    } else if (::link(from.c_str(), to.c_str()) == 0) {
-      ::unlink(from.c_str());
-      return;
-    }
-  }
-  throw IoError(what, to, 0, 0, errno);
-}
-
 FileWriter::FileWriter(std::string path, std::uint64_t chunk_bytes)
     : FileWriter(AT_FDCWD, path, path.c_str(), chunk_bytes) {}
 
@@ -600,39 +495,31 @@ FileWriter::FileWriter(const Directory& dir, const std::string& name, std::uint6
     : FileWriter(dir.fd(), dir.path_of(name), name.c_str(), chunk_bytes) {}
 
 FileWriter::FileWriter(int at, std::string path, const char* name, std::uint64_t chunk_bytes)
-    : path_(std::move(path)),
-      chunk_bytes_(chunk_bytes),
-      fd_(::openat(at, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)) {
-  if (!fd_) throw IoError("checkpoint: cannot create", path_, 0, 0, errno);
-  identity_ = identity_from(stat_of(fd_, path_, "checkpoint: cannot look at"));
+    : path_(std::move(path)), chunk_bytes_(chunk_bytes), fd_(create_exclusive(at, name, path_)) {
+  identity_ = identity_of(fd_, path_);
 }
 
 void FileWriter::append(const void* data, std::size_t bytes) {
+  // Checksummed per chunk: a chunk's CRC closes when the file reaches its end.
   const char* in = static_cast<const char*>(data);
-  for (std::size_t done = 0; done < bytes;) {
-    const ssize_t n = ::write(fd_.get(), in + done, bytes - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw IoError("checkpoint: cannot write", path_, bytes_, bytes - done, errno);
-    // Checksummed per chunk, as written: a chunk's CRC closes when the file reaches its end.
-    for (std::size_t at = done, stop = done + static_cast<std::size_t>(n); at < stop;) {
-      const std::size_t room = static_cast<std::size_t>(chunk_bytes_ - bytes_ % chunk_bytes_);
-      const std::size_t take = std::min(room, stop - at);
-      crc_ = offload::crc32c(in + at, take, crc_);
-      bytes_ += take;
-      at += take;
-      if (bytes_ % chunk_bytes_ == 0) {
-        crcs_.push_back(crc_);
-        crc_ = 0;
-      }
+  const std::uint64_t start = bytes_;
+  for (std::size_t at = 0; at < bytes;) {
+    const std::size_t room = static_cast<std::size_t>(chunk_bytes_ - bytes_ % chunk_bytes_);
+    const std::size_t take = std::min(room, bytes - at);
+    crc_ = offload::crc32c(in + at, take, crc_);
+    bytes_ += take;
+    at += take;
+    if (bytes_ % chunk_bytes_ == 0) {
+      crcs_.push_back(crc_);
+      crc_ = 0;
     }
-    done += static_cast<std::size_t>(n);
   }
+  write_all(fd_, path_, data, bytes, start);
 }
 
 void FileWriter::finish() {
   if (bytes_ % chunk_bytes_ != 0) crcs_.push_back(crc_);
-  if (::fsync(fd_.get()) != 0) throw IoError("checkpoint: cannot fsync", path_, 0, bytes_, errno);
-  if (const int error = fd_.close()) throw IoError("checkpoint: cannot close", path_, 0, bytes_, error);
+  sync_and_close(fd_, path_, bytes_);
 }
 
 }  // namespace zest::checkpoint

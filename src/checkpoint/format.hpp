@@ -104,7 +104,6 @@ std::string state_file_name(int rank, StateKind state);  // rank<r>.<state>.bin
 std::uint64_t int8_blocks(std::uint64_t elements);
 // The bytes of `state`'s file holding `ranges` in `states`' form (see Manifest::states).
 std::uint64_t state_file_bytes(StatesFormat states, StateKind state, const std::vector<Range>& ranges);
-std::string join(const std::string& dir, const std::string& name);  // dir/name
 
 // Text; ends with a line holding the CRC32C of everything before it.
 std::string serialize(const Manifest& manifest);
@@ -114,50 +113,12 @@ std::string serialize(const Manifest& manifest);
 // tensor and summed, fit in 64 bits as fp32.
 Manifest parse(const std::string& text, const std::string& path);
 
-// A file's identity: a path may come to name another file, this stays with the file.
-struct FileIdentity {
-  std::uint64_t device = 0, inode = 0;
-  friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
-};
-// Whether `path` names the file `id` itself (a symbolic link there is not followed).
-bool path_names(const std::string& path, const FileIdentity& id);
-
-// A directory held open. Files are created in it, read from it and removed from it by name
-// relative to this handle, so that whatever anyone who can write its parent puts at its path
-// meanwhile (another directory, a symbolic link) changes nothing zest writes, reads or deletes.
-class Directory {
- public:
-  // Opens the directory at `path`; a symbolic link there is refused (O_NOFOLLOW). Throws IoError.
-  explicit Directory(std::string path);
-  Directory(Directory&& other) noexcept = default;
-  Directory& operator=(Directory&&) = delete;
-  Directory(const Directory&) = delete;
-  Directory& operator=(const Directory&) = delete;
-
-  int fd() const { return fd_.get(); }
-  const std::string& path() const { return path_; }  // as opened, for messages
-  std::string path_of(const std::string& name) const { return join(path_, name); }
-  FileIdentity identity() const { return identity_; }
-  unsigned owner() const { return owner_; }  // uid
-  std::vector<std::string> names() const;    // its entries but "." and ".."; throws IoError
-  void sync() const;                         // fsync; throws IoError
-
- private:
-  std::string path_;
-  UniqueFd fd_;
-  FileIdentity identity_;
-  unsigned owner_ = 0;
-};
-
 // The manifest of the checkpoint in `dir`: read_regular_file(dir/manifest, kMaxManifestBytes), parsed.
 Manifest read_manifest(const std::string& dir);
 Manifest read_manifest(const Directory& dir);
 
-// Files. Each throws IoError naming the path, the operation and errno. Writers create their file
-// exclusively (O_EXCL | O_NOFOLLOW): zest never overwrites a file it did not create, nor writes
-// through a link.
-void write_file_synced(const std::string& path, const void* data, std::size_t bytes);  // create, write, fsync
-void write_file_synced(const Directory& dir, const std::string& name, const void* data, std::size_t bytes);
+// Files. Each throws IoError naming the path, the operation and errno (the durable writes, the
+// directory held open and the no-replace rename are base/files.hpp's).
 // Opens `path` for reading; throws Error, without opening it, unless it is a regular file (a FIFO
 // would block the reader forever, a device would never end). `what` names it in the error.
 UniqueFd open_regular_file(const std::string& path, const std::string& what);
@@ -166,15 +127,9 @@ std::string read_regular_file(const std::string& path, std::uint64_t max_bytes, 
 // The same for `name` in `dir`, where a symbolic link is refused like any other non-regular file.
 std::string read_regular_file(const Directory& dir, const std::string& name, std::uint64_t max_bytes,
                               const std::string& what);
-void read_at(int fd, const std::string& path, void* data, std::size_t bytes, std::uint64_t offset);
-void fsync_directory(const std::string& path);
-// Renames `from` to `to` unless `to` exists (then IoError, EEXIST): whatever appeared there is
-// kept. Where the file system lacks RENAME_NOREPLACE, a file is linked then unlinked, and a
-// directory renamed (a rename cannot replace a file or a non-empty directory with one).
-void rename_noreplace(const std::string& from, const std::string& to, const std::string& what);
 
-// Writes a new file by appends, keeping the CRC32C of each chunk. Throws IoError (EEXIST) when
-// `path` exists.
+// Writes a new file by appends, keeping the CRC32C of each chunk: created exclusively
+// (create_exclusive), so it throws IoError (EEXIST) when `path` exists.
 class FileWriter {
  public:
   explicit FileWriter(std::string path, std::uint64_t chunk_bytes = kChunkBytes);

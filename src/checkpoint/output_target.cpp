@@ -11,6 +11,8 @@
 #include <string>
 #include <system_error>
 
+#include <fmt/core.h>
+
 #include "checkpoint/safetensors_header.hpp"
 #include "zest/error.hpp"
 
@@ -20,8 +22,8 @@ namespace {
 namespace fs = std::filesystem;
 
 [[noreturn]] void refuse(const std::string& out, const std::string& what_is_there, const std::string& to_do) {
-  throw Error(std::string("consolidate: the output ").append(out).append(" ").append(what_is_there)
-                  .append("; zest never overwrites what it did not write: ").append(to_do));
+  throw Error(fmt::format("consolidate: the output {} {}; zest never overwrites what it did not write: {}", out,
+                          what_is_there, to_do));
 }
 
 // Whether the regular file at `path` begins as every safetensors file consolidate writes. Reads

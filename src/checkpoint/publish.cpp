@@ -16,6 +16,8 @@
 #include <system_error>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "checkpoint/format.hpp"
 #include "offload/checksum.hpp"
 #include "zest/checkpoint.hpp"
@@ -30,13 +32,9 @@ constexpr const char* kWhat = "Engine::save";
 
 [[noreturn]] void refuse(const std::string& target, const std::string& what_is_there) {
   throw Error(
-      std::string(kWhat)
-          .append(": ")
-          .append(target)
-          .append(" ")
-          .append(what_is_there)
-          .append("; a save replaces only a zest checkpoint (or an empty directory), so that nothing of yours is "
-                  "lost: save to another path, or move it away first"));
+      fmt::format("{}: {} {}; a save replaces only a zest checkpoint (or an empty directory), so that nothing of yours "
+                  "is lost: save to another path, or move it away first",
+                  kWhat, target, what_is_there));
 }
 
 // What a save finds at its target: nothing, or the directory, held open, and the files the save
@@ -91,10 +89,10 @@ Existing look_at(const std::string& target) {
 void check_moved(const Directory& temp, const std::string& new_at, const Existing& existing,
                  const std::string& old_at) {
   if (path_names(new_at, temp.identity()) && (!existing.dir || path_names(old_at, existing.dir->identity()))) return;
-  throw Error(std::string(kWhat).append(": a directory was moved to or from ").append(new_at)
-                  .append(existing.dir ? std::string(" or ").append(old_at) : std::string())
-                  .append(" while the save ran (by someone who can write its parent), so what is at ").append(new_at)
-                  .append(" may not be this save's checkpoint; nothing was deleted: look at both paths"));
+  throw Error(
+      fmt::format("{}: a directory was moved to or from {}{} while the save ran (by someone who can write its parent), "
+                  "so what is at {} may not be this save's checkpoint; nothing was deleted: look at both paths",
+                  kWhat, new_at, existing.dir ? std::string(" or ").append(old_at) : std::string(), new_at));
 }
 
 // Deletes, in the replaced checkpoint (the directory look_at checked, now at `now_at`), what
@@ -118,16 +116,17 @@ std::string save_target(const std::string& dir) {
   while (target.size() > 1 && target.back() == '/') target.pop_back();  // "ckpt/" is "ckpt"
   const std::string name = fs::path(target).filename().string();
   if (name.empty() || name == "." || name == ".." || target == "/")
-    throw Error(std::string(kWhat).append(": '").append(dir)
-                    .append("' names no directory a save can create (it is empty, '.', '..' or '/'); give a new "
-                            "directory's path, such as ckpt/step-100"));
+    throw Error(
+        fmt::format("{}: '{}' names no directory a save can create (it is empty, '.', '..' or '/'); give a new "
+                    "directory's path, such as ckpt/step-100",
+                    kWhat, dir));
   return target;
 }
 
 void check_save_target(const std::string& target) { look_at(target); }
 
 std::string temp_dir(const std::string& target, std::uint32_t token) {
-  return std::string(target).append(".tmp-").append(std::to_string(token));
+  return fmt::format("{}.tmp-{}", target, token);
 }
 
 TempDir create_temp_dir(const std::string& target, std::uint32_t first) {
@@ -148,9 +147,10 @@ TempDir create_temp_dir(const std::string& target, std::uint32_t first) {
     // Between the mkdir and the open, another directory may have taken the path: refused unless
     // what was opened is an empty directory of this user (only root could have made another).
     if (made.dir.owner() != ::geteuid() || !made.dir.names().empty())
-      throw Error(std::string(kWhat).append(": the directory ").append(path)
-                      .append(" it created was replaced by another before it was opened (someone who can write its "
-                              "parent moved it); save again, or to a directory only you can write"));
+      throw Error(
+          fmt::format("{}: the directory {} it created was replaced by another before it was opened (someone who can "
+                      "write its parent moved it); save again, or to a directory only you can write",
+                      kWhat, path));
     // Held while the save runs (the handle lives as long as the save), so a cleanup of crashed
     // saves' leftovers can tell a live one: `flock -n DIR.tmp-N rm -r DIR.tmp-N` skips it.
     if (::flock(made.dir.fd(), LOCK_EX | LOCK_NB) != 0)
@@ -165,10 +165,11 @@ TempDir create_temp_dir(const std::string& target, std::uint32_t first) {
 
 Directory open_temp_dir(const std::string& path, std::uint64_t inode) {
   const auto refuse = [&] {
-    throw Error(std::string(kWhat).append(": ").append(path)
-                    .append(" is not the temporary directory rank 0 created (the ranks do not share one file system "
-                            "there, or someone who can write its parent put something else at its path); save to a "
-                            "directory every rank sees, that only you can write"));
+    throw Error(
+        fmt::format("{}: {} is not the temporary directory rank 0 created (the ranks do not share one file system "
+                    "there, or someone who can write its parent put something else at its path); save to a directory "
+                    "every rank sees, that only you can write",
+                    kWhat, path));
   };
   try {
     Directory dir(path);
@@ -196,8 +197,7 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
     if (::fstat(fd.get(), &info) != 0 || !S_ISREG(info.st_mode)) {
       problems.push_back(path + ": not a regular file");
     } else if (static_cast<std::uint64_t>(info.st_size) != file.bytes) {
-      problems.push_back(path + ": " + std::to_string(info.st_size) + " bytes, the manifest says " +
-                         std::to_string(file.bytes));
+      problems.push_back(fmt::format("{}: {} bytes, the manifest says {}", path, info.st_size, file.bytes));
     } else if (checksums) {
       chunk.resize(static_cast<std::size_t>(chunk_bytes));
       for (std::size_t c = 0; c < file.chunk_crcs.size(); ++c) {
@@ -206,8 +206,8 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
         const ssize_t got = ::pread(fd.get(), chunk.data(), length, static_cast<off_t>(at));
         if (got != static_cast<ssize_t>(length) || offload::crc32c(chunk.data(), length) != file.chunk_crcs[c]) {
           problems.push_back(
-              path + ": chunk " + std::to_string(c) + " at byte " + std::to_string(at) +
-              (got == static_cast<ssize_t>(length) ? " does not match its checksum" : " cannot be read back"));
+              fmt::format("{}: chunk {} at byte {} {}", path, c, at,
+                          got == static_cast<ssize_t>(length) ? "does not match its checksum" : "cannot be read back"));
           break;
         }
       }
@@ -219,32 +219,30 @@ std::vector<std::string> check_saved_files(const Directory& dir, std::span<const
 void publish(const Directory& temp, const std::string& target, std::span<const StateFile> files) {
   if (!path_names(temp.path(), temp.identity()))
     throw Error(
-        std::string(kWhat)
-            .append(": the temporary directory ")
-            .append(temp.path())
-            .append(" was moved away while the save ran (by someone who can write its parent); the new checkpoint "
-                    "is where it was moved to, and nothing was published: save again, to a directory only you can "
-                    "write"));
+        fmt::format("{}: the temporary directory {} was moved away while the save ran (by someone who can write its "
+                    "parent); the new checkpoint is where it was moved to, and nothing was published: save again, to a "
+                    "directory only you can write",
+                    kWhat, temp.path()));
   const Existing existing = look_at(target);  // again: the target may have changed during the save
   if (!existing.dir) {
     rename_noreplace(temp.path(), target, std::string(kWhat).append(": cannot rename the new checkpoint into place"));
     check_moved(temp, target, existing, temp.path());
     if (const auto problems = check_saved_files(temp, files, 0, false); !problems.empty())
-      throw Error(std::string(kWhat).append(": the new checkpoint at ").append(target)
-                      .append(" lost a file as it was published (").append(problems.front())
-                      .append("; removed by someone while the save ran?): it is damaged; save again"));
+      throw Error(
+          fmt::format("{}: the new checkpoint at {} lost a file as it was published ({}; removed by someone while the "
+                      "save ran?): it is damaged; save again",
+                      kWhat, target, problems.front()));
   } else if (::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
     check_moved(temp, target, existing, temp.path());  // temp's path now names the previous checkpoint
     if (const auto problems = check_saved_files(temp, files, 0, false); !problems.empty()) {
       // Put the previous checkpoint back, the new one aside, and say where both are.
       const bool back = ::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0;
-      throw Error(std::string(kWhat).append(": the new checkpoint lost a file as it was published (")
-                      .append(problems.front()).append("; removed by someone while the save ran?): ")
-                      .append(back ? std::string("the previous checkpoint is back at ").append(target)
-                                         .append(", the damaged new one at ").append(temp.path())
-                                   : std::string("the damaged new one is at ").append(target)
-                                         .append(" and the previous checkpoint at ").append(temp.path()))
-                      .append("; nothing was deleted: save again"));
+      throw Error(fmt::format(
+          "{}: the new checkpoint lost a file as it was published ({}; removed by someone while the save ran?): {}; "
+          "nothing was deleted: save again",
+          kWhat, problems.front(),
+          back ? fmt::format("the previous checkpoint is back at {}, the damaged new one at {}", target, temp.path())
+               : fmt::format("the damaged new one is at {} and the previous checkpoint at {}", target, temp.path())));
     }
     remove_replaced(existing, temp.path());
   } else {
@@ -262,14 +260,15 @@ void publish(const Directory& temp, const std::string& target, std::span<const S
       throw IoError(std::string(kWhat).append(": cannot move the previous checkpoint aside"), target, 0, 0, error);
     }
     if (::rename(temp.path().c_str(), target.c_str()) != 0)
-      throw IoError(std::string(kWhat).append(": cannot rename the new checkpoint into place (the previous one is at ")
-                        .append(aside).append(")"), target, 0, 0, errno);
+      throw IoError(
+          fmt::format("{}: cannot rename the new checkpoint into place (the previous one is at {})", kWhat, aside),
+          target, 0, 0, errno);
     check_moved(temp, target, existing, aside);
     if (const auto problems = check_saved_files(temp, files, 0, false); !problems.empty())
-      throw Error(std::string(kWhat).append(": the new checkpoint at ").append(target)
-                      .append(" lost a file as it was published (").append(problems.front())
-                      .append("; removed by someone while the save ran?); the previous checkpoint is at ").append(aside)
-                      .append(" and nothing was deleted: move it back, or save again"));
+      throw Error(fmt::format(
+          "{}: the new checkpoint at {} lost a file as it was published ({}; removed by someone while the save ran?); "
+          "the previous checkpoint is at {} and nothing was deleted: move it back, or save again",
+          kWhat, target, problems.front(), aside));
     remove_replaced(existing, aside);
   }
   fsync_directory(parent_of(target));

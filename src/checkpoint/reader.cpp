@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <fmt/core.h>
+
 #include "offload/checksum.hpp"
 #include "optim/states_layout.hpp"
 #include "runtime/host/half.hpp"
@@ -41,7 +43,8 @@ Reader::Reader(std::string dir) : dir_(std::move(dir)) {
 }
 
 std::string Reader::path(int rank, StateKind state) const {
-  return join(dir_, manifest_.ranks.at(static_cast<std::size_t>(rank)).files[static_cast<std::size_t>(state)].name);
+  return join_path(dir_,
+                   manifest_.ranks.at(static_cast<std::size_t>(rank)).files[static_cast<std::size_t>(state)].name);
 }
 
 void Reader::check_files(std::optional<StateKind> only) const {
@@ -49,17 +52,17 @@ void Reader::check_files(std::optional<StateKind> only) const {
     for (int k = 0; k < kStates; ++k) {
       if (only && StateKind(k) != *only) continue;
       const StateFile& file = manifest_.ranks[r].files[static_cast<std::size_t>(k)];
-      const std::string p = join(dir_, file.name);
+      const std::string p = join_path(dir_, file.name);
       struct stat info {};
       if (::stat(p.c_str(), &info) != 0)
         throw IoError(std::string("checkpoint ").append(dir_).append(": a rank file is missing"), p, 0, 0, errno);
       if (!S_ISREG(info.st_mode))
-        throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(p)
-                        .append(" is not a regular file: the checkpoint is damaged"));
+        throw Error(
+            fmt::format("checkpoint {}: rank file {} is not a regular file: the checkpoint is damaged", dir_, p));
       if (static_cast<std::uint64_t>(info.st_size) != file.bytes)
-        throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(p).append(" has ")
-                        .append(std::to_string(info.st_size)).append(" bytes, the manifest says ")
-                        .append(std::to_string(file.bytes)).append(": the file is truncated or damaged"));
+        throw Error(fmt::format(
+            "checkpoint {}: rank file {} has {} bytes, the manifest says {}: the file is truncated or damaged", dir_, p,
+            info.st_size, file.bytes));
     }
   }
 }
@@ -81,11 +84,10 @@ std::size_t Reader::load_chunk(int rank, StateKind state, std::size_t index, cha
   read_at(fd(rank, state), p, into, length, offset);
   const std::uint32_t crc = offload::crc32c(into, length);
   if (crc != file.chunk_crcs[index])
-    throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(p).append(" chunk ")
-                    .append(std::to_string(index)).append(" (bytes ").append(std::to_string(offset)).append(" to ")
-                    .append(std::to_string(offset + length)).append(") has CRC32C ").append(std::to_string(crc))
-                    .append(", the manifest says ").append(std::to_string(file.chunk_crcs[index]))
-                    .append(": the file is damaged; load another checkpoint"));
+    throw Error(
+        fmt::format("checkpoint {}: rank file {} chunk {} (bytes {} to {}) has CRC32C {}, the manifest says {}: the "
+                    "file is damaged; load another checkpoint",
+                    dir_, p, index, offset, offset + length, crc, file.chunk_crcs[index]));
   return length;
 }
 
@@ -145,12 +147,11 @@ void Reader::check_values(StateKind state, int rank, std::size_t tensor, std::si
   for (std::size_t i = 0; i < n; ++i) {
     const float x = values[i];
     if (std::isfinite(x) && !(state == StateKind::v && x < 0)) continue;
-    throw Error(std::string("checkpoint ").append(dir_).append(": rank file ").append(path(rank, state))
-                    .append(" holds ").append(state_name(state)).append(" = ").append(std::to_string(x))
-                    .append(" for element ").append(std::to_string(first + i)).append(" of tensor '")
-                    .append(manifest_.tensors[tensor].name).append("', which no save writes (")
-                    .append(state == StateKind::v ? "v is finite and not negative" : "it is finite")
-                    .append("): the checkpoint was altered after it was saved; load another checkpoint"));
+    throw Error(
+        fmt::format("checkpoint {}: rank file {} holds {} = {} for element {} of tensor '{}', which no save writes "
+                    "({}): the checkpoint was altered after it was saved; load another checkpoint",
+                    dir_, path(rank, state), state_name(state), x, first + i, manifest_.tensors[tensor].name,
+                    state == StateKind::v ? "v is finite and not negative" : "it is finite"));
   }
 }
 
@@ -175,18 +176,12 @@ void Reader::read_compact(StateKind state, const Piece& p, std::size_t lo, std::
     if (int8)
       for (std::uint64_t block = 0; block <= last - first; ++block)
         if (!std::isfinite(scales_[block]) || std::signbit(scales_[block]))
-          throw Error(std::string("checkpoint ")
-                          .append(dir_)
-                          .append(": rank file ")
-                          .append(path(p.rank, state))
-                          .append(" holds the int8 scale ")
-                          .append(std::to_string(scales_[block]))
-                          .append(" for elements from ")
-                          .append(std::to_string(p.lo + (first + block) * optim::kInt8Block))
-                          .append(" of tensor '")
-                          .append(manifest_.tensors[p.tensor].name)
-                          .append("', which no save writes (a block's largest magnitude: finite, not negative): the "
-                                  "checkpoint was altered after it was saved; load another checkpoint"));
+          throw Error(
+              fmt::format("checkpoint {}: rank file {} holds the int8 scale {} for elements from {} of tensor '{}', "
+                          "which no save writes (a block's largest magnitude: finite, not negative): the checkpoint "
+                          "was altered after it was saved; load another checkpoint",
+                          dir_, path(p.rank, state), scales_[block], p.lo + (first + block) * optim::kInt8Block,
+                          manifest_.tensors[p.tensor].name));
     float* const into = out + (x - lo);
     if (!int8) {
       for (std::size_t i = 0; i < n; ++i) {
@@ -219,8 +214,7 @@ std::vector<std::string> Reader::verify_all() {
         continue;
       }
       if (static_cast<std::uint64_t>(info.st_size) != file.bytes) {
-        problems.push_back(std::string(p).append(": ").append(std::to_string(info.st_size))
-                               .append(" bytes, the manifest says ").append(std::to_string(file.bytes)));
+        problems.push_back(fmt::format("{}: {} bytes, the manifest says {}", p, info.st_size, file.bytes));
         continue;
       }
       for (std::size_t c = 0; c < file.chunk_crcs.size(); ++c) {

@@ -4,6 +4,7 @@
 #include <set>
 #include <string>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "zest/error.hpp"
@@ -34,7 +35,7 @@ nlohmann::ordered_json metadata(const Manifest& m, DType dtype) {
 }
 
 [[noreturn]] void unwritable(const std::string& dir, const std::string& what) {
-  throw Error(std::string("checkpoint ").append(dir).append(": ").append(what));
+  throw Error(fmt::format("checkpoint {}: {}", dir, what));
 }
 
 }  // namespace
@@ -50,16 +51,14 @@ std::string safetensors_header(const Manifest& m, DType dtype, const std::string
   std::uint64_t offset = 0;
   for (const TensorEntry& t : m.tensors) {
     if (!valid_utf8(t.name))
-      throw Error(std::string("checkpoint ")
-                      .append(dir)
-                      .append(": tensor ")
-                      .append(std::to_string(names.size()))
-                      .append("'s name is not UTF-8, which safetensors' JSON header requires; rename the parameter in "
-                              "the trainer"));
+      throw Error(
+          fmt::format("checkpoint {}: tensor {}'s name is not UTF-8, which safetensors' JSON header requires; rename "
+                      "the parameter in the trainer",
+                      dir, names.size()));
     if (t.name == "__metadata__" || !names.insert(t.name).second)
-      throw Error(std::string("checkpoint ").append(dir).append(": tensor name '").append(t.name)
-                      .append(t.name == "__metadata__" ? "' is reserved by safetensors" : "' appears twice")
-                      .append(": a safetensors file cannot hold it; rename the parameter in the trainer"));
+      throw Error(fmt::format(
+          "checkpoint {}: tensor name '{}' {}: a safetensors file cannot hold it; rename the parameter in the trainer",
+          dir, t.name, t.name == "__metadata__" ? "is reserved by safetensors" : "appears twice"));
     // A reader takes the shape and the offsets as they are: a shape that does not multiply to the
     // element count, or offsets that wrapped, would make a file no reader can use.
     std::uint64_t product = 1, bytes = 0, end = 0;

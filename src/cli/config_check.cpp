@@ -1,4 +1,5 @@
 // zest config check FILE: validates a config the way a run would, before any rank starts.
+#include <fmt/core.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
@@ -64,8 +65,7 @@ int config_check(int argc, char** argv) {
       else if ((sections = section_names(argv[++i])).empty())
         problem = "--sections: expected top-level section names separated by commas (model,train), found an empty name";
     } else if (argv[i][0] == '-' && argv[i][1] == '-') {
-      problem =
-          std::string("unknown option '").append(argv[i]).append("' (a FILE named so: ./").append(argv[i]).append(")");
+      problem = fmt::format("unknown option '{0}' (a FILE named so: ./{0})", argv[i]);
     } else if (have_path) {
       problem = "expected exactly one FILE";
     } else {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "args/args.hpp"
 #include "cli/commands.hpp"
 #include "zest/config.hpp"
@@ -103,21 +105,21 @@ Options parse(int argc, char** argv) {
   // Both factors are at most 10^6, so the product is exact in 64 bits; the world must fit an int.
   const std::int64_t ranks = o.ranks_per_node * o.nodes;
   if (ranks > kMaxRanks)
-    throw UsageError(std::string("--ranks-per-node ").append(std::to_string(o.ranks_per_node)).append(" x --nodes ")
-                         .append(std::to_string(o.nodes)).append(" = ").append(std::to_string(ranks))
-                         .append(" ranks, more than the ").append(std::to_string(kMaxRanks))
-                         .append(" an MPI world can number; give fewer ranks per node or fewer nodes"));
+    throw UsageError(
+        fmt::format("--ranks-per-node {} x --nodes {} = {} ranks, more than the {} an MPI world can "
+                    "number; give fewer ranks per node or fewer nodes",
+                    o.ranks_per_node, o.nodes, ranks, kMaxRanks));
   o.ranks = static_cast<int>(ranks);
   if (o.params < static_cast<std::size_t>(o.layers))
-    throw UsageError(std::string("--params ").append(std::to_string(o.params)).append(" is fewer than --layers ")
-                         .append(std::to_string(o.layers)).append(": give at least one parameter per layer"));
+    throw UsageError(fmt::format("--params {} is fewer than --layers {}: give at least one parameter per layer",
+                                 o.params, o.layers));
   return o;
 }
 
 // 512 B, 12.0 KiB, 345.6 MiB, 12.34 GiB, 1.20 TiB.
 std::string readable(std::size_t bytes) {
   constexpr const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return std::to_string(bytes).append(" B");
+  if (bytes < 1024) return fmt::format("{} B", bytes);
   double value = static_cast<double>(bytes);
   int unit = -1;
   while (value >= 1024 && unit < 3) {
@@ -150,7 +152,7 @@ struct Row {
 
 std::string row_name(const Row& r) {
   auto name = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "cpu" : "nvme"; };
-  std::string text = std::string("stage ").append(std::to_string(r.stage));
+  std::string text = fmt::format("stage {}", r.stage);
   if (r.param != OffloadDevice::none && r.param == r.optimizer)
     text.append(", optimizer+params ").append(name(r.param));
   else if (r.optimizer != OffloadDevice::none) text.append(", optimizer ").append(name(r.optimizer));
@@ -190,9 +192,10 @@ std::vector<Row> rows(const Config& base) {
 std::size_t per_node(std::size_t per_rank, const Options& o, const char* what) {
   std::size_t total = 0;
   if (__builtin_mul_overflow(per_rank, static_cast<std::size_t>(o.ranks_per_node), &total))
-    throw Error(std::string("the ").append(what).append(" per node (").append(std::to_string(per_rank))
-                    .append(" bytes per rank x --ranks-per-node ").append(std::to_string(o.ranks_per_node))
-                    .append(") does not fit in 64 bits; give fewer ranks per node or fewer parameters (--params)"));
+    throw Error(
+        fmt::format("the {} per node ({} bytes per rank x --ranks-per-node {}) does not fit in 64 bits; give "
+                    "fewer ranks per node or fewer parameters (--params)",
+                    what, per_rank, o.ranks_per_node));
   return total;
 }
 
@@ -220,7 +223,7 @@ void print_wire_table(const Options& o, const Config& base, const std::vector<Pa
     c.stage = stage;
     c.partition.secondary = SecondaryPartition::none;
     quantize_where_valid(c, base);
-    print("wire, stage " + std::to_string(stage), c);
+    print(fmt::format("wire, stage {}", stage), c);
   }
   Config c = base;
   c.stage = 3;

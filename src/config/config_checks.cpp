@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "config/config_names.hpp"
 #include "base/text.hpp"
 
@@ -29,8 +31,7 @@ constexpr std::size_t kDeviceHeadroom = kMiB;
 constexpr std::size_t kMaxIoBlock = kGiB;
 
 std::string found(std::string_view expected, std::string_view value) {
-  std::string message = "expected ";
-  return message.append(expected).append(", found ").append(in_quotes(value));
+  return fmt::format("expected {}, found {}", expected, in_quotes(value));
 }
 
 void check_int(ProblemSink& sink, const std::string& key, int value, IntRange range) {
@@ -51,7 +52,7 @@ void check_size(ProblemSink& sink, const std::string& key, std::size_t bytes, Si
                    (bytes & (bytes - 1)) == 0);
   if (!sink.valid(key) || ok) return;
   std::string message = found(expected_size(rule), format_size(bytes));
-  sink.report(key, message.append(" (").append(std::to_string(bytes)).append(" bytes)"));
+  sink.report(key, fmt::format("{} ({} bytes)", message, bytes));
 }
 
 // A Config built in code can hold any value of an enum's underlying type.
@@ -189,26 +190,20 @@ void check_offload_target(const std::string& prefix, const OffloadTarget& target
       check_directory(key, target.paths[i], sink);
       for (std::size_t j = 0; j < i; ++j) {
         if (!same_directory(target.paths[j], target.paths[i])) continue;
-        std::string message = "directory ";
-        message.append(in_quotes(target.paths[i]))
-            .append(" is listed twice (item ")
-            .append(std::to_string(j))
-            .append(" is ")
-            .append(in_quotes(target.paths[j]))
-            .append(
-                ", the same directory); zest stripes the swap across "
-                "the listed directories, one per drive: list each once");
+        std::string message = fmt::format(
+            "directory {} is listed twice (item {} is {}, the same directory); zest stripes the swap across the listed "
+            "directories, one per drive: list each once",
+            in_quotes(target.paths[i]), j, in_quotes(target.paths[j]));
         sink.report(key, std::move(message));
         break;
       }
     }
   } else if (!target.paths.empty()) {
-    std::string message = target.paths.size() == 1 ? "path " : "paths ";
-    message.append(joined(target.paths)).append(target.paths.size() == 1 ? " is" : " are").append(" set but ")
-        .append(device_key).append(" is ");
-    message.append(in_quotes(detail::enum_name(detail::kOffloadDeviceNames, target.device)));
-    message.append("; only nvme uses a path, so it would be silently ignored. Remove path, or set "
-                   "device: nvme");
+    std::string message = fmt::format(
+        "{} {} {} set but {} is {}; only nvme uses a path, so it would be silently ignored. Remove path, or set "
+        "device: nvme",
+        target.paths.size() == 1 ? "path" : "paths", joined(target.paths), target.paths.size() == 1 ? "is" : "are",
+        device_key, in_quotes(detail::enum_name(detail::kOffloadDeviceNames, target.device)));
     sink.report(path_key, std::move(message));
   }
 }
@@ -224,11 +219,11 @@ void check_shared_swap(const Config& c, ProblemSink& sink) {
   for (const std::string& a : opt.paths) {
     for (const std::string& b : par.paths) {
       if (!same_directory(a, b)) continue;
-      std::string message = "directory ";
-      message.append(in_quotes(b)).append(" is in both offload.param.path (").append(joined(par.paths))
-          .append(") and offload.optimizer.path (").append(joined(opt.paths))
-          .append("), which are not the same list: the two share one swap only when they list the same directories "
-                  "in the same order. Give both the same list, or directories apart");
+      std::string message = fmt::format(
+          "directory {} is in both offload.param.path ({}) and offload.optimizer.path ({}), which are not the same "
+          "list: the two share one swap only when they list the same directories in the same order. Give both the same "
+          "list, or directories apart",
+          in_quotes(b), joined(par.paths), joined(opt.paths));
       sink.report("offload.param.path", std::move(message));
       return;
     }
@@ -326,7 +321,7 @@ void check_combinations(const Config& c, ProblemSink& sink) {
     // the streamed host shard (stages 2-3, everything offloaded) exists during backward.
     std::string why;
     if (c.offload.optimizer.device == OffloadDevice::none) why = "offload.optimizer.device is 'none'";
-    else if (c.stage < 2) why = std::string("stage is ").append(std::to_string(c.stage));
+    else if (c.stage < 2) why = fmt::format("stage is {}", c.stage);
     else if (c.offload.optimizer_ratio != 1.0)
       why = std::string("ratio is ").append(number_text(c.offload.optimizer_ratio));
     if (!why.empty())
@@ -384,11 +379,10 @@ void check_combinations(const Config& c, ProblemSink& sink) {
       sink.report("precision.loss_scale.dynamic", std::move(message));
     }
     if (sink.valid("precision.loss_scale.static_scale") && scale.static_scale != 1.0) {
-      std::string message = number_text(scale.static_scale);
-      message.append(" would be ignored: dtype ");
-      message.append(dtype).append(
-          " always uses a loss scale of 1 (only fp16 needs scaling). Remove the key or set it to "
-          "1, or use dtype: fp16");
+      std::string message = fmt::format(
+          "{} would be ignored: dtype {} always uses a loss scale of 1 (only fp16 needs scaling). Remove the key or "
+          "set it to 1, or use dtype: fp16",
+          number_text(scale.static_scale), dtype);
       sink.report("precision.loss_scale.static_scale", std::move(message));
     }
   }
@@ -397,12 +391,10 @@ void check_combinations(const Config& c, ProblemSink& sink) {
       sink.valid("precision.loss_scale.min_scale")) {
     const double initial = std::ldexp(1.0, scale.initial_scale_power);
     if (scale.min_scale > initial) {
-      std::string message = number_text(scale.min_scale);
-      message.append(" is above the initial scale 2^");
-      message.append(std::to_string(scale.initial_scale_power)).append(" = ");
-      message.append(number_text(initial)).append(
-          "; the scale would start below its own floor. Lower min_scale or raise "
-          "initial_scale_power");
+      std::string message = fmt::format(
+          "{} is above the initial scale 2^{} = {}; the scale would start below its own floor. Lower min_scale or "
+          "raise initial_scale_power",
+          number_text(scale.min_scale), scale.initial_scale_power, number_text(initial));
       sink.report("precision.loss_scale.min_scale", std::move(message),
              {"precision.loss_scale.min_scale", "precision.loss_scale.initial_scale_power"});
     }

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/core.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -212,8 +213,7 @@ class ConfigReader final : public detail::ProblemSink {
   // "expected <expected>, found '<value>' (<note>)[: <reason>]"
   void expected_found(const std::string& path, std::string_view expected, const YAML::Node& node,
                       std::string_view note = {}, std::string_view reason = {}) {
-    std::string message = "expected ";
-    message.append(expected).append(", found ").append(describe(node));
+    std::string message = fmt::format("expected {}, found {}", expected, describe(node));
     std::string remark;
     if (node.IsScalar() && is_quoted_string(node)) remark = "a quoted string";
     if (!note.empty()) remark.append(remark.empty() ? "" : "; ").append(note);
@@ -279,9 +279,8 @@ void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
       continue;
     }
     if (values.count(key) != 0) {
-      std::string message = "duplicate key ";
-      message.append(in_quotes(key)).append(" (first set at line ");
-      message.append(std::to_string(marks_[key_path].line + 1)).append("); keep one of them");
+      std::string message = fmt::format("duplicate key {} (first set at line {}); keep one of them", in_quotes(key),
+                                        marks_[key_path].line + 1);
       report_at(key_node.Mark(), key_path, std::move(message));
       continue;
     }
@@ -405,9 +404,8 @@ ConfigReader::Reader ConfigReader::number_pair(double& first, double& second,
     expected_list.append(rule.expected);
     if (!value->IsSequence()) return expected_found(path, expected_list, *value);
     if (value->size() != 2) {
-      std::string found = "a list of ";
-      found.append(std::to_string(value->size())).append(value->size() == 1 ? " item" : " items");
-      report(path, std::string("expected ").append(expected_list).append(", found ").append(found));
+      std::string found = fmt::format("a list of {} {}", value->size(), value->size() == 1 ? "item" : "items");
+      report(path, fmt::format("expected {}, found {}", expected_list, found));
       return;
     }
     double* const outs[2] = {&first, &second};
@@ -714,9 +712,8 @@ Config parse(const std::string& yaml_text, const std::string& source_name,
     throw ConfigError(reader.take_problems());
   }
   if (documents.size() > 1) {
-    std::string message = "the file holds ";
-    message.append(std::to_string(documents.size()))
-        .append(" YAML documents (separated by '---'); a config is one document");
+    std::string message = fmt::format("the file holds {} YAML documents (separated by '---'); a config is one document",
+                                      documents.size());
     reader.report_at(documents[1], "", std::move(message));
   }
   Config config = reader.read(documents.empty() ? nullptr : &first);
@@ -733,15 +730,13 @@ ConfigError file_problem(const std::string& path, std::string message) {
 }
 
 ConfigError unreadable(const std::string& path, int error) {
-  std::string message = "cannot read the config file: ";
-  message.append(std::strerror(error)).append(" (errno ").append(std::to_string(error)).append(")");
+  std::string message = fmt::format("cannot read the config file: {} (errno {})", std::strerror(error), error);
   return file_problem(path, std::move(message));
 }
 
 std::string too_large(const std::string& size) {
-  std::string message = "the file is ";
-  message.append(size).append(", above the ").append(format_size(kMaxConfigFileBytes));
-  return message.append(" limit for a config file (a config is a few KiB); check the path");
+  return fmt::format("the file is {}, above the {} limit for a config file (a config is a few KiB); check the path",
+                     size, format_size(kMaxConfigFileBytes));
 }
 
 // A config file read whole, as base/files.hpp reads: never blocking on a FIFO, never reading a
@@ -759,7 +754,7 @@ std::string read_config_file(const std::string& path) {
       throw file_problem(path, std::string("cannot read the config file: it is ").append(problem.file_kind)
                                    .append(", not a regular file; point at a YAML file"));
     case FileProblem::Kind::too_large:
-      throw file_problem(path, too_large(std::to_string(problem.size) + " bytes"));
+      throw file_problem(path, too_large(fmt::format("{} bytes", problem.size)));
     case FileProblem::Kind::grew:
       break;
   }

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <string>
 
+#include <fmt/core.h>
+
 namespace zest::detail {
 namespace {
 
@@ -51,7 +53,7 @@ bool parse_duration_into(std::string_view text, std::chrono::milliseconds& out, 
     out = std::chrono::milliseconds(static_cast<long long>(ms));
     return true;
   }
-  why = std::string("unknown unit '").append(unit).append("'; units are ").append(kDurationUnitsHelp);
+  why = fmt::format("unknown unit '{}'; units are {}", unit, kDurationUnitsHelp);
   return false;
 }
 

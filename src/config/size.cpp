@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/core.h>
+
 #include "config/size_parse.hpp"
 #include "zest/config.hpp"
 
@@ -67,8 +69,8 @@ std::string unknown_unit(std::string_view unit) {
   why.append(unit).append("'");
   if (unit.size() == 1 && std::string_view("kKmMgGtT").find(unit[0]) != std::string_view::npos) {
     const char letter = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
-    why.append(" (ambiguous: write ").append(1, letter).append("iB for powers of 1024 or ");
-    why.append(1, letter == 'K' ? 'k' : letter).append("B for powers of 1000)");
+    why.append(fmt::format(" (ambiguous: write {}iB for powers of 1024 or {}B for powers of 1000)", letter,
+                           letter == 'K' ? 'k' : letter));
   } else {
     for (const SizeUnit& known : kUnits) {
       if (iequals(known.name, unit)) {
@@ -175,10 +177,10 @@ std::size_t parse_size(const std::string& text) {
   std::size_t bytes = 0;
   std::string why;
   if (!detail::parse_size_into(text, bytes, why)) {
-    std::string message = "'";
-    message.append(text).append("' is not a size: ").append(why);
-    message.append(". A size is a number of bytes with an optional unit, e.g. 4096, 512KiB, 25MiB, "
-                   "1.5GiB, 1GB");
+    std::string message = fmt::format(
+        "'{}' is not a size: {}. A size is a number of bytes with an optional unit, e.g. 4096, 512KiB, 25MiB, "
+        "1.5GiB, 1GB",
+        text, why);
     throw std::invalid_argument(message);
   }
   return bytes;

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "checkpoint/format.hpp"
 #include "checkpoint/publish.hpp"
 #include "checkpoint/reader.hpp"
@@ -87,8 +89,7 @@ std::vector<std::string> config_changes(const std::string& saved, const std::str
     const std::string missing = key == "states" || key == "master" ? "fp32" : key == "seed" ? "0" : "unset";
     const std::string old = it == before.end() ? missing : it->second;
     if (old != value)
-      changes.push_back(
-          std::string(key).append(": ").append(old).append(" in the checkpoint, ").append(value).append(" now"));
+      changes.push_back(fmt::format("{}: {} in the checkpoint, {} now", key, old, value));
   }
   return changes;
 }
@@ -136,8 +137,7 @@ void agree(Device& device, Communicator& comm, Stream& stream, const std::except
   if (failure) std::rethrow_exception(failure);
   for (std::size_t r = 0; r < flags.size(); ++r)
     if (flags[r])
-      throw Error(std::string(operation).append(": rank ").append(std::to_string(r))
-                      .append(" failed (its error says why); ").append(consequence));
+      throw Error(fmt::format("{}: rank {} failed (its error says why); {}", operation, r, consequence));
 }
 
 // A save that fails once its temporary directory exists removes what it wrote there, so that a
@@ -170,18 +170,15 @@ std::string shape_text(const std::vector<std::size_t>& shape) {
 void require_model(const Manifest& m, const std::vector<ParamSpec>& specs, const std::string& dir) {
   const std::string where = std::string("checkpoint ").append(dir).append(": ");
   if (m.tensors.size() != specs.size())
-    throw Error(std::string(where).append("it holds ").append(std::to_string(m.tensors.size()))
-                    .append(" tensors, this model has ").append(std::to_string(specs.size()))
-                    .append(": it is a checkpoint of another model"));
+    throw Error(fmt::format("{}it holds {} tensors, this model has {}: it is a checkpoint of another model", where,
+                            m.tensors.size(), specs.size()));
   for (std::size_t t = 0; t < specs.size(); ++t) {
     const auto& e = m.tensors[t];
     if (e.name != specs[t].name || e.shape != specs[t].shape || e.group != specs[t].group ||
         e.numel != specs[t].numel())
-      throw Error(std::string(where).append("tensor ").append(std::to_string(t)).append(" is '").append(e.name)
-                      .append("' ").append(shape_text(e.shape)).append(" group ").append(std::to_string(e.group))
-                      .append(" there and '").append(specs[t].name).append("' ").append(shape_text(specs[t].shape))
-                      .append(" group ").append(std::to_string(specs[t].group))
-                      .append(" here: it is a checkpoint of another model"));
+      throw Error(fmt::format(
+          "{}tensor {} is '{}' {} group {} there and '{}' {} group {} here: it is a checkpoint of another model", where,
+          t, e.name, shape_text(e.shape), e.group, specs[t].name, shape_text(specs[t].shape), specs[t].group));
   }
 }
 
@@ -306,14 +303,8 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
     // Read back through the held handle (synced: what a crash would leave): only a checkpoint whose
     // every byte checks out is published, and the previous one is kept otherwise.
     if (const auto problems = check_saved_files(*held, mine.files, kChunkBytes, true); !problems.empty())
-      throw Error(std::string(op)
-                      .append(": rank ")
-                      .append(std::to_string(rank))
-                      .append("'s file does not read back as written: ")
-                      .append(problems.front())
-                      .append("; ")
-                      .append(target)
-                      .append(" is unchanged: save again"));
+      throw Error(fmt::format("{}: rank {}'s file does not read back as written: {}; {} is unchanged: save again", op,
+                              rank, problems.front(), target));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -363,9 +354,10 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
       for (const RankEntry& entry : m.ranks)
         every_file.insert(every_file.end(), entry.files.begin(), entry.files.end());
       if (const auto problems = check_saved_files(*held, every_file, m.chunk_bytes, false); !problems.empty())
-        throw Error(std::string(op).append(": a file of the new checkpoint is gone before it was published (")
-                        .append(problems.front()).append("; removed by someone while the save ran?); ").append(target)
-                        .append(" is unchanged: save again"));
+        throw Error(
+            fmt::format("{}: a file of the new checkpoint is gone before it was published ({}; removed by someone "
+                        "while the save ran?); {} is unchanged: save again",
+                        op, problems.front(), target));
     } catch (...) {
       failure = std::current_exception();
     }
@@ -381,7 +373,7 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
     } catch (const Error& error) {
       failure = std::make_exception_ptr(Error(std::string(error.what()).append(kept)));
     } catch (const std::exception& error) {  // std::filesystem's
-      failure = std::make_exception_ptr(Error(std::string(op).append(": ").append(error.what()).append(kept)));
+      failure = std::make_exception_ptr(Error(fmt::format("{}: {}{}", op, error.what(), kept)));
     }
   }
   agree(e.device, e.comm, stream, failure, op);
@@ -451,11 +443,9 @@ LoadResult load_checkpoint(const CheckpointParts& e, const std::string& dir) {
       h.weight_decay = g.weight_decay;
     }
   } else {
-    result.config_changes.push_back(std::string("optimizer groups: ")
-                                        .append(std::to_string(m.optimizer_groups.size()))
-                                        .append(" in the checkpoint, ")
-                                        .append(std::to_string(e.optimizer_groups.size()))
-                                        .append(" now (this engine's values are kept)"));
+    result.config_changes.push_back(
+        fmt::format("optimizer groups: {} in the checkpoint, {} now (this engine's values are kept)",
+                    m.optimizer_groups.size(), e.optimizer_groups.size()));
   }
   return result;
 }

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "engine/checkpoint_io.hpp"
 #include "engine/collectives/comm_levels.hpp"
 #include "engine/math/device_math.hpp"
@@ -155,22 +157,15 @@ struct Engine::State {
   // Throws Error naming `operation` for an index past the last tensor.
   const ParamSpec& tensor(std::size_t t, const char* operation) const {
     if (t >= specs.size())
-      throw Error(std::string(operation).append(": no tensor ").append(std::to_string(t)).append(" (there are ")
-                      .append(std::to_string(specs.size())).append(")"));
+      throw Error(fmt::format("{}: no tensor {} (there are {})", operation, t, specs.size()));
     return specs[t];
   }
   // Throws Error unless `t` belongs to the leased `group`.
   void require_in_group(int group, std::size_t t, const char* what) const {
     const ParamSpec& spec = tensor(t, "Engine::GroupLease");
     if (spec.group != group)
-      throw Error(std::string("Engine: ")
-                      .append(what)
-                      .append(" of '")
-                      .append(spec.name)
-                      .append("' belongs to group ")
-                      .append(std::to_string(spec.group))
-                      .append(", not to the leased group ")
-                      .append(std::to_string(group)));
+      throw Error(fmt::format("Engine: {} of '{}' belongs to group {}, not to the leased group {}", what, spec.name,
+                              spec.group, group));
   }
   TensorView view(std::size_t t, void* data) const {
     return {data, config.precision.dtype, specs[t].shape, layout.tensor(t).numel};
@@ -277,9 +272,8 @@ double Engine::loss_scale() const { return state_->scaler.scale(); }
 // Throws Error unless `values` holds exactly the tensor's elements.
 static void require_numel(const ParamSpec& spec, std::size_t given, const char* operation) {
   if (given != spec.numel())
-    throw Error(std::string(operation).append(": tensor '").append(spec.name).append("' has ")
-                    .append(std::to_string(spec.numel())).append(" elements, given ").append(std::to_string(given))
-                    .append(" values"));
+    throw Error(
+        fmt::format("{}: tensor '{}' has {} elements, given {} values", operation, spec.name, spec.numel(), given));
 }
 
 void Engine::set_param(std::size_t tensor, std::span<const float> given) {
@@ -344,9 +338,8 @@ int Engine::optimizer_group_of(std::size_t tensor) const {
 static std::size_t checked_optimizer_group(const std::vector<optim::AdamHyperParams>& hyper, int group,
                                            const char* operation) {
   if (group < 0 || static_cast<std::size_t>(group) >= hyper.size())
-    throw Error(std::string(operation).append(": no optimizer group ").append(std::to_string(group))
-                    .append(" (there are ").append(std::to_string(hyper.size()))
-                    .append(": 0 and one per optimizer.param_groups entry)"));
+    throw Error(fmt::format("{}: no optimizer group {} (there are {}: 0 and one per optimizer.param_groups entry)",
+                            operation, group, hyper.size()));
   return static_cast<std::size_t>(group);
 }
 
@@ -374,8 +367,7 @@ void Engine::set_lr(int group, double lr) {
 Engine::GroupLease Engine::acquire(int group) {
   State& s = *state_;
   if (group < 0 || group >= s.layout.group_count())
-    throw Error(std::string("Engine::acquire: no group ").append(std::to_string(group)).append(" (there are ")
-                    .append(std::to_string(s.layout.group_count())).append(")"));
+    throw Error(fmt::format("Engine::acquire: no group {} (there are {})", group, s.layout.group_count()));
   s.params->acquire(group);
   return GroupLease(this, group);
 }
@@ -418,12 +410,12 @@ TensorView Engine::grad(std::size_t tensor) {
 void Engine::grads_ready(int group) {
   State& s = *state_;
   if (group < 0 || group >= s.layout.group_count())
-    throw Error(std::string("Engine::grads_ready: no group ").append(std::to_string(group)).append(" (there are ")
-                    .append(std::to_string(s.layout.group_count())).append(")"));
+    throw Error(fmt::format("Engine::grads_ready: no group {} (there are {})", group, s.layout.group_count()));
   if (!s.grads->requested(group))
-    throw Error(std::string("Engine::grads_ready(").append(std::to_string(group))
-                    .append("): no gradient of this group was requested through a lease's grad() since its last "
-                            "grads_ready"));
+    throw Error(
+        fmt::format("Engine::grads_ready({}): no gradient of this group was requested through a lease's grad() since "
+                    "its last grads_ready",
+                    group));
   s.after_compute();
   s.grads->ready(group);
 }

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::optim {
@@ -17,34 +19,31 @@ std::string prefix(const char* who) { return std::string(who).append(": "); }
 
 void check_format(const char* who, DType dtype, QuantBits bits) {
   if (!supported(bits))
-    throw Error(prefix(who).append(std::to_string(static_cast<unsigned>(bits)))
-                    .append(" bits is not a quantized format; use QuantBits::int8 or QuantBits::int4"));
+    throw Error(fmt::format("{}: {} bits is not a quantized format; use QuantBits::int8 or QuantBits::int4", who,
+                            static_cast<unsigned>(bits)));
   if (!supported(dtype))
-    throw Error(prefix(who).append("element type ").append(std::to_string(static_cast<unsigned>(dtype)))
-                    .append(" is not one the codec reads or writes; use DType::f32, DType::bf16 or DType::f16"));
+    throw Error(fmt::format(
+        "{}: element type {} is not one the codec reads or writes; use DType::f32, DType::bf16 or DType::f16", who,
+        static_cast<unsigned>(dtype)));
 }
 
 void check_pointer(const char* who, const char* name, const void* p, std::size_t count, std::size_t align,
                    const char* why) {
   if (count > 0 && p == nullptr) throw Error(prefix(who).append(name).append(" is null; pass the buffer"));
   if (reinterpret_cast<std::uintptr_t>(p) % align != 0)
-    throw Error(prefix(who)
-                    .append(name)
-                    .append(" is not ")
-                    .append(std::to_string(align))
-                    .append("-byte aligned (")
-                    .append(why)
-                    .append("); pass an aligned buffer (an allocator's memory is; "
-                            "cut a quantized buffer only at record boundaries, quant_record_bytes)"));
+    throw Error(
+        fmt::format("{}: {} is not {}-byte aligned ({}); pass an aligned buffer (an allocator's memory is; "
+                    "cut a quantized buffer only at record boundaries, quant_record_bytes)",
+                    who, name, align, why));
 }
 
 void check_bytes(const char* who, const char* name, std::size_t bytes, QuantBits bits, std::size_t count) {
   const std::size_t want = quantized_bytes(bits, count);
   if (bytes != want)
-    throw Error(prefix(who).append(name).append(" has ").append(std::to_string(bytes)).append(" bytes, but ")
-                    .append(std::to_string(count)).append(" elements quantized to int")
-                    .append(std::to_string(static_cast<unsigned>(bits))).append(" take ").append(std::to_string(want))
-                    .append(" (quantized_bytes); pass a span of exactly that size"));
+    throw Error(
+        fmt::format("{}: {} has {} bytes, but {} elements quantized to int{} take {} (quantized_bytes); pass "
+                    "a span of exactly that size",
+                    who, name, bytes, count, static_cast<unsigned>(bits), want));
 }
 
 void check_disjoint(const char* who, const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes,
@@ -59,18 +58,17 @@ void check_records(const char* who, const char* name, std::size_t bytes, QuantBi
                    std::size_t records) {
   const std::size_t want = records * quantized_bytes(bits, piece);
   if (bytes != want)
-    throw Error(prefix(who).append(name).append(" has ").append(std::to_string(bytes)).append(" bytes, but ")
-                    .append(std::to_string(records)).append(" records of ").append(std::to_string(piece))
-                    .append(" elements take ").append(std::to_string(want))
-                    .append(" (quantized_bytes of a piece, times the records); pass a span of exactly that size"));
+    throw Error(
+        fmt::format("{}: {} has {} bytes, but {} records of {} elements take {} (quantized_bytes of a piece, "
+                    "times the records); pass a span of exactly that size",
+                    who, name, bytes, records, piece, want));
 }
 
 // How many whole pieces of `piece` elements `count` holds (Error where it is not whole).
 std::size_t whole_pieces(const char* who, const char* name, std::size_t count, std::size_t piece) {
   if (piece == 0 ? count != 0 : count % piece != 0)
-    throw Error(prefix(who).append(name).append(" has ").append(std::to_string(count))
-                    .append(" elements, not a whole number of pieces of ").append(std::to_string(piece))
-                    .append("; pass whole pieces"));
+    throw Error(fmt::format("{}: {} has {} elements, not a whole number of pieces of {}; pass whole pieces", who, name,
+                            count, piece));
   return piece == 0 ? 0 : count / piece;
 }
 
@@ -113,9 +111,7 @@ const QuantKernels& quant_kernels(Isa isa) {
 namespace {
 
 int checked_threads(int threads) {
-  if (threads < 1)
-    throw Error(std::string("BlockQuantizer: the thread count must be at least 1, got ")
-                    .append(std::to_string(threads)));
+  if (threads < 1) throw Error(fmt::format("BlockQuantizer: the thread count must be at least 1, got {}", threads));
   return threads;
 }
 
@@ -161,9 +157,8 @@ void BlockQuantizer::quantize_pieces(ConstTensorSpan in, std::size_t piece, std:
   const std::size_t pieces = whole_pieces(who, "the input", in.count, piece);
   for (std::size_t r = 0; r < order.size(); ++r)
     if (order[r] >= pieces)
-      throw Error(prefix(who).append("record ").append(std::to_string(r)).append(" takes piece ")
-                      .append(std::to_string(order[r])).append(", but the input holds ").append(std::to_string(pieces))
-                      .append("; pass piece indices below that"));
+      throw Error(fmt::format("{}: record {} takes piece {}, but the input holds {}; pass piece indices below that",
+                              who, r, order[r], pieces));
   check_pointer(who, "the input", in.data, in.count, dtype_size(in.dtype), "its elements");
   check_pointer(who, "the quantized buffer", out.data(), out.size(), 4, "its scales are floats");
   check_records(who, "the quantized buffer", out.size(), bits, piece, order.size());
@@ -257,8 +252,8 @@ void BlockQuantizer::cast_from_f32(std::span<const float> in, TensorSpan out) {
   const char* const who = "BlockQuantizer::cast_from_f32";
   check_format(who, out.dtype, QuantBits::int8);
   if (out.count != in.size())
-    throw Error(prefix(who).append("the output has ").append(std::to_string(out.count)).append(" elements for ")
-                    .append(std::to_string(in.size())).append(" values; pass an output of the same count"));
+    throw Error(fmt::format("{}: the output has {} elements for {} values; pass an output of the same count", who,
+                            out.count, in.size()));
   check_pointer(who, "the input", in.data(), in.size(), 4, "its elements");
   check_pointer(who, "the output", out.data, out.count, dtype_size(out.dtype), "its elements");
   check_disjoint(who, out.data, out.count * dtype_size(out.dtype), in.data(), in.size_bytes(),

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "optim/states_layout.hpp"
 #include "runtime/host/half.hpp"
 #include "runtime/host/thread_binding.hpp"
@@ -17,9 +19,7 @@ namespace {
 // per cpu there.
 // Resolved once, here, so the thread count and the arena's cpus cannot disagree.
 PinnedArena make_arena(int threads, std::vector<int> cpus) {
-  if (threads < 0)
-    throw Error(std::string("CPU Adam thread count must be >= 0 (0 = one per CPU), got ")
-                    .append(std::to_string(threads)));
+  if (threads < 0) throw Error(fmt::format("CPU Adam thread count must be >= 0 (0 = one per CPU), got {}", threads));
   if (cpus.empty()) cpus = detail::allowed_cpus();
   if (threads == 0) threads = static_cast<int>(cpus.size());
   return PinnedArena(threads, std::move(cpus));
@@ -42,9 +42,7 @@ AdamRange offset(const AdamRange& r, std::size_t begin, std::size_t end) {
 }
 
 std::string size_mismatch(const char* name, std::size_t got, std::size_t want) {
-  return std::string("CpuAdam::step: ").append(name).append(" has ").append(std::to_string(got))
-      .append(" elements but master has ").append(std::to_string(want))
-      .append("; pass spans of one length");
+  return fmt::format("CpuAdam::step: {} has {} elements but master has {}; pass spans of one length", name, got, want);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/core.h>
+
 #include "optim/adam_kernels.hpp"
 
 namespace zest::optim {
@@ -64,8 +66,8 @@ const AdamKernels& adam_kernels(Isa isa) {
 
 void require_isa(Isa isa, const char* what) {
   if (!cpu_supports(isa))
-    throw Error(std::string(what).append(" ").append(isa_name(isa)).append(
-        " needs instructions this CPU lacks; use select_isa() to pick a supported one"));
+    throw Error(fmt::format("{} {} needs instructions this CPU lacks; use select_isa() to pick a supported one", what,
+                            isa_name(isa)));
 }
 
 }  // namespace zest::optim

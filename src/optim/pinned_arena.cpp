@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
@@ -67,8 +68,7 @@ struct PinnedArena::Impl {
 
 PinnedArena::PinnedArena(int threads, std::vector<int> cpus) {
   if (threads < 1)
-    throw Error(std::string("CPU Adam needs at least one thread, got ")
-                    .append(std::to_string(threads)).append("; set optimizer.threads >= 0"));
+    throw Error(fmt::format("CPU Adam needs at least one thread, got {}; set optimizer.threads >= 0", threads));
   if (cpus.empty()) cpus = detail::allowed_cpus();
   const std::vector<int> allowed = detail::allowed_cpus();
   for (int cpu : cpus) {
@@ -77,9 +77,8 @@ PinnedArena::PinnedArena(int threads, std::vector<int> cpus) {
     if (!found) {
       std::string list;
       for (int a : allowed) list.append(list.empty() ? "" : ",").append(std::to_string(a));
-      throw Error(std::string("CPU ").append(std::to_string(cpu)).append(
-          " is not available to this process (allowed CPUs: ").append(list).append(
-          "); pin the CPU Adam to allowed CPUs"));
+      throw Error(fmt::format(
+          "CPU {} is not available to this process (allowed CPUs: {}); pin the CPU Adam to allowed CPUs", cpu, list));
     }
   }
   impl_ = std::make_unique<Impl>(threads, std::move(cpus));

@@ -4,6 +4,8 @@
 #include <set>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "runtime/host/thread_binding.hpp"
 #include "runtime/comm/world.hpp"
 #include "zest/error.hpp"
@@ -24,11 +26,10 @@ void check_rank_cpus(const std::vector<int>& cpus) {
   std::set<int> seen;
   for (const int cpu : cpus) {
     if (std::find(allowed.begin(), allowed.end(), cpu) == allowed.end())
-      throw Error(named + "cpu " + std::to_string(cpu) + " is not one this process may run on (" +
-                  std::to_string(allowed.size()) + " allowed, from " + std::to_string(allowed.front()) + " to " +
-                  std::to_string(allowed.back()) + "); give cpus of its affinity mask");
-    if (!seen.insert(cpu).second)
-      throw Error(named + "cpu " + std::to_string(cpu) + " is listed twice; list each once");
+      throw Error(fmt::format(
+          "{}cpu {} is not one this process may run on ({} allowed, from {} to {}); give cpus of its affinity mask",
+          named, cpu, allowed.size(), allowed.front(), allowed.back()));
+    if (!seen.insert(cpu).second) throw Error(fmt::format("{}cpu {} is listed twice; list each once", named, cpu));
   }
 }
 

@@ -1,6 +1,9 @@
 // base/files.hpp: the owning descriptor closes what it owns once; a regular file is read whole
 // within its bound; everything else (a directory, a FIFO, a device, a link where links are refused,
 // a file over the bound or growing past it) is reported, without blocking and without reading it.
+// Writes create their file or fail: nothing existing, a link included, is overwritten or written
+// through; a rename never replaces what appeared at its target; a directory held open lists and
+// writes where it was opened, whatever is moved to its path since.
 #include "base/files.hpp"
 
 #include <fcntl.h>
@@ -9,11 +12,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
+
+#include "zest/error.hpp"
 
 namespace zest {
 namespace {
@@ -116,6 +124,78 @@ TEST_F(Files, ANameInAnOpenDirectoryAndAMissingOne) {
   EXPECT_FALSE(open_regular(at.get(), "missing", false, problem));
   EXPECT_EQ(problem.kind, FileProblem::Kind::system);
   EXPECT_EQ(problem.error, ENOENT);
+}
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The errno of the IoError `write` throws (0: none thrown).
+template <typename F>
+int io_errno(F write) {
+  try {
+    write();
+  } catch (const IoError& e) {
+    return e.error_number();
+  }
+  return 0;
+}
+
+TEST_F(Files, ASyncedWriteCreatesItsFileOrFailsLeavingWhatWasThere) {
+  write_file_synced(dir + "/new", "abc", 3);
+  EXPECT_EQ(text_of(dir + "/new"), "abc");
+  EXPECT_EQ(io_errno([&] { write_file_synced(dir + "/text", "x", 1); }), EEXIST);
+  EXPECT_EQ(text_of(dir + "/text"), "twelve bytes");
+  // A link is not written through, wherever it points (here to a file that does not exist yet).
+  fs::create_symlink(dir + "/elsewhere", dir + "/link");
+  EXPECT_EQ(io_errno([&] { write_file_synced(dir + "/link", "x", 1); }), EEXIST);
+  EXPECT_FALSE(fs::exists(dir + "/elsewhere"));
+}
+
+TEST_F(Files, ARenameNeverReplacesItsTarget) {
+  write_file_synced(dir + "/from", "new", 3);
+  EXPECT_EQ(io_errno([&] { rename_noreplace(dir + "/from", dir + "/text", "renaming"); }), EEXIST);
+  EXPECT_EQ(text_of(dir + "/text"), "twelve bytes");
+  EXPECT_EQ(text_of(dir + "/from"), "new");
+  rename_noreplace(dir + "/from", dir + "/to", "renaming");
+  EXPECT_EQ(text_of(dir + "/to"), "new");
+  EXPECT_FALSE(fs::exists(dir + "/from"));
+  // A directory too, onto an empty directory that appeared at the target.
+  fs::create_directory(dir + "/d");
+  fs::create_directory(dir + "/empty");
+  EXPECT_EQ(io_errno([&] { rename_noreplace(dir + "/d", dir + "/empty", "renaming"); }), EEXIST);
+  EXPECT_NO_THROW(fsync_directory(dir));
+}
+
+TEST_F(Files, ADirectoryHeldOpenStaysTheOneOpened) {
+  fs::create_directory(dir + "/held");
+  Directory held(dir + "/held");
+  write_file_synced(held, "a", "1", 1);
+  const FileIdentity original = held.identity();
+  // Someone moves it away and puts a link to elsewhere at its path: zest still writes into it.
+  fs::rename(dir + "/held", dir + "/moved");
+  fs::create_directory(dir + "/other");
+  fs::create_directory_symlink(dir + "/other", dir + "/held");
+  write_file_synced(held, "b", "2", 1);
+  EXPECT_EQ(text_of(dir + "/moved/b"), "2");
+  EXPECT_FALSE(fs::exists(dir + "/other/b"));
+  std::vector<std::string> names = held.names();
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(path_names(dir + "/moved", original));
+  EXPECT_FALSE(path_names(dir + "/held", original));  // the link is not followed
+  EXPECT_NO_THROW(held.sync());
+  // Opening a link as a directory is refused.
+  EXPECT_EQ(io_errno([&] { Directory refused(dir + "/held"); }), ENOTDIR);
+}
+
+TEST_F(Files, AReadAtAnOffsetIsExactOrNamesTheTruncation) {
+  UniqueFd fd(::open((dir + "/text").c_str(), O_RDONLY | O_CLOEXEC));
+  char out[5] = {};
+  read_at(fd.get(), dir + "/text", out, 5, 7);
+  EXPECT_EQ(std::string(out, 5), "bytes");
+  EXPECT_EQ(io_errno([&] { read_at(fd.get(), dir + "/text", out, 5, 8); }), EIO);
 }
 
 }  // namespace

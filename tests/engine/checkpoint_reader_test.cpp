@@ -197,7 +197,7 @@ TEST_F(TamperedValues, AnInfiniteMomentIsRefused) {
 TEST_F(TamperedValues, ANegativeSecondMomentIsRefused) {
   reseal(1, StateKind::v, 0, -2.0f);
   expect_refused_value(
-      "rank1.v.bin holds v = -2.000000 for element 61 of tensor 'a', which no save writes (v is finite and not "
+      "rank1.v.bin holds v = -2 for element 61 of tensor 'a', which no save writes (v is finite and not "
       "negative)");
 }
 
@@ -228,7 +228,7 @@ TEST_F(TamperedInt8, ANegativeOrNonFiniteScaleIsRefused) {
   ASSERT_TRUE(Reader(dir).verify_all().empty());
   // Rank 1's files hold 76 codes, then a scale for tensor 0's elements 61.. (float 19 of the file).
   reseal(1, StateKind::v, 19, -1.0f);
-  expect_refused_value("rank1.v.bin holds the int8 scale -1.000000 for elements from 61 of tensor 'a'");
+  expect_refused_value("rank1.v.bin holds the int8 scale -1 for elements from 61 of tensor 'a'");
   reseal(1, StateKind::v, 19, 1.0f);
   reseal(1, StateKind::m, 19, std::nanf(""));
   expect_refused_value("rank1.m.bin holds the int8 scale nan for elements from 61 of tensor 'a'");

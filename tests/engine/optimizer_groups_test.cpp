@@ -144,6 +144,15 @@ TEST(OptimizerGroups, ValuesNoStepCanUseAreRefused) {
                 std::string::npos) << c.what << ": " << error.what();
     }
   }
+  // The value refused is named as given, however small (not as six decimals that round it to 0).
+  OptimizerGroupOptions tiny = good;
+  tiny.eps = -1e-9;
+  try {
+    check_optimizer_group(tiny);
+    ADD_FAILURE() << "eps -1e-9 was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("eps -1e-09,"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace

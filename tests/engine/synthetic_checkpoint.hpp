@@ -98,7 +98,7 @@ inline ckpt::Manifest write(const std::string& dir, const std::vector<ParamSpec>
     m.ranks.push_back(std::move(rank));
   }
   const std::string manifest = ckpt::serialize(m);
-  ckpt::write_file_synced((std::filesystem::path(dir) / ckpt::kManifestName).string(), manifest.data(),
+  write_file_synced((std::filesystem::path(dir) / ckpt::kManifestName).string(), manifest.data(),
                           manifest.size());
   return m;
 }

@@ -3,6 +3,8 @@
 #include <map>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "engine/plan/memory_plan.hpp"
 #include "zest/error.hpp"
 
@@ -26,11 +28,10 @@ Levels levels_of(const Config& c, Communicator& comm) {
   for (int r = 0; r < comm.size(); ++r) ++ranks_on[comm.host_of(r)];
   for (const auto& [host, ranks] : ranks_on)
     if (ranks != ranks_on.begin()->second)
-      throw Error(std::string("this config needs as many ranks on every host, but host ")
-                      .append(std::to_string(ranks_on.begin()->first)).append(" has ")
-                      .append(std::to_string(ranks_on.begin()->second)).append(" and host ")
-                      .append(std::to_string(host)).append(" has ").append(std::to_string(ranks))
-                      .append("; start the same number on each, or set ").append(fallback));
+      throw Error(
+          fmt::format("this config needs as many ranks on every host, but host {} has {} and host {} has {}; start the "
+                      "same number on each, or set {}",
+                      ranks_on.begin()->first, ranks_on.begin()->second, host, ranks, fallback));
   Levels levels;
   levels.host = comm.split_by_host();
   if (!levels.host)

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "optim/adam_math.hpp"
 #include "runtime/device/stream_span.hpp"
 #include "zest/error.hpp"
@@ -24,8 +26,8 @@ BucketState checked_move(BucketState from, BucketState to) {
                        (from == BucketState::filling && to == BucketState::sealed) ||
                        (from == BucketState::sealed && to == BucketState::idle);
   if (!follows)
-    throw Error(std::string("GradBuckets: a bucket went from ").append(kNames[static_cast<int>(from)]).append(" to ")
-                    .append(kNames[static_cast<int>(to)]).append(": an internal error of zest's; please report it"));
+    throw Error(fmt::format("GradBuckets: a bucket went from {} to {}: an internal error of zest's; please report it",
+                            kNames[static_cast<int>(from)], kNames[static_cast<int>(to)]));
   return to;
 }
 
@@ -186,9 +188,10 @@ void GradBuckets::group_stats(int g) {
 void GradBuckets::flush() {
   for (int g = 0; g < layout_.group_count(); ++g)
     if (requested(g))
-      throw Error(std::string("Engine::step: the gradient of group ").append(std::to_string(g))
-                      .append(" was requested but grads_ready(").append(std::to_string(g))
-                      .append(") was not called; call it once the group's gradients are written"));
+      throw Error(
+          fmt::format("Engine::step: the gradient of group {} was requested but grads_ready({}) was not called; call "
+                      "it once the group's gradients are written",
+                      g, g));
   if (open_ >= 0) seal(open_);
   // A group without a gradient this step is stepped with zeros (momentum decays, weight decay
   // applies); what the accumulated gradient holds there is the last step's.

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "runtime/host/half.hpp"
 #include "runtime/device/stream_span.hpp"
 #include "zest/error.hpp"
@@ -49,9 +51,9 @@ ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Comm
     offload_ = std::make_unique<ParamOffload>(device, layout, plan.param_offload, dtype_, std::move(store));
   if (plan.secondary_ranks > 0) {
     if (host_comm == nullptr || host_comm->size() != plan.secondary_ranks)
-      throw Error(std::string("Engine: partition.secondary: host planned ").append(std::to_string(plan.secondary_ranks))
-                      .append(" ranks per host, but the host communicator has ")
-                      .append(host_comm ? std::to_string(host_comm->size()) : std::string("none")));
+      throw Error(
+          fmt::format("Engine: partition.secondary: host planned {} ranks per host, but the host communicator has {}",
+                      plan.secondary_ranks, host_comm ? std::to_string(host_comm->size()) : std::string("none")));
     host_comm_ = host_comm;
     secondary_ = device.allocate(plan.secondary_params, MemoryCategory::params);
     secondary_at_.assign(groups, 0);
@@ -70,7 +72,7 @@ char* ParamGather::full(int g) {
   const auto i = static_cast<std::size_t>(g);
   if (resident_[i]) return resident_[i].as<char>();
   if (gathered_of_[i] < 0)
-    throw Error(std::string("Engine: group ").append(std::to_string(g)).append(" is not gathered"));
+    throw Error(fmt::format("Engine: group {} is not gathered", g));
   return gathered_[static_cast<std::size_t>(gathered_of_[i])].buffer.as<char>();
 }
 

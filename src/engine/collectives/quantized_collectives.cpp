@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -30,8 +32,7 @@ void QuantizedGather::all_gather(const void* own, void* full, std::size_t shard,
   const std::size_t record = quantized_bytes(QuantBits::int8, shard);
   const auto ranks = static_cast<std::size_t>(comm_.size());
   if (ranks * record > capacity_)
-    throw Error(std::string("QuantizedGather: a shard of ").append(std::to_string(shard))
-                    .append(" elements needs more codes than the plan holds"));
+    throw Error(fmt::format("QuantizedGather: a shard of {} elements needs more codes than the plan holds", shard));
   char* const mine = at(codes_, static_cast<std::size_t>(comm_.rank()) * record);
   math_.quantize(own, dtype_, shard, QuantBits::int8, mine, stream);
   comm_.all_gather(mine, codes_.data(), words(record), DType::f32, stream);
@@ -61,11 +62,11 @@ QuantizedReduceScatter::QuantizedReduceScatter(Device& device, Communicator& wor
   const auto me = static_cast<std::size_t>(world.host_of(world.rank()));
   if (!fits || rank_at_[me * per_host_ + static_cast<std::size_t>(host.rank())] != world.rank() ||
       (across && static_cast<std::size_t>(across->rank()) != me))
-    throw Error(std::string("comm.quantize.grads needs as many ranks on every host, and the host (")
-                    .append(std::to_string(per_host_)).append(" ranks) and across-host (")
-                    .append(std::to_string(hosts_)).append(" ranks) communicators to cover the ")
-                    .append(std::to_string(world.size()))
-                    .append(" ranks; start the same number of ranks on each host, or set comm.quantize.grads: none"));
+    throw Error(
+        fmt::format("comm.quantize.grads needs as many ranks on every host, and the host ({} ranks) and across-host "
+                    "({} ranks) communicators to cover the {} ranks; start the same number of ranks on each host, or "
+                    "set comm.quantize.grads: none",
+                    per_host_, hosts_, world.size()));
   // Record j * hosts_ + k of the host's all-to-all: place j's rank on host k's piece.
   host_order_.resize(hosts_ * per_host_);
   for (std::size_t j = 0; j < per_host_; ++j)
@@ -79,8 +80,8 @@ QuantizedReduceScatter::QuantizedReduceScatter(Device& device, Communicator& wor
 
 void QuantizedReduceScatter::reduce_scatter(const void* send, void* recv, std::size_t piece, Stream& stream) {
   if (piece > capacity_)
-    throw Error(std::string("QuantizedReduceScatter: a piece of ").append(std::to_string(piece))
-                    .append(" elements is larger than the planned ").append(std::to_string(capacity_)));
+    throw Error(
+        fmt::format("QuantizedReduceScatter: a piece of {} elements is larger than the planned {}", piece, capacity_));
   const std::size_t record = quantized_bytes(bits_, piece);
   auto* const sums = sums_.as<float>();
   const std::size_t ranks = rank_at_.size();

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "engine/math/device_math.hpp"
 #include "kernels/accumulate.hpp"
 #include "kernels/adam.hpp"
@@ -140,9 +142,9 @@ class CudaDeviceMath final : public DeviceMath {
 
   void check_span_count(std::size_t count, const char* operation) const {
     if (count > max_spans_)
-      throw Error(std::string("DeviceMath::").append(operation).append(": ").append(std::to_string(count))
-                      .append(" spans, but the math was made for at most ").append(std::to_string(max_spans_))
-                      .append("; pass a larger max_spans to make_device_math"));
+      throw Error(fmt::format(
+          "DeviceMath::{}: {} spans, but the math was made for at most {}; pass a larger max_spans to make_device_math",
+          operation, count, max_spans_));
   }
 
   int ordinal_;

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -12,9 +14,9 @@ void DeviceMath::quantize_pieces(const void* in, DType dtype, std::size_t piece,
   const std::size_t record = optim::quantized_bytes(bits, piece), piece_bytes = piece * dtype_size(dtype);
   for (std::size_t r = 0; r < order.size(); ++r) {
     if (order[r] >= in_pieces)
-      throw Error(std::string("DeviceMath::quantize_pieces: record ").append(std::to_string(r))
-                      .append(" takes piece ").append(std::to_string(order[r])).append(" of ")
-                      .append(std::to_string(in_pieces)).append("; pass piece indices below that"));
+      throw Error(
+          fmt::format("DeviceMath::quantize_pieces: record {} takes piece {} of {}; pass piece indices below that", r,
+                      order[r], in_pieces));
     quantize(static_cast<const char*>(in) + order[r] * piece_bytes, dtype, piece, bits,
              static_cast<char*>(out) + r * record, stream);
   }

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -28,22 +30,20 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       params_shards_(std::move(params_shards)) {
   if (plan.master_in_params != !params_shards_.empty() ||
       (plan.master_in_params && params_shards_.size() != static_cast<std::size_t>(layout.group_count())))
-    throw Error(std::string("device optimizer states: the plan ")
-                    .append(plan.master_in_params ? "keeps" : "does not keep")
-                    .append(" the master weights in the parameters, but ").append(std::to_string(params_shards_.size()))
-                    .append(" parameter shards were given for ").append(std::to_string(layout.group_count()))
-                    .append(" groups; this is a zest bug"));
+    throw Error(
+        fmt::format("device optimizer states: the plan {} the master weights in the parameters, but {} parameter "
+                    "shards were given for {} groups; this is a zest bug",
+                    plan.master_in_params ? "keeps" : "does not keep", params_shards_.size(), layout.group_count()));
   if (states.master == DType::bf16 && !device.host_accessible())
     throw Error("a bf16 master (optimizer.master: bf16) on this device is not implemented: its Adam keeps an fp32 "
                 "master. Use optimizer.master: fp32 (bf16 or int8 optimizer.states stay compact on the device), or "
                 "offload the optimizer (offload.optimizer.device: cpu or nvme, ratio 1)");
   if (!layout_of_states_.form().plain() && !device.host_accessible() &&
       staging_.elements() * sizeof(float) < optim::StatesLayout::bytes(layout_of_states_.form(), optim::kInt8Block))
-    throw Error(std::string("device optimizer states: the engine's staging holds ")
-                    .append(std::to_string(staging_.elements())).append(" floats, less than one block of ")
-                    .append(states_format_name(states.format))
-                    .append(" states, which pass through it; this is a zest bug: MemoryPlan::staging_elements "
-                            "must hold a block"));
+    throw Error(
+        fmt::format("device optimizer states: the engine's staging holds {} floats, less than one block of {} states, "
+                    "which pass through it; this is a zest bug: MemoryPlan::staging_elements must hold a block",
+                    staging_.elements(), states_format_name(states.format)));
   states_ = device.allocate(plan.device_states_bytes, MemoryCategory::optimizer_states);
   if (plan.offload_params) update_out_ = device.allocate(plan.update_out, MemoryCategory::buffers);
   shards_.reserve(static_cast<std::size_t>(layout.group_count()) + runs.size());
@@ -53,9 +53,8 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
 
 void DeviceOptimizerStates::check_range(std::size_t offset, std::size_t count) const {
   if (offset < range_.begin || offset > range_.end || count > range_.end - offset)
-    throw Error(std::string("device optimizer states: elements [").append(std::to_string(offset)).append(", ")
-                    .append(std::to_string(offset + count)).append(") outside the states' [")
-                    .append(std::to_string(range_.begin)).append(", ").append(std::to_string(range_.end)).append(")"));
+    throw Error(fmt::format("device optimizer states: elements [{}, {}) outside the states' [{}, {})", offset,
+                            offset + count, range_.begin, range_.end));
 }
 
 float* DeviceOptimizerStates::at(int k, std::size_t offset) const {

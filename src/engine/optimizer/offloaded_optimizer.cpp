@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "base/trace.hpp"
 #include "engine/optimizer/residency.hpp"
 #include "engine/optimizer/sub_groups.hpp"
@@ -47,8 +49,8 @@ const optim::AdamHyperParams& first_hyper(const HyperRuns& runs) {
 
 std::size_t checked_slots(const OptimizerOffloadPlan& plan) {
   if (plan.slots < 2)
-    throw Error(std::string("offloaded optimizer: offload.optimizer.buffer_count must be at least 2, got ")
-                    .append(std::to_string(plan.slots)));
+    throw Error(
+        fmt::format("offloaded optimizer: offload.optimizer.buffer_count must be at least 2, got {}", plan.slots));
   return plan.slots;
 }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -73,8 +75,8 @@ StatesOptions states_options(const Config& config, const Layout& layout, int ran
   constexpr std::uint64_t kGroupIndexBits = 40;
   for (int g = 0; g < layout.group_count(); ++g) {
     if (layout.group(g).padded >= (std::uint64_t{1} << kGroupIndexBits))
-      throw Error(std::string("optimizer.states: group ").append(std::to_string(g))
-                      .append(" has 2^40 or more elements; split it into groups of fewer"));
+      throw Error(
+          fmt::format("optimizer.states: group {} has 2^40 or more elements; split it into groups of fewer", g));
     o.shard_index.push_back((static_cast<std::uint64_t>(g) << kGroupIndexBits) + layout.shard_begin(g, rank));
   }
   return o;
@@ -84,11 +86,10 @@ void check_optimizer_group(const OptimizerGroupOptions& o) {
   const auto bad = [](double x) { return !std::isfinite(x); };
   if (bad(o.lr) || o.lr <= 0 || bad(o.beta1) || o.beta1 < 0 || o.beta1 >= 1 || bad(o.beta2) || o.beta2 < 0 ||
       o.beta2 >= 1 || bad(o.eps) || o.eps <= 0 || bad(o.weight_decay) || o.weight_decay < 0)
-    throw Error(std::string("Engine::set_optimizer_group: lr ").append(std::to_string(o.lr))
-                    .append(", betas (").append(std::to_string(o.beta1)).append(", ").append(std::to_string(o.beta2))
-                    .append("), eps ").append(std::to_string(o.eps)).append(", weight_decay ")
-                    .append(std::to_string(o.weight_decay))
-                    .append(": needs lr > 0, betas in [0, 1), eps > 0, weight_decay >= 0, all finite"));
+    throw Error(
+        fmt::format("Engine::set_optimizer_group: lr {}, betas ({}, {}), eps {}, weight_decay {}: "
+                    "needs lr > 0, betas in [0, 1), eps > 0, weight_decay >= 0, all finite",
+                    o.lr, o.beta1, o.beta2, o.eps, o.weight_decay));
 }
 
 }  // namespace zest::engine

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/core.h>
+
 #include "runtime/host/half.hpp"
 #include "zest/error.hpp"
 
@@ -11,12 +13,7 @@ void visit_laid_out(const optim::StatesLayout& layout, char* base, std::size_t a
                     bool write_back, const OptimizerStates::StatesVisit& visit, std::vector<float>& scratch,
                     float* master) {
   if (at > layout.count() || n > layout.count() - at)
-    throw Error(std::string("optimizer states: elements [")
-                    .append(std::to_string(at))
-                    .append(", ")
-                    .append(std::to_string(at + n))
-                    .append(") outside the piece's ")
-                    .append(std::to_string(layout.count())));
+    throw Error(fmt::format("optimizer states: elements [{}, {}) outside the piece's {}", at, at + n, layout.count()));
   if (layout.master_here() == (master != nullptr))
     throw Error("optimizer states: give the master exactly where the layout does not hold it; this is a zest bug");
   // The master of element `at`, in the layout or given.

@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "engine/plan/memory_plan.hpp"
 #include "zest/error.hpp"
 
@@ -11,7 +13,7 @@ namespace zest::engine {
 
 Residency::Residency(std::size_t pieces, int copies) : copies_(copies), spare_is_current_(pieces, false) {
   if (copies < 1 || copies > 2)
-    throw Error(std::string("residency: a piece has one or two copies, not ").append(std::to_string(copies)));
+    throw Error(fmt::format("residency: a piece has one or two copies, not {}", copies));
 }
 
 void Residency::require_spare(const char* what) const {
@@ -44,16 +46,16 @@ NvmeResidency::NvmeResidency(Device& device, HostPurpose purpose, std::shared_pt
       regions_(bytes.size() * static_cast<std::size_t>(copies), 0),
       has_region_(bytes.size(), false) {
   if (store_->alignment() != kNvmeAlignment)
-    throw Error(std::string(owner).append(": the store's alignment is ").append(std::to_string(store_->alignment()))
-                    .append(" bytes, the memory plan's ").append(std::to_string(kNvmeAlignment)));
+    throw Error(fmt::format("{}: the store's alignment is {} bytes, the memory plan's {}", owner, store_->alignment(),
+                            kNvmeAlignment));
   if (slots == 0)
     throw Error(std::string(owner).append(": no staging slot to move its pieces through; give at least one"));
   for (std::size_t i = 0; i < bytes.size(); ++i) {
     const std::size_t moved = (bytes[i] + kNvmeAlignment - 1) / kNvmeAlignment * kNvmeAlignment;
     if (moved > slot_bytes)
-      throw Error(std::string(owner).append(": piece ").append(std::to_string(i)).append(" moves ")
-                      .append(std::to_string(moved)).append(" bytes through a staging slot of ")
-                      .append(std::to_string(slot_bytes)).append("; the slots must hold the largest piece"));
+      throw Error(
+          fmt::format("{}: piece {} moves {} bytes through a staging slot of {}; the slots must hold the largest piece",
+                      owner, i, moved, slot_bytes));
   }
   slots_ = device.allocate_pinned(slots * slot_bytes, purpose);
   std::memset(slots_.data(), 0, slots_.bytes());

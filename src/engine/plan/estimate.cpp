@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/core.h>
+
 #include "engine/plan/layout.hpp"
 #include "engine/plan/memory_plan.hpp"
 #include "optim/block_quant_math.hpp"
@@ -12,7 +14,7 @@ namespace zest {
 MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec>& params, int ranks,
                                int ranks_per_node) {
   if (ranks < 1)
-    throw Error(std::string("estimate_memory: ranks must be at least 1, got ").append(std::to_string(ranks)));
+    throw Error(fmt::format("estimate_memory: ranks must be at least 1, got {}", ranks));
   // The engine partitions over the world from stage 1 on; stage 0 keeps everything on every rank.
   const engine::Layout layout(params, config.stage == 0 ? 1 : ranks);
   const engine::MemoryPlan plan =
@@ -41,11 +43,11 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
 WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSpec>& params, int ranks,
                                  int ranks_per_node) {
   if (ranks < 1)
-    throw Error(std::string("estimate_wire_bytes: ranks must be at least 1, got ").append(std::to_string(ranks)));
+    throw Error(fmt::format("estimate_wire_bytes: ranks must be at least 1, got {}", ranks));
   if (ranks_per_node < 1 || ranks_per_node > ranks || ranks % ranks_per_node != 0)
-    throw Error(std::string("estimate_wire_bytes: ").append(std::to_string(ranks_per_node))
-                    .append(" ranks per node do not divide ").append(std::to_string(ranks))
-                    .append(" ranks; give a divisor of the rank count"));
+    throw Error(
+        fmt::format("estimate_wire_bytes: {} ranks per node do not divide {} ranks; give a divisor of the rank count",
+                    ranks_per_node, ranks));
   // Products of counts that a huge model, rank count or accumulation could take past 64 bits.
   const auto times = [](std::uint64_t a, std::uint64_t b) {
     std::uint64_t product = 0;
@@ -119,11 +121,11 @@ WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSp
 
 std::vector<ParamSpec> uniform_model(std::size_t params, int layers) {
   if (layers < 1)
-    throw Error(std::string("uniform_model: layers must be at least 1, got ").append(std::to_string(layers)));
+    throw Error(fmt::format("uniform_model: layers must be at least 1, got {}", layers));
   const std::size_t count = static_cast<std::size_t>(layers);
   if (params < count)
-    throw Error(std::string("uniform_model: ").append(std::to_string(params)).append(" parameters cannot fill ")
-                    .append(std::to_string(layers)).append(" layers; give at least one parameter per layer"));
+    throw Error(fmt::format("uniform_model: {} parameters cannot fill {} layers; give at least one parameter per layer",
+                            params, layers));
   std::vector<ParamSpec> specs;
   specs.reserve(count);
   for (std::size_t g = 0; g < count; ++g) {

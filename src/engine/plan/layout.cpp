@@ -5,6 +5,8 @@
 #include <set>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "checkpoint/format.hpp"
 #include "zest/error.hpp"
 
@@ -16,11 +18,9 @@ std::size_t ParamSpec::numel() const {
   std::size_t n = 1;
   for (std::size_t d : shape) {
     if (d != 0 && n > kLimit / d)
-      throw Error(std::string("ParamSpec: the shape of '")
-                      .append(name)
-                      .append("' holds more than ")
-                      .append(std::to_string(kLimit))
-                      .append(" elements (its product overflows); check its dimensions"));
+      throw Error(fmt::format(
+          "ParamSpec: the shape of '{}' holds more than {} elements (its product overflows); check its dimensions",
+          name, kLimit));
     n *= d;
   }
   return n;
@@ -38,11 +38,10 @@ constexpr std::size_t kMaxLayoutElements = std::numeric_limits<std::size_t>::max
 std::size_t checked_sum(std::size_t a, std::size_t b, int partitions) {
   std::size_t sum = 0;
   if (__builtin_add_overflow(a, b, &sum) || sum > kMaxLayoutElements)
-    throw Error(std::string("Engine: the parameters, each group padded to split into ")
-                    .append(std::to_string(partitions))
-                    .append(" aligned shards, hold more than ")
-                    .append(std::to_string(kMaxLayoutElements))
-                    .append(" elements; use fewer ranks or fewer, larger groups"));
+    throw Error(
+        fmt::format("Engine: the parameters, each group padded to split into {} aligned shards, hold more than {} "
+                    "elements; use fewer ranks or fewer, larger groups",
+                    partitions, kMaxLayoutElements));
   return sum;
 }
 
@@ -69,29 +68,29 @@ Layout::Layout(const std::vector<ParamSpec>& params, int partitions) : partition
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& p = params[i];
     if (const std::string problem = checkpoint::tensor_name_problem(p.name); !problem.empty())
-      throw Error(std::string("Engine: the name of parameter ").append(std::to_string(i)).append(" ").append(problem)
-                      .append("; give every tensor a name a checkpoint can hold (one line of text, not empty, at most ")
-                      .append(std::to_string(checkpoint::kMaxTensorNameBytes)).append(" bytes): checkpoints and "
-                      "optimizer parameter groups find tensors by name"));
+      throw Error(fmt::format(
+          "Engine: the name of parameter {} {}; give every tensor a name a checkpoint can hold (one line of text, not "
+          "empty, at most {} bytes): checkpoints and optimizer parameter groups find tensors by name",
+          i, problem, checkpoint::kMaxTensorNameBytes));
     if (!names.insert(p.name).second)
       throw Error(std::string("Engine: two parameters are named '").append(p.name).append("'; names must be unique"));
     if (p.numel() == 0)
       throw Error(std::string("Engine: parameter '").append(p.name).append("' has no elements; "
                   "leave it out of the list"));
     if (p.group < 0)
-      throw Error(std::string("Engine: parameter '").append(p.name).append("' has negative group ")
-                      .append(std::to_string(p.group)));
+      throw Error(fmt::format("Engine: parameter '{}' has negative group {}", p.name, p.group));
     const bool new_group = groups_.empty() || p.group != params[i - 1].group;
     if (new_group) {
       if (static_cast<std::size_t>(p.group) < group_seen.size() && group_seen[static_cast<std::size_t>(p.group)])
-        throw Error(std::string("Engine: group ").append(std::to_string(p.group))
-                        .append(" is not one contiguous run of parameters (it resumes at '")
-                        .append(p.name).append("'); register each group's parameters together"));
+        throw Error(
+            fmt::format("Engine: group {} is not one contiguous run of parameters (it resumes at '{}'); register each "
+                        "group's parameters together",
+                        p.group, p.name));
       if (static_cast<std::size_t>(p.group) != groups_.size())
-        throw Error(std::string("Engine: groups must be numbered 0, 1, 2, ... in registration order; '")
-                        .append(p.name).append("' starts group ").append(std::to_string(p.group))
-                        .append(" where group ").append(std::to_string(groups_.size()))
-                        .append(" was expected"));
+        throw Error(
+            fmt::format("Engine: groups must be numbered 0, 1, 2, ... in registration order; '{}' starts group {} "
+                        "where group {} was expected",
+                        p.name, p.group, groups_.size()));
       if (group_seen.size() <= static_cast<std::size_t>(p.group))
         group_seen.resize(static_cast<std::size_t>(p.group) + 1);
       group_seen[static_cast<std::size_t>(p.group)] = true;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "engine/math/device_math.hpp"
 #include "optim/states_layout.hpp"
 #include "zest/error.hpp"
@@ -162,10 +164,10 @@ namespace {
 int ranks_per_host(const Layout& layout, int host_ranks, const char* fallback) {
   const int ranks = host_ranks > 0 ? host_ranks : layout.partitions();
   if (layout.partitions() % ranks != 0)
-    throw Error(std::string("this config needs the same number of ranks on every host, and ")
-                    .append(std::to_string(ranks)).append(" per host do not divide ")
-                    .append(std::to_string(layout.partitions()))
-                    .append(" ranks; run as many ranks on every host, or set ").append(fallback));
+    throw Error(
+        fmt::format("this config needs the same number of ranks on every host, and {} per host do not divide {} ranks; "
+                    "run as many ranks on every host, or set {}",
+                    ranks, layout.partitions(), fallback));
   return ranks;
 }
 

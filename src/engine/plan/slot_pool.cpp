@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::engine {
@@ -18,8 +20,7 @@ int SlotPool::take(int group) {
       return static_cast<int>(i);
     }
   }
-  throw Error(std::string("Engine: every ").append(what_).append(" buffer is in use (")
-                  .append(std::to_string(slots_.size())).append(" of them); ").append(remedy_));
+  throw Error(fmt::format("Engine: every {} buffer is in use ({} of them); {}", what_, slots_.size(), remedy_));
 }
 
 }  // namespace zest::engine

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest {
@@ -21,10 +23,7 @@ bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_by
 }
 
 std::string null_buffer_message(const char* what, std::size_t count) {
-  std::string message(what);
-  message.append(": a buffer is null while count is ").append(std::to_string(count));
-  message.append(" (pass device buffers, or count 0)");
-  return message;
+  return fmt::format("{}: a buffer is null while count is {} (pass device buffers, or count 0)", what, count);
 }
 
 }  // namespace
@@ -95,8 +94,7 @@ CollectiveCall all_to_all_call(const void* send, void* recv, std::size_t count, 
 CollectiveCall broadcast_call(void* buffer, std::size_t count, DType dtype, int root, int size) {
   CollectiveCall call{CollectiveKind::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root, {}};
   if (root < 0 || root >= size)
-    call.invalid = "broadcast: root " + std::to_string(root) + " is not a rank (the communicator has " +
-                   std::to_string(size) + " ranks)";
+    call.invalid = fmt::format("broadcast: root {} is not a rank (the communicator has {} ranks)", root, size);
   else if (count != 0 && buffer == nullptr)
     call.invalid = null_buffer_message("broadcast", count);
   return call;
@@ -148,33 +146,35 @@ void check_agreement(const CollectiveCall& call, const std::int64_t* reduced) {
   std::string message = collective_kind_name(call.kind);
   if (max(failed_rank) >= 0) {
     // The failed rank's stream keeps its own first error; this one reaches the others.
-    throw CommError(message + ": rank " + std::to_string(max(failed_rank)) +
-                    "'s stream failed before this collective (its own error says why); no rank moved data");
+    throw CommError(
+        fmt::format("{}: rank {}'s stream failed before this collective (its own error says why); no rank moved data",
+                    message, max(failed_rank)));
   }
   if (!call.invalid.empty()) throw CommError(call.invalid);
   if (max(invalid_rank) >= 0)
-    throw CommError(message + ": rank " + std::to_string(max(invalid_rank)) +
-                    " passed invalid arguments (its own error says which); no rank moved data");
+    throw CommError(fmt::format("{}: rank {} passed invalid arguments (its own error says which); no rank moved data",
+                                message, max(invalid_rank)));
   if (disagree(kind_field))
-    throw CommError(message + ": ranks disagree on the collective: " +
-                    collective_kind_name(static_cast<CollectiveKind>(min(kind_field))) + " on some ranks, " +
-                    collective_kind_name(static_cast<CollectiveKind>(max(kind_field))) +
-                    " on others (every rank must issue the same collectives in the same order)");
+    throw CommError(
+        fmt::format("{}: ranks disagree on the collective: {} on some ranks, {} on others (every rank "
+                    "must issue the same collectives in the same order)",
+                    message, collective_kind_name(static_cast<CollectiveKind>(min(kind_field))),
+                    collective_kind_name(static_cast<CollectiveKind>(max(kind_field)))));
   if (disagree(count_field))
-    throw CommError(message + ": ranks disagree on count: min " + std::to_string(min(count_field)) + ", max " +
-                    std::to_string(max(count_field)) + " (every rank must pass the same count; pad in the caller)");
+    throw CommError(fmt::format(
+        "{}: ranks disagree on count: min {}, max {} (every rank must pass the same count; pad in the caller)", message,
+        min(count_field), max(count_field)));
   if (disagree(dtype_field))
-    throw CommError(message +
-                    ": ranks disagree on dtype: " + std::string(dtype_name(static_cast<DType>(min(dtype_field)))) +
-                    " on some ranks, " + std::string(dtype_name(static_cast<DType>(max(dtype_field)))) +
-                    " on others (every rank must pass the same dtype)");
+    throw CommError(fmt::format(
+        "{}: ranks disagree on dtype: {} on some ranks, {} on others (every rank must pass the same dtype)", message,
+        dtype_name(static_cast<DType>(min(dtype_field))), dtype_name(static_cast<DType>(max(dtype_field)))));
   if (disagree(op_field))
-    throw CommError(message + ": ranks disagree on the reduce op: " +
-                    op_name(static_cast<ReduceOp>(min(op_field))) + " on some ranks, " +
-                    op_name(static_cast<ReduceOp>(max(op_field))) + " on others (every rank must pass the same op)");
+    throw CommError(fmt::format(
+        "{}: ranks disagree on the reduce op: {} on some ranks, {} on others (every rank must pass the same op)",
+        message, op_name(static_cast<ReduceOp>(min(op_field))), op_name(static_cast<ReduceOp>(max(op_field)))));
   if (disagree(root_field))
-    throw CommError(message + ": ranks disagree on root: min " + std::to_string(min(root_field)) + ", max " +
-                    std::to_string(max(root_field)) + " (every rank must pass the same root)");
+    throw CommError(fmt::format("{}: ranks disagree on root: min {}, max {} (every rank must pass the same root)",
+                                message, min(root_field), max(root_field)));
 }
 
 }  // namespace zest

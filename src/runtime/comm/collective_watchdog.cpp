@@ -8,6 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "runtime/comm/mpi_check.hpp"
 #include "zest/error.hpp"
 
@@ -32,9 +34,7 @@ const char* lane_noun(CollectiveWatchdog::Lane lane) {
   return lane == CollectiveWatchdog::Lane::collective ? "collective" : "barrier";
 }
 
-std::string operation_text(const char* name, std::int64_t number) {
-  return std::string(name).append(" #").append(std::to_string(number));
-}
+std::string operation_text(const char* name, std::int64_t number) { return fmt::format("{} #{}", name, number); }
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text = ranks.size() == 1 ? "rank " : "ranks ";
@@ -56,10 +56,9 @@ std::string describe(const CollectiveWatchdog::RankState& state, CollectiveWatch
     if (own.active != 0)
       text = "in " + operation_text(own.name, own.issued);
     else
-      text = std::string("not in a ") + lane_noun(lane) + ", after " + std::to_string(own.issued);
+      text = fmt::format("not in a {}, after {}", lane_noun(lane), own.issued);
     if (own.issued < number)
-      text += std::string(": behind (it skipped a ") + lane_noun(lane) + " or has not reached #" +
-              std::to_string(number) + ")";
+      text += fmt::format(": behind (it skipped a {} or has not reached #{})", lane_noun(lane), number);
     else if (own.issued > number || own.active == 0)
       text += std::string(": ahead (it issued a ") + lane_noun(lane) +
               " this rank has not, or this rank skipped one)";
@@ -68,8 +67,7 @@ std::string describe(const CollectiveWatchdog::RankState& state, CollectiveWatch
   // The other lane shows what blocks a rank that is not in this one.
   const auto& other = state.lanes[1 - static_cast<std::size_t>(lane)];
   if (other.active != 0)
-    text += ", and waiting " + std::to_string(other.waited_ms / 1000) + " s in " +
-            operation_text(other.name, other.issued);
+    text += fmt::format(", and waiting {} s in {}", other.waited_ms / 1000, operation_text(other.name, other.issued));
   return text;
 }
 
@@ -216,12 +214,13 @@ void CollectiveWatchdog::fail(const Operation& operation, const std::string& cau
     std::memcpy(name, state_.lanes[static_cast<std::size_t>(lane)].name, sizeof name);
   }
   if (responder_mode_ == Responder::none) {
-    std::string message = operation_text(name, number) + " on rank " + std::to_string(rank_) + ": " + cause +
-                          ". This communicator was split from another (a host's ranks, or the ranks across "
-                          "hosts) and does not ask where its peers are; every rank must issue the same "
-                          "collectives in the same order; a rank that is slow needs a larger comm.timeout, one that "
-                          "died or hangs stops them. The operation cannot be cancelled, so this communicator is "
-                          "unusable now: end the process.";
+    std::string message = fmt::format(
+        "{} on rank {}: {}. This communicator was split from another (a host's ranks, or the ranks across "
+        "hosts) and does not ask where its peers are; every rank must issue the same "
+        "collectives in the same order; a rank that is slow needs a larger comm.timeout, one that "
+        "died or hangs stops them. The operation cannot be cancelled, so this communicator is "
+        "unusable now: end the process.",
+        operation_text(name, number), rank_, cause);
     std::lock_guard lock(mutex_);
     if (broken_.empty()) {
       broken_ = message;
@@ -308,10 +307,9 @@ void CollectiveWatchdog::fail(const Operation& operation, const std::string& cau
                                    " (it died, or its process hangs outside zest)"]
         .push_back(r);
   }
-  std::string message = operation_text(name, number) + " on rank " + std::to_string(rank_) + ": " +
-                        cause + ".";
+  std::string message = fmt::format("{} on rank {}: {}.", operation_text(name, number), rank_, cause);
   for (const auto& [situation, ranks_there] : situations)
-    message.append(" ").append(rank_list(ranks_there)).append(": ").append(situation).append(";");
+    message += fmt::format(" {}: {};", rank_list(ranks_there), situation);
   message.append(
       " Every rank must issue the same collectives and barriers in the same order: a rank behind "
       "skipped one or is slow (raise comm.timeout if such a pause is expected), a rank ahead "

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest {
@@ -27,8 +29,8 @@ void Communicator::all_to_all(const void*, void*, std::size_t, DType, Stream&) {
 
 int Communicator::host_in(std::span<const int> hosts, int rank) const {
   if (rank < 0 || rank >= size())
-    throw CommError("host_of: rank " + std::to_string(rank) + " is not one of the communicator's " +
-                    std::to_string(size()) + " ranks (0 to size() - 1)");
+    throw CommError(
+        fmt::format("host_of: rank {} is not one of the communicator's {} ranks (0 to size() - 1)", rank, size()));
   return hosts.empty() ? 0 : hosts[static_cast<std::size_t>(rank)];
 }
 

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest {
@@ -47,8 +49,7 @@ class LocalCommunicator final : public Communicator {
   void broadcast(void* buffer, std::size_t count, DType /*dtype*/, int root,
                  Stream& /*stream*/) override {
     if (root != 0) {
-      throw CommError("broadcast: root " + std::to_string(root) +
-                      " is not a rank of this world of one; pass root 0");
+      throw CommError(fmt::format("broadcast: root {} is not a rank of this world of one; pass root 0", root));
     }
     check_buffer("broadcast", buffer, count);
   }
@@ -63,8 +64,7 @@ class LocalCommunicator final : public Communicator {
  private:
   static void check_buffer(const char* what, const void* buffer, std::size_t count) {
     if (count != 0 && buffer == nullptr) {
-      throw CommError(std::string(what) + ": a buffer is null while count is " +
-                      std::to_string(count) + " (pass a buffer, or count 0)");
+      throw CommError(fmt::format("{}: a buffer is null while count is {} (pass a buffer, or count 0)", what, count));
     }
   }
 

@@ -6,6 +6,9 @@
 
 #include <source_location>
 #include <string>
+#include <string_view>
+
+#include <fmt/core.h>
 
 #include "zest/error.hpp"
 
@@ -15,8 +18,8 @@ namespace zest::detail {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-  throw CommError(std::string(call) + " failed: " + std::string(text, static_cast<size_t>(length)) +
-                  " at " + where.file_name() + ":" + std::to_string(where.line()));
+  throw CommError(fmt::format("{} failed: {} at {}:{}", call, std::string_view(text, static_cast<size_t>(length)),
+                              where.file_name(), where.line()));
 }
 
 }  // namespace zest::detail

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "runtime/comm/collective_call.hpp"
 #include "runtime/host/half.hpp"
 #include "runtime/comm/mpi_check.hpp"
@@ -91,13 +93,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device& device, std::size_t max_
     throw CommError(message);
   }
   if (timeout.count() < 0) {
-    throw CommError("mpi communicator: the timeout is negative (" +
-                    std::to_string(timeout.count()) + " ms); pass 0 to wait forever");
+    throw CommError(
+        fmt::format("mpi communicator: the timeout is negative ({} ms); pass 0 to wait forever", timeout.count()));
   }
   if (max_chunk_ == 0 || max_chunk_ > kMaxChunkElements) {
-    std::string message = "mpi communicator: chunk limit ";
-    message.append(std::to_string(max_chunk_)).append(" is outside 1..INT_MAX elements");
-    throw CommError(message);
+    throw CommError(fmt::format("mpi communicator: chunk limit {} is outside 1..INT_MAX elements", max_chunk_));
   }
   // A communicator of its own, so its traffic never matches collectives other code issues on the
   // given one (the NCCL bootstrap, the program).

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/core.h>
+
 #include "runtime/comm/mpi_check.hpp"
 #include "zest/error.hpp"
 
@@ -79,17 +81,13 @@ MpiSession::MpiSession() {
     // Stream worker threads issue collectives while the host thread runs, so anything less than
     // MPI_THREAD_MULTIPLE would be undefined behaviour rather than a slowdown.
     if (provided < MPI_THREAD_MULTIPLE) {
-      std::string message = "MPI provides ";
-      message.append(thread_level_name(provided))
-          .append(
-              " but zest needs MPI_THREAD_MULTIPLE (its streams issue collectives from worker "
-              "threads): ");
-      message.append(initialized_here_
-                         ? "use an MPI built with thread support (Open MPI: "
-                           "--enable-mpi-thread-multiple; MPICH: --enable-threads=multiple)"
-                         : "initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
-                           "or let zest initialize it");
-      throw CommError(message);
+      throw CommError(fmt::format(
+          "MPI provides {} but zest needs MPI_THREAD_MULTIPLE (its streams issue collectives from worker threads): {}",
+          thread_level_name(provided),
+          initialized_here_ ? "use an MPI built with thread support (Open MPI: "
+                              "--enable-mpi-thread-multiple; MPICH: --enable-threads=multiple)"
+                            : "initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
+                              "or let zest initialize it"));
     }
 
     ZEST_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_));

@@ -7,15 +7,16 @@
 #include <source_location>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::detail {
 
 [[noreturn]] inline void throw_nccl_error(const char* call, ncclResult_t code,
                                           std::source_location where) {
-  throw CommError(std::string(call) + " failed: " + ncclGetErrorString(code) + " (" +
-                  ncclGetLastError(nullptr) + ") at " + where.file_name() + ":" +
-                  std::to_string(where.line()));
+  throw CommError(fmt::format("{} failed: {} ({}) at {}:{}", call, ncclGetErrorString(code), ncclGetLastError(nullptr),
+                              where.file_name(), where.line()));
 }
 
 }  // namespace zest::detail

@@ -4,6 +4,7 @@
 #include "runtime/comm/nccl_communicator.hpp"
 
 #include <cuda_runtime.h>
+#include <fmt/core.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -34,9 +35,7 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::f16: return ncclFloat16;
     case DType::bf16: return ncclBfloat16;
   }
-  throw CommError(std::string("nccl: unknown dtype ")
-                      .append(std::to_string(static_cast<int>(dtype)))
-                      .append("; pass fp32, fp16 or bf16"));
+  throw CommError(fmt::format("nccl: unknown dtype {}; pass fp32, fp16 or bf16", static_cast<int>(dtype)));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -44,9 +43,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::sum: return ncclSum;
     case ReduceOp::max: return ncclMax;
   }
-  throw CommError(std::string("nccl: unknown reduce op ")
-                      .append(std::to_string(static_cast<int>(op)))
-                      .append("; pass sum or max"));
+  throw CommError(fmt::format("nccl: unknown reduce op {}; pass sum or max", static_cast<int>(op)));
 }
 
 // What rank 0 broadcasts: the id, or why it has none, so every rank fails together instead of
@@ -74,16 +71,10 @@ ncclComm_t start_nccl(int ordinal, int rank, int size, const BroadcastFromRankZe
   try {
     ZEST_NCCL_CHECK(ncclCommInitRank(&comm, size, bootstrap.id, rank));
   } catch (const CommError& error) {
-    throw CommError(std::string("starting NCCL for rank ")
-                        .append(std::to_string(rank))
-                        .append(" of ")
-                        .append(std::to_string(size))
-                        .append(" on cuda:")
-                        .append(std::to_string(ordinal))
-                        .append(": ")
-                        .append(error.what())
-                        .append("; each rank needs its own GPU (start one rank per GPU), and "
-                                "NCCL_DEBUG=INFO shows where the bootstrap stopped"));
+    throw CommError(
+        fmt::format("starting NCCL for rank {} of {} on cuda:{}: {}; each rank needs its own GPU (start one "
+                    "rank per GPU), and NCCL_DEBUG=INFO shows where the bootstrap stopped",
+                    rank, size, ordinal, error.what()));
   }
   return comm;
 }
@@ -113,7 +104,7 @@ class NcclCommunicator final : public Communicator {
       ZEST_CUDA_CHECK(cudaStreamCreateWithFlags(&host_stream_, cudaStreamNonBlocking));
       ZEST_CUDA_CHECK(cudaMalloc(&host_scratch_, kHostScratchBytes));
       watchdog_ = std::make_unique<PendingWatchdog>(
-          std::string("nccl rank ").append(std::to_string(rank_)), timeout, [this] { return async_error(); },
+          fmt::format("nccl rank {}", rank_), timeout, [this] { return async_error(); },
           [this] { abort_under_watchdog(); });
     } catch (...) {
       release();
@@ -175,8 +166,8 @@ class NcclCommunicator final : public Communicator {
     const std::size_t block = count * dtype_size(dtype);
     const std::size_t bytes = static_cast<std::size_t>(size_) * block;
     if (count != 0 && (send == nullptr || recv == nullptr))
-      throw CommError("all_to_all: a buffer is null while count is " + std::to_string(count) +
-                      " (pass device buffers, or count 0)");
+      throw CommError(
+          fmt::format("all_to_all: a buffer is null while count is {} (pass device buffers, or count 0)", count));
     const auto send0 = reinterpret_cast<std::uintptr_t>(send);
     const auto recv0 = reinterpret_cast<std::uintptr_t>(recv);
     if (bytes != 0 && send0 < recv0 + bytes && recv0 < send0 + bytes)
@@ -202,11 +193,8 @@ class NcclCommunicator final : public Communicator {
 
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
     if (root < 0 || root >= size_) {
-      throw CommError(std::string("broadcast: root ")
-                          .append(std::to_string(root))
-                          .append(" is not a rank of this world of ")
-                          .append(std::to_string(size_))
-                          .append("; pass a root in [0, size())"));
+      throw CommError(
+          fmt::format("broadcast: root {} is not a rank of this world of {}; pass a root in [0, size())", root, size_));
     }
     enqueue("broadcast", cuda_stream_handle(stream), [&](cudaStream_t handle) {
       ZEST_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, handle));
@@ -282,8 +270,8 @@ class NcclCommunicator final : public Communicator {
   void reduce_host(void* values, std::size_t count, std::size_t element, ncclDataType_t type,
                    ReduceOp op) {
     if (count != 0 && values == nullptr) {
-      throw CommError("all_reduce_host: values is null while count is " + std::to_string(count) +
-                      " (pass host values, or count 0)");
+      throw CommError(
+          fmt::format("all_reduce_host: values is null while count is {} (pass host values, or count 0)", count));
     }
     const std::size_t per_piece = kHostScratchBytes / element;
     auto* bytes = static_cast<unsigned char*>(values);
@@ -308,8 +296,7 @@ class NcclCommunicator final : public Communicator {
   // the next collective would wait for it forever.
   void check_async_error() {
     const std::string failure = async_error();
-    if (!failure.empty())
-      throw CommError(std::string("rank ").append(std::to_string(rank_)).append(": ").append(failure));
+    if (!failure.empty()) throw CommError(fmt::format("rank {}: {}", rank_, failure));
   }
 
   // NCCL's asynchronous failure ("" while none); the watchdog asks too, from its thread.
@@ -318,11 +305,10 @@ class NcclCommunicator final : public Communicator {
     const ncclResult_t queried = ncclCommGetAsyncError(comm_, &async_error);
     if (queried != ncclSuccess) async_error = queried;
     if (async_error == ncclSuccess || async_error == ncclInProgress) return "";
-    return std::string("NCCL reported an asynchronous failure: ")
-        .append(ncclGetErrorString(async_error))
-        .append(" (")
-        .append(ncclGetLastError(comm_))
-        .append("); a peer rank or the network failed, see that rank's error, and rerun with NCCL_DEBUG=WARN");
+    return fmt::format(
+        "NCCL reported an asynchronous failure: {} ({}); a peer rank or the network failed, see that rank's error, and "
+        "rerun with NCCL_DEBUG=WARN",
+        ncclGetErrorString(async_error), ncclGetLastError(comm_));
   }
 
   // Errors are ignored: a destructor (or a constructor that failed) cannot report them.
@@ -399,9 +385,10 @@ std::unique_ptr<Communicator> make_communicator(ncclComm_t comm, Device& device,
   int comm_device = -1;
   ZEST_NCCL_CHECK(ncclCommCuDevice(comm, &comm_device));
   if (comm_device != ordinal) {
-    throw CommError("make_communicator: the ncclComm_t runs on cuda:" +
-                    std::to_string(comm_device) + " but the device is " + device.name() +
-                    "; pass the zest Device of the GPU the communicator was made on");
+    throw CommError(
+        fmt::format("make_communicator: the ncclComm_t runs on cuda:{} but the device is {}; pass the zest "
+                    "Device of the GPU the communicator was made on",
+                    comm_device, device.name()));
   }
   return std::make_unique<NcclCommunicator>(comm, false, ordinal, timeout, std::vector<int>{});
 }

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest {
@@ -39,7 +41,7 @@ std::vector<std::string> gather_texts(Communicator& comm, const std::string& min
     const std::int64_t* slot = slots.data() + r * kSlot;
     const auto full = static_cast<std::size_t>(slot[0]);
     std::string text(reinterpret_cast<const char*>(slot + 1), std::min(full, kQuoted));
-    if (full > kQuoted) text.append("... (").append(std::to_string(full)).append(" bytes)");
+    if (full > kQuoted) text += fmt::format("... ({} bytes)", full);
     texts.push_back(std::move(text));
   }
   return texts;
@@ -66,14 +68,11 @@ void require_same_on_ranks(Communicator& comm, std::span<const SharedValue> valu
   const std::vector<std::string> texts = gather_texts(comm, shared.value);
   std::size_t other = 1;
   while (other < texts.size() && texts[other] == texts[0]) ++other;
-  std::string message = std::string(who).append(": ").append(shared.key).append(" differs between ranks: rank 0 has '")
-                            .append(texts[0]).append("'");
+  std::string message = fmt::format("{}: {} differs between ranks: rank 0 has '{}'", who, shared.key, texts[0]);
   if (other < texts.size())
-    message.append(", rank ").append(std::to_string(other)).append(" has '").append(texts[other]).append("'");
+    message += fmt::format(", rank {} has '{}'", other, texts[other]);
   else
-    message.append(" and so, as far as the first ")
-        .append(std::to_string(kQuoted))
-        .append(" bytes show, do the others");
+    message += fmt::format(" and so, as far as the first {} bytes show, do the others", kQuoted);
   message.append("; give every rank the same config (and the same model)");
   throw Error(message);
 }

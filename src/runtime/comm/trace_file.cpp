@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "base/text.hpp"
@@ -83,8 +84,7 @@ TraceFile::TraceFile(std::string path, Communicator& comm, std::string option, s
     : path_(std::move(path)), option_(std::move(option)), comm_(comm), capacity_(capacity) {
   // The same on every rank (every rank is given the same capacity): refused before any file exists.
   if (capacity_ == 0 || capacity_ > trace::kMaxCapacity)
-    throw Error(option_ + ": room for " + std::to_string(capacity_) + " events per rank; give 1 to " +
-                std::to_string(trace::kMaxCapacity));
+    throw Error(fmt::format("{}: room for {} events per rank; give 1 to {}", option_, capacity_, trace::kMaxCapacity));
   // Every rank learns what rank 0 found, so none goes on alone and all say the same: the ranks
   // already recording, and rank 0's errno creating the file.
   std::array<std::int64_t, 2> status{trace::on() ? 1 : 0, 0};
@@ -95,10 +95,10 @@ TraceFile::TraceFile(std::string path, Communicator& comm, std::string option, s
   comm_.all_reduce_host(status, ReduceOp::sum);
   if (status[0] != 0 || status[1] != 0) {
     discard();
-    const std::string named = option_ + " " + in_quotes(path_) + ": ";
+    const std::string named = fmt::format("{} {}: ", option_, in_quotes(path_));
     if (status[0] != 0)
-      throw Error(named + "a trace is already recording (on " + std::to_string(status[0]) +
-                  " rank(s)); one trace at a time per process");
+      throw Error(fmt::format("{}a trace is already recording (on {} rank(s)); one trace at a time per process", named,
+                              status[0]));
     const auto error = static_cast<int>(status[1]);
     throw Error(named + (error == EEXIST ? std::string("the file exists, and zest writes a new file only; remove it "
                                                        "or name another")
@@ -175,8 +175,8 @@ std::size_t TraceFile::write() {
   if (failed[0] != 0) {
     discard();  // a trace written in part is no trace
     if (out) out->check();
-    throw Error(option_ + " " + in_quotes(path_) + ": rank 0 could not write the trace: " +
-                std::strerror(static_cast<int>(failed[0])));
+    throw Error(fmt::format("{} {}: rank 0 could not write the trace: {}", option_, in_quotes(path_),
+                            std::strerror(static_cast<int>(failed[0]))));
   }
   if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   return total_dropped;

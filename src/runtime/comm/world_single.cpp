@@ -3,6 +3,8 @@
 #include <memory>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "runtime/comm/local_communicator.hpp"
 #include "runtime/comm/nccl_communicator.hpp"
 #include "runtime/comm/world.hpp"
@@ -28,10 +30,11 @@ class SingleWorld final : public World {
  public:
   SingleWorld() {
     if (const int size = launched_size(); size > 1) {
-      throw SystemError("this process was started as one of " + std::to_string(size) +
-                        " ranks, but zest was built without MPI (-Dmpi=disabled, or no MPI found), "
-                        "so each rank would train alone; rebuild with -Dmpi=enabled on a machine "
-                        "with MPI, or run one process");
+      throw SystemError(
+          fmt::format("this process was started as one of {} ranks, but zest was built without MPI "
+                      "(-Dmpi=disabled, or no MPI found), so each rank would train alone; rebuild with "
+                      "-Dmpi=enabled on a machine with MPI, or run one process",
+                      size));
     }
   }
 

@@ -8,6 +8,7 @@
 #include "runtime/device/cuda_device.hpp"
 
 #include <cuda_runtime.h>
+#include <fmt/core.h>
 
 #include <atomic>
 #include <cstdint>
@@ -38,7 +39,7 @@ void set_device_quietly(int ordinal) noexcept { static_cast<void>(cudaSetDevice(
 // later cudaGetLastError() after a kernel launch does not blame that launch.
 void clear_last_error() noexcept { static_cast<void>(cudaGetLastError()); }
 
-std::string device_label(int ordinal) { return std::string("cuda:").append(std::to_string(ordinal)); }
+std::string device_label(int ordinal) { return fmt::format("cuda:{}", ordinal); }
 
 // The errors of one stream's host tasks, shared by the stream, its pending callbacks (which may
 // run after the Stream object is gone), the events recorded on it and its device.
@@ -255,7 +256,7 @@ class CudaDevice final : public Device {
         ordinal_(ordinal),
         name_(device_label(ordinal)),
         memory_(std::move(memory)) {
-    name_.append(" (").append(gpu_name).append(")");
+    name_ += fmt::format(" ({})", gpu_name);
   }
 
   // Every DeviceBuffer has been returned by now (they must not outlive their Device); what is
@@ -344,8 +345,7 @@ class CudaDevice final : public Device {
       }
     }
     if (code != cudaSuccess) {
-      const std::string call =
-          std::string("cudaMalloc(").append(std::to_string(rounded)).append(" bytes)");
+      const std::string call = fmt::format("cudaMalloc({} bytes)", rounded);
       detail::throw_cuda_error(call.c_str(), code, std::source_location::current());
     }
     return block;
@@ -378,8 +378,7 @@ class CudaDevice final : public Device {
       return nullptr;
     }
     if (code != cudaSuccess) {
-      const std::string call =
-          std::string("cudaHostAlloc(").append(std::to_string(bytes)).append(" bytes)");
+      const std::string call = fmt::format("cudaHostAlloc({} bytes)", bytes);
       detail::throw_cuda_error(call.c_str(), code, std::source_location::current());
     }
     locked = true;
@@ -411,19 +410,13 @@ class CudaDevice final : public Device {
   cudaStream_t own_stream(Stream& stream, const char* operation) const {
     auto* cuda_stream = dynamic_cast<CudaStream*>(&stream);
     if (cuda_stream == nullptr) {
-      throw SystemError(std::string(operation)
-                            .append(" on ")
-                            .append(name_)
-                            .append(": the stream was not made by a cuda Device; create it with "
-                                    "this Device's create_stream()"));
+      throw SystemError(fmt::format(
+          "{} on {}: the stream was not made by a cuda Device; create it with this Device's create_stream()", operation,
+          name_));
     }
     if (cuda_stream->ordinal() != ordinal_) {
-      throw SystemError(std::string(operation)
-                            .append(" on ")
-                            .append(name_)
-                            .append(": the stream belongs to ")
-                            .append(device_label(cuda_stream->ordinal()))
-                            .append("; create it with this Device's create_stream()"));
+      throw SystemError(fmt::format("{} on {}: the stream belongs to {}; create it with this Device's create_stream()",
+                                    operation, name_, device_label(cuda_stream->ordinal())));
     }
     return cuda_stream->handle();
   }
@@ -469,18 +462,15 @@ bool cuda_device_available() {
 std::unique_ptr<Device> make_cuda_device(int ordinal, std::size_t budget, std::vector<int> host_cpus,
                                          std::shared_ptr<DeviceMemorySource> memory) {
   if (ordinal < 0) {
-    throw SystemError(std::string("cuda device ordinal ")
-                          .append(std::to_string(ordinal))
-                          .append(" is negative; pass the local rank or a GPU index >= 0"));
+    throw SystemError(
+        fmt::format("cuda device ordinal {} is negative; pass the local rank or a GPU index >= 0", ordinal));
   }
   int count = 0;
   const cudaError_t code = cudaGetDeviceCount(&count);
   if (code != cudaSuccess || count == 0) {
     clear_last_error();
-    std::string reason = code != cudaSuccess
-                             ? std::string(cudaGetErrorName(code)).append(" (").append(
-                                   cudaGetErrorString(code)).append(")")
-                             : std::string("it reports 0 devices");
+    std::string reason = code != cudaSuccess ? fmt::format("{} ({})", cudaGetErrorName(code), cudaGetErrorString(code))
+                                             : std::string("it reports 0 devices");
     throw SystemError(std::string("no CUDA GPU is visible: cudaGetDeviceCount: ")
                           .append(reason)
                           .append("; check the NVIDIA driver and CUDA_VISIBLE_DEVICES, or set "

@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "runtime/device/memory_ledger.hpp"
 #include "zest/error.hpp"
 
@@ -53,8 +55,9 @@ DeviceBuffer Device::allocate(std::size_t bytes, MemoryCategory category) {
 }
 
 void throw_host_label_out_of_range(std::size_t index) {
-  throw Error("pinned memory label " + std::to_string(index) + " is not below HostLabel::kCount (" +
-              std::to_string(HostLabel::kCount) + "); use one of kCount labels, or none");
+  throw Error(
+      fmt::format("pinned memory label {} is not below HostLabel::kCount ({}); use one of kCount labels, or none",
+                  index, HostLabel::kCount));
 }
 
 HostBuffer Device::allocate_pinned(std::size_t bytes, HostLabel label) {
@@ -62,12 +65,10 @@ HostBuffer Device::allocate_pinned(std::size_t bytes, HostLabel label) {
   bool locked = false;
   void* data = allocate_pinned_bytes(bytes, locked);
   if (data == nullptr) {
-    throw SystemError(std::string("cannot allocate ")
-                          .append(describe_bytes(bytes))
-                          .append(" of pinned host memory on ")
-                          .append(name())
-                          .append(": the system has no memory left; lower the offload buffer sizes "
-                                  "(offload.sub_group_bytes, offload.*.buffer_count)"));
+    throw SystemError(
+        fmt::format("cannot allocate {} of pinned host memory on {}: the system has no memory left; lower "
+                    "the offload buffer sizes (offload.sub_group_bytes, offload.*.buffer_count)",
+                    describe_bytes(bytes), name()));
   }
   pinned_ledger_->reserve_host(bytes, locked, label);
   return HostBuffer(this, data, bytes, locked, label);

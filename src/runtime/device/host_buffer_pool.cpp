@@ -3,6 +3,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest {
@@ -32,12 +34,10 @@ void HostBufferPool::Lease::reset() noexcept {
 HostBufferPool::HostBufferPool(Device& device, std::size_t count, std::size_t bytes_each)
     : bytes_each_(bytes_each) {
   if (count == 0 || bytes_each == 0) {
-    throw Error(std::string("host buffer pool: ")
-                    .append(std::to_string(count))
-                    .append(" buffers of ")
-                    .append(std::to_string(bytes_each))
-                    .append(" bytes is empty; a pool needs at least one buffer of at least one "
-                            "byte (check offload.*.buffer_count and offload.sub_group_bytes)"));
+    throw Error(
+        fmt::format("host buffer pool: {} buffers of {} bytes is empty; a pool needs at least one buffer of at "
+                    "least one byte (check offload.*.buffer_count and offload.sub_group_bytes)",
+                    count, bytes_each));
   }
   buffers_.reserve(count);
   free_.reserve(count);

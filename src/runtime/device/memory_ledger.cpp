@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <numeric>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest {
@@ -32,7 +34,7 @@ std::string short_bytes(std::size_t bytes) {
 
 std::string describe_bytes(std::size_t bytes) {
   std::string text = short_bytes(bytes);
-  if (bytes >= 1024) text.append(" (").append(std::to_string(bytes)).append(" bytes)");
+  if (bytes >= 1024) text += fmt::format(" ({} bytes)", bytes);
   return text;
 }
 
@@ -94,11 +96,10 @@ void MemoryLedger::throw_out_of_memory(std::size_t bytes, MemoryCategory categor
 
 std::string MemoryLedger::describe_failure_locked(std::size_t bytes, MemoryCategory category,
                                                   const std::string& reason) const {
-  std::string text = "out of device memory: cannot allocate ";
-  text.append(describe_bytes(bytes)).append(" for ").append(category_name(category));
-  text.append(" (").append(reason).append("); budget ");
-  text.append(budget_ == 0 ? std::string("unbounded") : describe_bytes(budget_));
-  text.append(", in use ").append(describe_bytes(current_total_));
+  std::string text =
+      fmt::format("out of device memory: cannot allocate {} for {} ({}); budget {}, in use {}", describe_bytes(bytes),
+                  category_name(category), reason, budget_ == 0 ? std::string("unbounded") : describe_bytes(budget_),
+                  describe_bytes(current_total_));
 
   // The largest categories first: they are where a higher stage or offload saves the most.
   std::array<std::size_t, kMemoryCategoryCount> order{};

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <utility>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest {
@@ -59,8 +61,7 @@ std::string PendingWatchdog::inspect(std::chrono::steady_clock::time_point now) 
     oldest_since_ = now;
   }
   const auto cause = [&](const Pending& p, const std::string& what) {
-    return std::string(p.name).append(" #").append(std::to_string(p.number)).append(" on ").append(who_)
-        .append(": ").append(what);
+    return fmt::format("{} #{} on {}: {}", p.name, p.number, who_, what);
   };
   std::string failure;
   if (!pending_.empty() && now - oldest_since_ >= timeout_) {

@@ -7,15 +7,16 @@
 #include <source_location>
 #include <string>
 
+#include <fmt/core.h>
+
 #include "zest/error.hpp"
 
 namespace zest::detail {
 
 [[noreturn]] inline void throw_sys_error(const char* call, int error_number,
                                          std::source_location where) {
-  throw SystemError(std::string(call) + " failed: " + std::strerror(error_number) + " (errno " +
-                    std::to_string(error_number) + ") at " + where.file_name() + ":" +
-                    std::to_string(where.line()));
+  throw SystemError(fmt::format("{} failed: {} (errno {}) at {}:{}", call, std::strerror(error_number), error_number,
+                                where.file_name(), where.line()));
 }
 
 }  // namespace zest::detail

@@ -2,6 +2,7 @@
 // not use (a cgroup cpuset), so every count and every cpu handed out is one the rank may run on.
 #include "zest/topology.hpp"
 
+#include <fmt/core.h>
 #include <hwloc.h>
 
 #include <algorithm>
@@ -48,7 +49,7 @@ std::string cpu_list(const std::vector<int>& cpus) {
 }
 
 std::string counted(int count, const char* singular, const char* plural) {
-  return std::to_string(count).append(" ").append(count == 1 ? singular : plural);
+  return fmt::format("{} {}", count, count == 1 ? singular : plural);
 }
 
 }  // namespace
@@ -198,11 +199,9 @@ int Topology::numa_node_count() const { return std::max(1, impl_->count_of(HWLOC
 std::vector<int> Topology::cpus_for_rank(DeviceType device, int device_ordinal, int local_rank,
                                          int local_size) const {
   if (local_size < 1 || local_rank < 0 || local_rank >= local_size) {
-    throw SystemError(std::string("cpus_for_rank: local rank ")
-                          .append(std::to_string(local_rank))
-                          .append(" of ")
-                          .append(std::to_string(local_size))
-                          .append(" is not a rank of this host; pass 0 <= local_rank < local_size"));
+    throw SystemError(
+        fmt::format("cpus_for_rank: local rank {} of {} is not a rank of this host; pass 0 <= local_rank < local_size",
+                    local_rank, local_size));
   }
   const auto cores = impl_->cores_within(impl_->allowed());
   const std::vector<int> bound = impl_->current_binding();
@@ -226,26 +225,16 @@ std::vector<int> Topology::cpus_for_rank(DeviceType device, int device_ordinal, 
 
 void Topology::bind_current_thread(const std::vector<int>& cpus) {
   const auto failure = [&cpus](const std::string& reason, int error_number) {
-    return SystemError(std::string("binding the thread to cpus ")
-                           .append(cpus.empty() ? std::string("(none)") : cpu_list(cpus))
-                           .append(" failed: ")
-                           .append(reason)
-                           .append(": ")
-                           .append(std::strerror(error_number))
-                           .append(" (errno ")
-                           .append(std::to_string(error_number))
-                           .append("); pass cpus from Topology::cpus_for_rank"));
+    return SystemError(fmt::format(
+        "binding the thread to cpus {} failed: {}: {} (errno {}); pass cpus from Topology::cpus_for_rank",
+        cpus.empty() ? std::string("(none)") : cpu_list(cpus), reason, std::strerror(error_number), error_number));
   };
   if (cpus.empty()) throw failure("no cpus given", EINVAL);
   const std::vector<int> allowed = detail::allowed_cpus();
   for (const int cpu : cpus) {
     // Checked here because the kernel silently drops unknown cpus from a mask that has others.
     if (!std::binary_search(allowed.begin(), allowed.end(), cpu)) {
-      throw failure(std::string("cpu ")
-                        .append(std::to_string(cpu))
-                        .append(" is not one this process may run on (allowed: ")
-                        .append(cpu_list(allowed))
-                        .append(")"),
+      throw failure(fmt::format("cpu {} is not one this process may run on (allowed: {})", cpu, cpu_list(allowed)),
                     EINVAL);
     }
   }
@@ -253,11 +242,8 @@ void Topology::bind_current_thread(const std::vector<int>& cpus) {
 }
 
 std::string Topology::describe() const {
-  return counted(numa_node_count(), "NUMA node", "NUMA nodes")
-      .append(", ")
-      .append(counted(core_count(), "core", "cores"))
-      .append(", ")
-      .append(counted(pu_count(), "PU", "PUs"));
+  return fmt::format("{}, {}, {}", counted(numa_node_count(), "NUMA node", "NUMA nodes"),
+                     counted(core_count(), "core", "cores"), counted(pu_count(), "PU", "PUs"));
 }
 
 }  // namespace zest
