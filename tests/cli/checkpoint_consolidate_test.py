@@ -166,7 +166,7 @@ def peak_rss_mib(args):
 
 
 def synthetic_value(t, j):
-    """tests/engine/synthetic_checkpoint.hpp's value(t, j)."""
+    """tests/checkpoint/synthetic_checkpoint.hpp's value(t, j)."""
     return ((j * 7 + t * 13) % 2001) * 0.125 - 125.0
 
 

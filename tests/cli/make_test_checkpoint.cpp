@@ -1,4 +1,4 @@
-// Writes a synthetic checkpoint (tests/engine/synthetic_checkpoint.hpp) for the CLI tests, or
+// Writes a synthetic checkpoint (tests/checkpoint/synthetic_checkpoint.hpp) for the CLI tests, or
 // reseals a hand-edited manifest.
 // usage: make_test_checkpoint DIR RANKS CHUNK_BYTES SHAPE:NAME...
 //   SHAPE is dimensions joined by 'x' ("331x3", "4096"; empty for a scalar); NAME is the rest of
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/synthetic_checkpoint.hpp"
+#include "checkpoint/synthetic_checkpoint.hpp"
 #include "offload/checksum.hpp"
 
 namespace {

@@ -17,7 +17,7 @@
 
 #include "checkpoint/format.hpp"
 #include "checkpoint/publish.hpp"
-#include "engine/synthetic_checkpoint.hpp"
+#include "checkpoint/synthetic_checkpoint.hpp"
 #include "zest/checkpoint.hpp"
 #include "zest/error.hpp"
 

@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/synthetic_checkpoint.hpp"
 #include "engine/reference_training.hpp"
 #include "engine/shared_dir.hpp"
-#include "engine/synthetic_checkpoint.hpp"
 #include "runtime/host/half.hpp"
 #include "runtime/comm/mpi_communicator.hpp"
 #include "runtime/comm/mpi_session.hpp"
