@@ -11,37 +11,28 @@
 #include <utility>
 #include <vector>
 
+#include "silent_communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
 
 namespace zest::engine {
 namespace {
 
-// Rank `rank` of a world whose rank r sits on host hosts[r]. Collectives move nothing; the host
-// all-reduces leave the values as they are (as if every rank held this one's).
-class StandIn final : public Communicator {
+// Rank `rank` of a world whose rank r sits on host hosts[r] (silent: collectives move nothing, the
+// host all-reduces leave the values as if every rank held this one's).
+class StandIn final : public test::SilentCommunicator {
  public:
-  StandIn(int rank, std::vector<int> hosts) : rank_(rank), hosts_(std::move(hosts)) {}
-  int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(hosts_.size()); }
-  std::string backend_name() const override { return "stand-in"; }
+  StandIn(int rank, std::vector<int> hosts)
+      : SilentCommunicator(rank, static_cast<int>(hosts.size()), "stand-in"), hosts_(std::move(hosts)) {}
   int host_of(int rank) const override { return hosts_[static_cast<std::size_t>(rank)]; }
-  void all_reduce(const void*, void*, std::size_t, DType, ReduceOp, Stream&) override {}
-  void reduce_scatter(const void*, void*, std::size_t, DType, ReduceOp, Stream&) override {}
-  void all_gather(const void*, void*, std::size_t, DType, Stream&) override {}
-  void all_to_all(const void*, void*, std::size_t, DType, Stream&) override {}
-  void broadcast(void*, std::size_t, DType, int, Stream&) override {}
-  void barrier() override {}
-  void all_reduce_host(std::span<double>, ReduceOp) override {}
-  void all_reduce_host(std::span<std::int64_t>, ReduceOp) override {}
   // This rank's host: its ranks, in order, on one host. Across: one rank per host.
   std::unique_ptr<Communicator> split_by_host() override {
     ++splits;
     if (refuse_splits) return nullptr;
     int mine = 0, ranks = 0;
     for (int r = 0; r < size(); ++r) {
-      if (host_of(r) != host_of(rank_)) continue;
-      if (r == rank_) mine = ranks;
+      if (host_of(r) != host_of(rank())) continue;
+      if (r == rank()) mine = ranks;
       ++ranks;
     }
     return std::make_unique<StandIn>(mine, std::vector<int>(static_cast<std::size_t>(ranks), 0));
@@ -52,13 +43,12 @@ class StandIn final : public Communicator {
     std::vector<int> each_own;
     for (int r = 0; r < size(); ++r)
       if (host_of(r) != (r ? host_of(r - 1) : -1)) each_own.push_back(static_cast<int>(each_own.size()));
-    return std::make_unique<StandIn>(host_of(rank_), std::move(each_own));
+    return std::make_unique<StandIn>(host_of(rank()), std::move(each_own));
   }
   int splits = 0;
   bool refuse_splits = false;
 
  private:
-  int rank_;
   std::vector<int> hosts_;
 };
 

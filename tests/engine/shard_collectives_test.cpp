@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/collectives/quantized_collectives.hpp"
+#include "silent_communicator.hpp"
 
 namespace zest::engine {
 namespace {
@@ -27,11 +28,10 @@ struct Call {
   bool operator==(const Call&) const = default;
 };
 
-class Recording final : public Communicator {
+// Rank 1 of 4; records each device collective.
+class Recording final : public test::SilentCommunicator {
  public:
-  int rank() const override { return 1; }
-  int size() const override { return 4; }
-  std::string backend_name() const override { return "recording"; }
+  Recording() : SilentCommunicator(1, 4, "recording") {}
   void all_reduce(const void*, void*, std::size_t, DType, ReduceOp, Stream&) override {
     calls.push_back(Call{"other"});
   }
@@ -43,9 +43,6 @@ class Recording final : public Communicator {
   }
   void all_to_all(const void*, void*, std::size_t, DType, Stream&) override { calls.push_back(Call{"other"}); }
   void broadcast(void*, std::size_t, DType, int, Stream&) override { calls.push_back(Call{"other"}); }
-  void barrier() override {}
-  void all_reduce_host(std::span<double>, ReduceOp) override {}
-  void all_reduce_host(std::span<std::int64_t>, ReduceOp) override {}
   std::vector<Call> calls;
 };
 

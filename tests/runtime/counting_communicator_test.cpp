@@ -10,17 +10,17 @@
 #include <memory>
 #include <vector>
 
+#include "silent_communicator.hpp"
 #include "zest/device.hpp"
 #include "zest/error.hpp"
 
 namespace zest {
 namespace {
 
-class TwoHosts final : public Communicator {
+// Rank 1 of 4 on two hosts; records each collective's count.
+class TwoHosts final : public test::SilentCommunicator {
  public:
-  int rank() const override { return 1; }
-  int size() const override { return 4; }
-  std::string backend_name() const override { return "two hosts"; }
+  TwoHosts() : SilentCommunicator(1, 4, "two hosts") {}
   int host_of(int rank) const override { return rank / 2; }
   void all_reduce(const void*, void*, std::size_t count, DType, ReduceOp, Stream&) override { calls.push_back(count); }
   void reduce_scatter(const void*, void*, std::size_t count, DType, ReduceOp, Stream&) override {
@@ -29,7 +29,6 @@ class TwoHosts final : public Communicator {
   void all_gather(const void*, void*, std::size_t count, DType, Stream&) override { calls.push_back(count); }
   void all_to_all(const void*, void*, std::size_t count, DType, Stream&) override { calls.push_back(count); }
   void broadcast(void*, std::size_t count, DType, int, Stream&) override { calls.push_back(count); }
-  void barrier() override {}
   void all_reduce_host(std::span<double> values, ReduceOp) override { calls.push_back(values.size()); }
   void all_reduce_host(std::span<std::int64_t> values, ReduceOp) override { calls.push_back(values.size()); }
   // Records the split; the caller gets no communicator (none is needed to see the forwarding).

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/trace.hpp"
+#include "silent_communicator.hpp"
 #include "runtime/device/stream_span.hpp"
 #include "zest/trace.hpp"
 #include "zest/error.hpp"
@@ -28,23 +29,6 @@ namespace zest {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A world of one: the host all-reduce of one rank is the identity. (The device collectives are not
-// used by a trace.)
-class OneRank final : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string backend_name() const override { return "one rank"; }
-  void all_reduce(const void*, void*, std::size_t, DType, ReduceOp, Stream&) override {}
-  void reduce_scatter(const void*, void*, std::size_t, DType, ReduceOp, Stream&) override {}
-  void all_gather(const void*, void*, std::size_t, DType, Stream&) override {}
-  void all_to_all(const void*, void*, std::size_t, DType, Stream&) override {}
-  void broadcast(void*, std::size_t, DType, int, Stream&) override {}
-  void barrier() override {}
-  void all_reduce_host(std::span<double>, ReduceOp) override {}
-  void all_reduce_host(std::span<std::int64_t>, ReduceOp) override {}
-};
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path);
@@ -80,7 +64,8 @@ class TraceTest : public testing::Test {
     fs::remove_all(dir_);
   }
   fs::path dir_;
-  OneRank comm_;
+  // A world of one: the host all-reduce of one rank is the identity (a trace uses no other call).
+  test::SilentCommunicator comm_{0, 1, "one rank"};
 };
 
 TEST_F(TraceTest, OffRecordsNothing) {
