@@ -31,9 +31,20 @@ check() {
 
 check "zest" "$zest"
 for sub in "config" "config check" "smoke" "estimate" "checkpoint" "checkpoint inspect" \
-           "checkpoint consolidate" "bench" "bench adam" "bench io" "bench memory" "bench step"; do
+           "checkpoint consolidate" "bench"; do
   # shellcheck disable=SC2086 # the subcommand's words
   check "zest $sub" "$zest" $sub
+done
+for bench in adam io memory step; do
+  if [ "${ZEST_BENCH:-built}" = absent ]; then
+    # Configured with -Dbench=false: each benchmark refuses (exit 2), saying how to get it.
+    rc=0
+    timeout 30 "$zest" bench "$bench" --help >"$work/out" 2>"$work/err" </dev/null || rc=$?
+    [ "$rc" -eq 2 ] || fail "zest bench $bench without benchmarks built: exit $rc, expected 2"
+    grep -q -- "-Dbench=true" "$work/err" || fail "zest bench $bench without benchmarks built: no word of -Dbench=true"
+  else
+    check "zest bench $bench" "$zest" bench "$bench"
+  fi
 done
 shift
 for program in "$@"; do
