@@ -8,14 +8,15 @@
 // configured sub-group slots, not the states. --optimizer-on-device keeps the states on the device
 // instead (no disk), so that what is left of step() is the Adam math and the parameter all-gather.
 //
-// --overlap measures offload.optimizer.overlap (the offloaded states updated during backward, as each
-// group's gradient shard is reduced, so that step() only commits): two engines with the same config,
-// weights and gradients but that key, today's pipeline (false) and the overlapped one (true), step in
-// turn. What counts is the step time backward does not hide, from the last grads_ready() to step()'s
-// return: the exposed step. The backward stand-in sleeps between groups (--backward seconds in all;
-// auto: as long as today's warm-up step), the device busy with the next layer while the host and the
-// disk are free. Goal: overlapped / today <= 0.25 when backward lasts at least as long as the step's
-// I/O. The two engines' parameters must stay bit-identical: the overlap may never change results.
+// --update-ahead measures offload.optimizer.update_ahead (the offloaded states updated during
+// backward, as each group's gradient shard is reduced, so that step() only commits): two engines
+// with the same config, weights and gradients but that key, today's pipeline (false) and the one
+// that updates ahead (true), step in turn. What counts is the step time backward does not hide,
+// from the last grads_ready() to step()'s return: the exposed step. The backward stand-in sleeps
+// between groups (--backward seconds in all; auto: as long as today's warm-up step), the device
+// busy with the next layer while the host and the disk are free. Goal: ahead / today <= 0.25 when
+// backward lasts at least as long as the step's I/O. The two engines' parameters must stay
+// bit-identical: updating ahead may never change results.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -56,7 +57,7 @@ constexpr const char* kUsage =
     "                       [--sub-group SIZE] [--buffers N] [--groups N] [--device-memory SIZE]\n"
     "                       [--io-size GiB] [--reps N] [--bucket SIZE] [--allgather SIZE]\n"
     "                       [--optimizer-on-device | --optimizer-on-host] [--placement rank|shared]\n"
-    "                       [--overlap] [--backward SECONDS|auto] [--no-set-param] [--json] [--trace FILE]\n"
+    "                       [--update-ahead] [--backward SECONDS|auto] [--no-set-param] [--json] [--trace FILE]\n"
     "                       [--states LIST]\n"
     "  A world of one (or every rank under mpirun) builds an Engine on the cpu device (stage 2) with\n"
     "  offload.optimizer.device nvme in DIR, --params parameters (default 2e8) in --groups equal\n"
@@ -75,19 +76,20 @@ constexpr const char* kUsage =
     "  rank's host threads as zest did before each rank had its own cpus (every rank's CPU Adam on the\n"
     "  machine's first cpu, cores / ranks threads each), to compare with the default, rank.\n"
     "  --backward SECONDS makes the backward stand-in last that long: it sleeps SECONDS / groups after\n"
-    "  each group but the last (default 0). --overlap builds two engines, offload.optimizer.overlap false\n"
-    "  (today) and true (overlapped), in DIR/zest-bench-today and DIR/zest-bench-overlap (made and removed\n"
-    "  by the run; it refuses to start if either exists), or with --optimizer-on-host, not with\n"
-    "  --optimizer-on-device. After a warm-up step each they step in turn, and the run reports the exposed\n"
-    "  step (from the last grads_ready() to step()'s return) of each, their ratio (goal <= 0.25) and\n"
-    "  whether their parameters stayed bit-identical (exit 1 if not). --backward defaults to auto there:\n"
-    "  as long as today's warm-up step. The two engines share the device budget (--device-memory).\n"
+    "  each group but the last (default 0). --update-ahead builds two engines,\n"
+    "  offload.optimizer.update_ahead false (today) and true (ahead), in DIR/zest-bench-today and\n"
+    "  DIR/zest-bench-update-ahead (made and removed by the run; it refuses to start if either exists),\n"
+    "  or with --optimizer-on-host, not with --optimizer-on-device. After a warm-up step each they step\n"
+    "  in turn, and the run reports the exposed step (from the last grads_ready() to step()'s return) of\n"
+    "  each, their ratio (goal <= 0.25) and whether their parameters stayed bit-identical (exit 1 if\n"
+    "  not). --backward defaults to auto there: as long as today's warm-up step. The two engines share\n"
+    "  the device budget (--device-memory).\n"
     "  --trace FILE writes a Chrome trace (chrome://tracing, ui.perfetto.dev) of every rank's timed steps,\n"
     "  warm-up included, to FILE, a new file (an existing one is refused before any work).\n"
     "  --states LIST: optimizer.states, one or several of fp32, bf16, int8 separated by commas (default\n"
     "  fp32). Several build one engine each in turn, after the one bandwidth measurement, and report\n"
     "  each format's step, bytes per parameter moved per step and ratio to its disk bound side by side,\n"
-    "  with the speed-up over the first (not with --overlap or --trace).\n";
+    "  with the speed-up over the first (not with --update-ahead or --trace).\n";
 
 struct Options {
   std::string path;
@@ -107,8 +109,8 @@ struct Options {
   int reps = 3;
   bool set_param = true;
   bool json = false;
-  bool overlap = false;            // two engines: offload.optimizer.overlap false and true
-  std::optional<double> backward;  // the stand-in's seconds; unset: auto (--overlap) or 0
+  bool update_ahead = false;       // two engines: offload.optimizer.update_ahead false and true
+  std::optional<double> backward;  // the stand-in's seconds; unset: auto (--update-ahead) or 0
   std::string trace;               // --trace FILE; empty: none
   std::vector<StatesFormat> states{StatesFormat::f32};  // --states: one engine each
 };
@@ -198,7 +200,7 @@ struct StepTiming {
 // once, through the leases, in backward order, the value set by `step` alone (so that two engines
 // given the same steps see the same gradients); after each group's grads_ready() but the last it
 // sleeps backward / groups seconds: the device computing the next group's gradients while the host
-// and the disk are free, which is when an overlapped engine works. Backward ends when the last
+// and the disk are free, which is when an engine that updates ahead works. Backward ends when the last
 // group is handed over.
 StepTiming timed_step(Engine& engine, Communicator& comm, DType dtype, int step, double backward) {
   const float grad = 1e-3f * static_cast<float>(engine.loss_scale()) * static_cast<float>(step + 1);
@@ -245,7 +247,7 @@ std::vector<StatesFormat> parse_states(std::string_view list) {
 
 int parse(int argc, char** argv, Options& o) {
   constexpr std::size_t kGiB = std::size_t{1} << 30;
-  bool backward_auto = false;  // auto given: it needs --overlap
+  bool backward_auto = false;  // auto given: it needs --update-ahead
   try {
     for (int i = 0; i < argc; ++i) {
       const std::string_view arg = argv[i];
@@ -263,7 +265,7 @@ int parse(int argc, char** argv, Options& o) {
         o.shared_placement = p == "shared";
       }
       else if (arg == "--no-set-param") o.set_param = false;
-      else if (arg == "--overlap") o.overlap = true;
+      else if (arg == "--update-ahead") o.update_ahead = true;
       else if (arg == "--backward") {
         const std::string_view b = value();
         o.backward = b == "auto" ? std::nullopt : std::optional(args::parse_number(arg, b, 0, 1e6));
@@ -295,12 +297,12 @@ int parse(int argc, char** argv, Options& o) {
     }
     if (o.on_device && o.on_host)
       throw args::UsageError("--optimizer-on-device and --optimizer-on-host exclude each other");
-    if (o.overlap && o.on_device)
-      throw args::UsageError("--overlap needs the whole optimizer offloaded: not with --optimizer-on-device");
-    if (backward_auto && !o.overlap)
-      throw args::UsageError("--backward auto (as long as today's warm-up step) needs --overlap; give seconds");
-    if (o.states.size() > 1 && (o.overlap || !o.trace.empty()))
-      throw args::UsageError("--states with several formats measures plain steps: not with --overlap or --trace");
+    if (o.update_ahead && o.on_device)
+      throw args::UsageError("--update-ahead needs the whole optimizer offloaded: not with --optimizer-on-device");
+    if (backward_auto && !o.update_ahead)
+      throw args::UsageError("--backward auto (as long as today's warm-up step) needs --update-ahead; give seconds");
+    if (o.states.size() > 1 && (o.update_ahead || !o.trace.empty()))
+      throw args::UsageError("--states with several formats measures plain steps: not with --update-ahead or --trace");
     if (o.path.empty() && !o.on_device && !o.on_host) throw args::UsageError("--path DIR is required");
     if (!o.on_device && !o.on_host) args::check_output_directory("--path", o.path);
   } catch (const args::UsageError& error) {
@@ -328,8 +330,9 @@ class ScratchDirectory {
     if (::mkdir(path.c_str(), 0777) != 0) {
       std::string message = path;
       if (errno == EEXIST)
-        throw Error(message.append(" exists (left by an earlier run?): --overlap makes its own directory for each "
-                                   "engine's swap file and uses no other; remove it or give another --path"));
+        throw Error(
+            message.append(" exists (left by an earlier run?): --update-ahead makes its own directory for each "
+                           "engine's swap file and uses no other; remove it or give another --path"));
       throw Error(fmt::format("{}: cannot make the directory ({})", message, std::strerror(errno)));
     }
     path_ = path;
@@ -347,7 +350,7 @@ class ScratchDirectory {
   std::string path_;  // empty: nothing made, or removed already
 };
 
-// One engine's share of an --overlap run: its setup and the counted steps.
+// One engine's share of an --update-ahead run: its setup and the counted steps.
 struct EngineRun {
   double setup_seconds = 0, set_param_seconds = 0;
   std::vector<double> backward, exposed, step;  // one a counted step
@@ -362,9 +365,9 @@ struct EngineRun {
   }
 };
 
-struct OverlapRun {
+struct UpdateAheadRun {
   double backward = 0;  // the stand-in's seconds, auto resolved
-  EngineRun today, overlap;
+  EngineRun today, ahead;
   std::string difference;  // the first tensor whose parameters differ; empty: bit-identical
   std::size_t numel = 0;
   int groups = 0;
@@ -384,44 +387,45 @@ std::string first_difference(Engine& a, Engine& b) {
   return {};
 }
 
-// The --overlap run: both engines built, a warm-up step each, then --steps steps in turn. The
+// The --update-ahead run: both engines built, a warm-up step each, then --steps steps in turn. The
 // engines are gone when it returns (their swap files with them).
-OverlapRun run_overlap(const Options& o, const Config& today_config, const Config& overlap_config, Runtime& runtime,
-                       const std::vector<ParamSpec>& specs, TraceFile* trace_file) {
+UpdateAheadRun run_update_ahead(const Options& o, const Config& today_config, const Config& ahead_config,
+                                Runtime& runtime, const std::vector<ParamSpec>& specs, TraceFile* trace_file) {
   Communicator& comm = runtime.comm();
-  OverlapRun run;
+  UpdateAheadRun run;
   const auto today = build_engine(today_config, runtime, specs, o.set_param, run.today.setup_seconds,
                                   run.today.set_param_seconds);
-  const auto overlap = build_engine(overlap_config, runtime, specs, o.set_param, run.overlap.setup_seconds,
-                                    run.overlap.set_param_seconds);
+  const auto ahead =
+      build_engine(ahead_config, runtime, specs, o.set_param, run.ahead.setup_seconds, run.ahead.set_param_seconds);
   if (trace_file) trace_file->restart();
   // Warm-up, not counted. With auto, today's runs without the sleeps and its step() sets the
   // backward of every later step (the slowest rank's, so that every rank sleeps alike).
   double warm[] = {timed_step(*today, comm, o.dtype, 0, o.backward.value_or(0)).step};
   comm.all_reduce_host(warm, ReduceOp::max);
   run.backward = o.backward.value_or(warm[0]);
-  timed_step(*overlap, comm, o.dtype, 0, run.backward);
+  timed_step(*ahead, comm, o.dtype, 0, run.backward);
   // In turn, so that a busy disk or machine slows both alike.
   for (int step = 1; step <= o.steps; ++step) {
     run.today.add(timed_step(*today, comm, o.dtype, step, run.backward));
-    run.overlap.add(timed_step(*overlap, comm, o.dtype, step, run.backward));
+    run.ahead.add(timed_step(*ahead, comm, o.dtype, step, run.backward));
   }
   if (trace_file) trace_file->write();
-  run.difference = first_difference(*today, *overlap);
+  run.difference = first_difference(*today, *ahead);
   run.today.stats = today->stats();
-  run.overlap.stats = overlap->stats();
+  run.ahead.stats = ahead->stats();
   run.numel = today->numel();
   run.groups = today->group_count();
   return run;
 }
 
-// Rank 0's report of an --overlap run; `config` is today's engine's.
-void report_overlap(const Options& o, const Config& config, const bench::StoreBandwidth& bw, const OverlapRun& run,
-                    int ranks, const HostMemoryStats& pinned, const std::string& load_before) {
+// Rank 0's report of an --update-ahead run; `config` is today's engine's.
+void report_update_ahead(const Options& o, const Config& config, const bench::StoreBandwidth& bw,
+                         const UpdateAheadRun& run, int ranks, const HostMemoryStats& pinned,
+                         const std::string& load_before) {
   const bool nvme = !o.on_host;
-  const EngineRun &today = run.today, &overlap = run.overlap;
-  const double exposed_today = median(today.exposed), exposed_overlap = median(overlap.exposed);
-  const double exposed_ratio = exposed_overlap / exposed_today;
+  const EngineRun &today = run.today, &ahead = run.ahead;
+  const double exposed_today = median(today.exposed), exposed_ahead = median(ahead.exposed);
+  const double exposed_ratio = exposed_ahead / exposed_today;
   // Today's pipeline reads and writes every sub-group's region once a step.
   const auto state_bytes = static_cast<double>(today.stats.nvme_bytes);
   const double limit = nvme ? state_bytes / bw.read_bytes_per_s + state_bytes / bw.write_bytes_per_s : 0.0;
@@ -431,7 +435,7 @@ void report_overlap(const Options& o, const Config& config, const bench::StoreBa
   const std::string dtype(dtype_name(o.dtype));
   const bool identical = run.difference.empty();
   if (o.json) {
-    nlohmann::ordered_json out = {{"overlap", true},
+    nlohmann::ordered_json out = {{"update_ahead", true},
                                   {"params", run.numel},
                                   {"groups", run.groups},
                                   {"dtype", dtype},
@@ -448,13 +452,13 @@ void report_overlap(const Options& o, const Config& config, const bench::StoreBa
                                   {"adam_threads", config.optimizer.threads},
                                   {"backward_seconds", run.backward},
                                   {"backward_measured_seconds_today", median(today.backward)},
-                                  {"backward_measured_seconds_overlap", median(overlap.backward)},
+                                  {"backward_measured_seconds_update_ahead", median(ahead.backward)},
                                   {"step_seconds_today", median(today.step)},
-                                  {"step_seconds_overlap", median(overlap.step)},
+                                  {"step_seconds_update_ahead", median(ahead.step)},
                                   {"exposed_seconds_today", exposed_today},
-                                  {"exposed_seconds_overlap", exposed_overlap},
+                                  {"exposed_seconds_update_ahead", exposed_ahead},
                                   {"exposed_samples_today", today.exposed},
-                                  {"exposed_samples_overlap", overlap.exposed},
+                                  {"exposed_samples_update_ahead", ahead.exposed},
                                   {"exposed_ratio", exposed_ratio},
                                   {"target_exposed_ratio", 0.25},
                                   {"identical", identical},
@@ -462,9 +466,9 @@ void report_overlap(const Options& o, const Config& config, const bench::StoreBa
                                   {"set_param_seconds", today.set_param_seconds},
                                   {"grad_norm", today.last.grad_norm},
                                   {"nvme_bytes", today.stats.nvme_bytes},
-                                  {"nvme_bytes_overlap", overlap.stats.nvme_bytes},
+                                  {"nvme_bytes_update_ahead", ahead.stats.nvme_bytes},
                                   {"offload_pinned_bytes", today.stats.offload_pinned_bytes},
-                                  {"offload_pinned_bytes_overlap", overlap.stats.offload_pinned_bytes}};
+                                  {"offload_pinned_bytes_update_ahead", ahead.stats.offload_pinned_bytes}};
     if (nvme) {
       out["direct"] = bw.direct;
       out["bytes_read_per_step"] = out["bytes_written_per_step"] = today.stats.nvme_bytes;
@@ -486,32 +490,31 @@ void report_overlap(const Options& o, const Config& config, const bench::StoreBa
   const std::string states =
       nvme ? std::string("on NVMe in ").append(o.path).append(bw.direct ? " (O_DIRECT)" : " (buffered)")
            : std::string("in pinned host memory");
-  std::printf("zest bench step --overlap: %zu params (%s, %d groups), %d rank(s), states %s, placement %s\n",
+  std::printf("zest bench step --update-ahead: %zu params (%s, %d groups), %d rank(s), states %s, placement %s\n",
               run.numel, dtype.c_str(), run.groups, ranks, states.c_str(), placement);
   std::printf(
-      "  engines today (overlap false) and overlapped (true) built in %.1f + %.1f s, weights set in %.1f + %.1f s%s\n",
-      today.setup_seconds, overlap.setup_seconds, today.set_param_seconds, overlap.set_param_seconds,
+      "  engines today (update_ahead false) and ahead (true) built in %.1f + %.1f s, weights set in %.1f + %.1f s%s\n",
+      today.setup_seconds, ahead.setup_seconds, today.set_param_seconds, ahead.set_param_seconds,
       o.set_param ? "" : " (left zero: --no-set-param)");
   if (nvme)
     std::printf(
         "  store write %.3f GB/s, read %.3f GB/s: today's %.2f GB read + written per step -> disk-bound %.3f s\n",
         gb(bw.write_bytes_per_s), gb(bw.read_bytes_per_s), gb(state_bytes), limit);
-  std::printf("  backward stand-in %.4f s (%s) over %d groups; measured median today %.4f s, overlapped %.4f s\n",
+  std::printf("  backward stand-in %.4f s (%s) over %d groups; measured median today %.4f s, ahead %.4f s\n",
               run.backward, o.backward ? "--backward" : "auto: today's warm-up step()", run.groups,
-              median(today.backward), median(overlap.backward));
-  std::printf("  step() median of %d: today %.4f s, overlapped %.4f s\n", o.steps, median(today.step),
-              median(overlap.step));
-  std::printf("  exposed step (last grads_ready() to step()'s return) median: today %.4f s, overlapped %.4f s\n"
+              median(today.backward), median(ahead.backward));
+  std::printf("  step() median of %d: today %.4f s, ahead %.4f s\n", o.steps, median(today.step), median(ahead.step));
+  std::printf("  exposed step (last grads_ready() to step()'s return) median: today %.4f s, ahead %.4f s\n"
               "  -> ratio %.3f (goal <= 0.25 when backward lasts at least as long as the step's I/O)\n",
-              exposed_today, exposed_overlap, exposed_ratio);
+              exposed_today, exposed_ahead, exposed_ratio);
   if (identical) std::printf("  parameters after the steps: bit-identical\n");
   else std::printf("  parameters after the steps: DIFFER, first in %s\n", run.difference.c_str());
   if (nvme)
-    std::printf("  states on disk: today %.2f GB, overlapped %.2f GB\n", gb(state_bytes),
-                gb(static_cast<double>(overlap.stats.nvme_bytes)));
-  std::printf("  pinned for offload: today %.2f GB, overlapped %.2f GB\n",
+    std::printf("  states on disk: today %.2f GB, ahead %.2f GB\n", gb(state_bytes),
+                gb(static_cast<double>(ahead.stats.nvme_bytes)));
+  std::printf("  pinned for offload: today %.2f GB, ahead %.2f GB\n",
               gb(static_cast<double>(today.stats.offload_pinned_bytes)),
-              gb(static_cast<double>(overlap.stats.offload_pinned_bytes)));
+              gb(static_cast<double>(ahead.stats.offload_pinned_bytes)));
   std::printf("  resident: %.2f GB now, %.2f GB peak; pinned peak %.2f GB\n", gb(static_cast<double>(rss)),
               gb(static_cast<double>(hwm)), gb(static_cast<double>(pinned.peak)));
   std::printf("  load average before %s, after %s\n", load_before.c_str(), load_after.c_str());
@@ -679,11 +682,11 @@ int bench_step(int argc, char** argv) {
     if (o.bucket > 0) config.buckets.reduce_bytes = o.bucket;
     if (o.allgather > 0) config.buckets.allgather_bytes = o.allgather;
     // Params and grads in dtype (with the states on the device, 12 bytes per parameter too: more
-    // than this rank's shard of them needs), with room for padding and the buckets; --overlap's two
+    // than this rank's shard of them needs), with room for padding and the buckets; --update-ahead's two
     // engines share the device.
     const std::size_t model_bytes =
         2 * dtype_size(o.dtype) * o.params + (o.on_device ? 12 * o.params : 0);
-    const std::size_t engines = o.overlap ? 2 : 1;
+    const std::size_t engines = o.update_ahead ? 2 : 1;
     config.device.memory = o.device_memory > 0 ? o.device_memory
                                                : engines * (model_bytes + model_bytes / 16 + (std::size_t{256} << 20));
     config = parse_config(to_yaml(config));  // validated like a user's file
@@ -703,15 +706,15 @@ int bench_step(int argc, char** argv) {
     if (!o.trace.empty()) trace_file.emplace(o.trace, comm);
     const std::string load_before = load_average();
 
-    // --overlap on NVMe: each engine's own swap directory, made before the bandwidth test so that a
+    // --update-ahead on NVMe: each engine's own swap directory, made before the bandwidth test so that a
     // leftover stops the run at once; the first rank of each host makes them, for its ranks' files.
-    // The guards outlive the engines (run_overlap's), so a swap file is gone before its directory.
-    const std::string today_path = o.path + "/zest-bench-today", overlap_path = o.path + "/zest-bench-overlap";
-    ScratchDirectory today_directory, overlap_directory;
-    if (o.overlap && !o.on_host) {
+    // The guards outlive the engines (run_update_ahead's), so a swap file is gone before its directory.
+    const std::string today_path = o.path + "/zest-bench-today", ahead_path = o.path + "/zest-bench-update-ahead";
+    ScratchDirectory today_directory, ahead_directory;
+    if (o.update_ahead && !o.on_host) {
       if (runtime.local_rank() == 0) {
         today_directory.make(today_path);
-        overlap_directory.make(overlap_path);
+        ahead_directory.make(ahead_path);
       }
       comm.barrier();
     }
@@ -734,25 +737,27 @@ int bench_step(int argc, char** argv) {
           g + 1 < o.groups ? per_group : o.params - per_group * static_cast<std::size_t>(o.groups - 1);
       specs.push_back({std::string("layer").append(std::to_string(g)), {n}, g});
     }
-    if (o.overlap) {
-      // Two configs that differ in offload.optimizer.overlap alone (and the swap directory).
-      Config today_config = config, overlap_config = config;
-      overlap_config.offload.optimizer_overlap = true;
+    if (o.update_ahead) {
+      // Two configs that differ in offload.optimizer.update_ahead alone (and the swap directory).
+      Config today_config = config, ahead_config = config;
+      ahead_config.offload.optimizer_update_ahead = true;
       if (!o.on_host) {
         today_config.offload.optimizer.paths = {today_path};
-        overlap_config.offload.optimizer.paths = {overlap_path};
+        ahead_config.offload.optimizer.paths = {ahead_path};
       }
       today_config = parse_config(to_yaml(today_config));
-      overlap_config = parse_config(to_yaml(overlap_config));
-      const OverlapRun run =
-          run_overlap(o, today_config, overlap_config, runtime, specs, trace_file ? &*trace_file : nullptr);
+      ahead_config = parse_config(to_yaml(ahead_config));
+      const UpdateAheadRun run =
+          run_update_ahead(o, today_config, ahead_config, runtime, specs, trace_file ? &*trace_file : nullptr);
       comm.barrier();  // every rank's engines, and so their swap files, are gone
       today_directory.remove();
-      overlap_directory.remove();
-      if (lead) report_overlap(o, today_config, bw, run, comm.size(), runtime.device().pinned_stats(), load_before);
+      ahead_directory.remove();
+      if (lead)
+        report_update_ahead(o, today_config, bw, run, comm.size(), runtime.device().pinned_stats(), load_before);
       if (!run.difference.empty())
-        throw Error(std::string("the overlapped engine's parameters differ from today's, first in ")
-                        .append(run.difference).append(": offload.optimizer.overlap must not change results"));
+        throw Error(std::string("the parameters of the engine that updates ahead differ from today's, first in ")
+                        .append(run.difference)
+                        .append(": offload.optimizer.update_ahead must not change results"));
       return 0;
     }
 

@@ -137,8 +137,9 @@ int run(int argc, char** argv) {
                 static_cast<unsigned long long>(w.across()), static_cast<unsigned long long>(reduced),
                 static_cast<unsigned long long>(w.of(Collective::all_gather)),
                 static_cast<unsigned long long>(zero.zero_formula));
-    if (config.offload.optimizer_overlap)
-      std::printf("zest-train: offload.optimizer.overlap: %lld groups updated during backward and kept, %lld redone\n",
+    if (config.offload.optimizer_update_ahead)
+      std::printf("zest-train: offload.optimizer.update_ahead: %lld groups updated during backward and kept, "
+                  "%lld redone\n",
                   static_cast<long long>(stats.groups_updated_ahead), static_cast<long long>(stats.groups_redone));
   }
   return 0;

@@ -133,12 +133,13 @@ struct OffloadConfig {
   // offload.optimizer.ratio, in (0, 1]: the fraction of this rank's optimizer states that
   // offload.optimizer.device holds; the rest stays on the device, stepped there at the same time.
   double optimizer_ratio = 1.0;
-  // offload.optimizer.overlap: update each group's offloaded states as soon as its gradient shard is
-  // final (during backward), assuming the step neither overflows nor clips; the step commits that
-  // work, or redoes it when the assumption fails. Stages 2-3, the whole optimizer offloaded (ratio
-  // 1). Costs a second copy of the states (cpu: pinned host memory; nvme: swap space) and the
-  // updated parameter shard in pinned host memory until the step commits.
-  bool optimizer_overlap = false;
+  // offload.optimizer.update_ahead: update each group's offloaded states as soon as its gradient
+  // shard is final (during backward), assuming the step neither overflows nor clips; the step
+  // commits that work, or redoes it when the assumption fails. Stages 2-3, the whole optimizer
+  // offloaded (ratio 1). Costs a second copy of the states (cpu: pinned host memory; nvme: swap
+  // space) and the updated parameter shard in pinned host memory until the step commits. YAML also
+  // reads it under its deprecated old name, offload.optimizer.overlap, until a later release.
+  bool optimizer_update_ahead = false;
 };
 
 struct IoConfig {
@@ -151,6 +152,10 @@ struct IoConfig {
 
 struct Config {
   std::string source;  // file the config came from ("<string>" when parsed from text)
+  // What parsing noticed that is not an error (a deprecated key), each "file:line:col: key:
+  // message". Not a setting: to_yaml and validate ignore it. The Engine prints each on its rank 0
+  // as "zest: warning: ...", once per engine; `zest config check` prints them too.
+  std::vector<std::string> warnings;
   int stage = 0;       // 0 = plain data parallel (DDP), 1..3 = ZeRO stages
   DeviceConfig device;
   CommConfig comm;

@@ -43,8 +43,8 @@
 // zest-rank<rank>.swap: a directory of the engine's own, created exclusively and locked, so any
 // number of engines and jobs share DIRECTORY) and runs the step as a pipeline of sub-groups on the host;
 // param.device cpu|nvme (stage 3) keeps the parameter shards there too, fetched before each gather.
-// Results are bit-identical to the same run without offload. With offload.optimizer.overlap the
-// offloaded states of each group are updated while backward goes on, as soon as the group's
+// Results are bit-identical to the same run without offload. With offload.optimizer.update_ahead
+// the offloaded states of each group are updated while backward goes on, as soon as the group's
 // gradients are reduced for the last micro-batch (gradient_accumulation_steps), and step() keeps
 // or redoes that work (bit-identical either way; EngineStats counts both). After an IoError from
 // step() the offloaded state is partly updated: the engine refuses further steps; rebuild it and
@@ -125,7 +125,7 @@ struct EngineStats {
   // when the whole optimizer is offloaded (also counted in Device::pinned_stats).
   std::size_t nvme_bytes = 0;
   std::size_t offload_pinned_bytes = 0;
-  // offload.optimizer.overlap, over all steps: groups whose update during backward a step kept,
+  // offload.optimizer.update_ahead, over all steps: groups whose update during backward a step kept,
   // and groups updated during backward whose work a step dropped and redid (it clipped, a
   // hyper-parameter changed after the group's gradients were handed over) or dropped (it was
   // skipped). A group whose gradient changed again (a micro-batch beyond

@@ -6,7 +6,7 @@
 // its phases, the offloaded optimizer's sub-groups and Adam), comm stream (each bucket's
 // reduction, the all-gather, stage 3's gathers: timed when the stream runs them), copy stream
 // (parameters uploaded),
-// update ahead (offload.optimizer.overlap's thread), nvme read / nvme write (each transfer, from
+// update ahead (offload.optimizer.update_ahead's thread), nvme read / nvme write (each transfer, from
 // submission to completion). Recording is off unless a TraceFile lives; off, a span costs a branch.
 // The events are kept in room for `capacity` of them per rank, allocated here: the recorder
 // allocates nothing inside a step, and events past it are dropped and counted in otherData.

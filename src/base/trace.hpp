@@ -26,7 +26,7 @@ enum class Lane : std::uint8_t {
   host,          // the trainer's thread: step() and its phases, the optimizer's pipeline
   comm_stream,   // the engine's stream: reductions, the all-gather, device math
   copy_stream,   // the offloaded optimizer's copy streams (parameters up to the device)
-  update_ahead,  // offload.optimizer.overlap's thread: sub-groups updated during backward
+  update_ahead,  // offload.optimizer.update_ahead's thread: sub-groups updated during backward
   nvme_read,     // NVMe transfers, submission to completion
   nvme_write,
 };

@@ -21,8 +21,9 @@ constexpr const char* kConfigCheckUsage =
     "usage: zest config check FILE [--program zest-train|zest-gpt | --sections NAME,NAME...]\n"
     "\n"
     "Validates FILE. Valid: prints \"FILE: valid\" and the resolved config (every default filled\n"
-    "in) and exits 0. Invalid: prints every problem as file:line:col: key: message to stderr and\n"
-    "exits 2. configs/reference.yaml documents every key.\n"
+    "in) and exits 0, a deprecated key warned of on stderr (zest: warning: file:line:col: key: ...)\n"
+    "as a run warns of it. Invalid: prints every problem as file:line:col: key: message to stderr\n"
+    "and exits 2. configs/reference.yaml documents every key.\n"
     "\n"
     "It checks zest's keys, and that every other top-level key is a section of the program that\n"
     "reads the file: model: and train: (zest-train's and zest-gpt's), or those named with --sections\n"
@@ -89,6 +90,9 @@ int config_check(int argc, char** argv) {
     if (program == "zest-train") train::load_train_config(path);
     if (program == "zest-gpt") gpt::load_gpt_train_config(path);
     std::printf("%s: valid\n%s", path.c_str(), to_yaml(config).c_str());
+    std::fflush(stdout);
+    // A deprecated key is valid: warned of as a run warns of it.
+    for (const std::string& warning : config.warnings) std::fprintf(stderr, "zest: warning: %s\n", warning.c_str());
     if (!program.empty()) return 0;
     // The program's sections the file has (load_config read it already): the program checks them.
     std::string names;

@@ -32,10 +32,10 @@ constexpr const char* kEstimateUsage =
     "largest run of consecutive layers that fit in buckets.allgather together; none when no two fit)\n"
     "and, under stage 3, the gathered (live) layers. Bucket, stage-3 and offload settings come from\n"
     "FILE (marked * where its stage and offload match a row; a FILE that offloads part of the\n"
-    "optimizer, offload.optimizer.ratio, or overlaps its step with backward, offload.optimizer.overlap,\n"
-    "adds its own row) or the defaults; --dtype overrides its precision (default: FILE's, else bf16),\n"
-    "--states its optimizer.states (default: FILE's, else fp32: 12 bytes per parameter of master, m and\n"
-    "v; bf16 8, int8 about 6.1).\n"
+    "optimizer, offload.optimizer.ratio, or updates it ahead of the step during backward,\n"
+    "offload.optimizer.update_ahead, adds its own row) or the defaults; --dtype overrides its\n"
+    "precision (default: FILE's, else bf16), --states its optimizer.states (default: FILE's, else\n"
+    "fp32: 12 bytes per parameter of master, m and v; bf16 8, int8 about 6.1).\n"
     "Activations and framework workspace are not included.\n"
     "\n"
     "Bounds: N up to 1e15, L up to 100000, R and K up to 1000000 each with R x K at most 2147483647\n"
@@ -146,7 +146,7 @@ struct Row {
   OffloadDevice optimizer;
   OffloadDevice param;
   double ratio = 1;      // offload.optimizer.ratio
-  bool overlap = false;  // offload.optimizer.overlap
+  bool update_ahead = false;  // offload.optimizer.update_ahead
   bool secondary = false;  // partition.secondary: host
 };
 
@@ -162,7 +162,7 @@ std::string row_name(const Row& r) {
     std::snprintf(ratio, sizeof ratio, " ratio %g", r.ratio);
     text.append(ratio);
   }
-  if (r.overlap) text.append(" overlap");
+  if (r.update_ahead) text.append(" update_ahead");
   if (r.secondary) text.append(", secondary host");
   return text;
 }
@@ -170,8 +170,8 @@ std::string row_name(const Row& r) {
 // Every configuration the engine accepts: stage 0 plain; stages 1-3 with the optimizer on the
 // device, in pinned host memory or on NVMe; stage 3 with its parameters offloaded as well; stage 3
 // with a secondary partition (partition.secondary: host); and the config's own when it offloads
-// part of the optimizer (offload.optimizer.ratio), overlaps its step with backward
-// (offload.optimizer.overlap) or adds a secondary partition to an offloading stage 3.
+// part of the optimizer (offload.optimizer.ratio), updates it ahead of the step during backward
+// (offload.optimizer.update_ahead) or adds a secondary partition to an offloading stage 3.
 std::vector<Row> rows(const Config& base) {
   std::vector<Row> all{{0, OffloadDevice::none, OffloadDevice::none}};
   for (int stage = 1; stage <= 3; ++stage)
@@ -182,9 +182,9 @@ std::vector<Row> rows(const Config& base) {
   all.push_back({3, OffloadDevice::none, OffloadDevice::none, 1, false, true});
   const bool secondary = base.partition.secondary == SecondaryPartition::host;
   if (base.offload.optimizer.device != OffloadDevice::none &&
-      (base.offload.optimizer_ratio != 1 || base.offload.optimizer_overlap || (secondary && base.stage == 3)))
+      (base.offload.optimizer_ratio != 1 || base.offload.optimizer_update_ahead || (secondary && base.stage == 3)))
     all.push_back({base.stage, base.offload.optimizer.device, base.offload.param.device, base.offload.optimizer_ratio,
-                   base.offload.optimizer_overlap, secondary && base.stage == 3});
+                   base.offload.optimizer_update_ahead, secondary && base.stage == 3});
   return all;
 }
 
@@ -269,13 +269,14 @@ void print_table(const Options& o, const Config& base) {
     c.offload.optimizer.device = r.optimizer;
     c.offload.param.device = r.param;
     c.offload.optimizer_ratio = r.ratio;
-    c.offload.optimizer_overlap = r.overlap;
+    c.offload.optimizer_update_ahead = r.update_ahead;
     c.partition.secondary = r.secondary ? SecondaryPartition::host : SecondaryPartition::none;
     quantize_where_valid(c, base);
     const MemoryEstimate e = estimate_memory(c, model, ranks, static_cast<int>(o.ranks_per_node));
     const bool matches = !o.config_path.empty() && base.stage == r.stage &&
                          base.offload.optimizer.device == r.optimizer && base.offload.param.device == r.param &&
-                         base.offload.optimizer_ratio == r.ratio && base.offload.optimizer_overlap == r.overlap &&
+                         base.offload.optimizer_ratio == r.ratio &&
+                         base.offload.optimizer_update_ahead == r.update_ahead &&
                          (base.partition.secondary == SecondaryPartition::host) == r.secondary;
     const std::string name = row_name(r).append(matches ? " *" : "");
     std::printf("%-*s %12s %12s %12s %12s %12s %16s %12s\n", width, name.c_str(), readable(e.device_total).c_str(),

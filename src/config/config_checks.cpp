@@ -315,9 +315,9 @@ void check_combinations(const Config& c, ProblemSink& sink) {
                 "nothing is offloaded. Set offload.optimizer.device: cpu or nvme, or remove ratio");
     sink.report("offload.optimizer.ratio", std::move(message));
   }
-  if (c.offload.optimizer_overlap && sink.valid("stage") && sink.valid("offload.optimizer.device") &&
+  if (c.offload.optimizer_update_ahead && sink.valid("stage") && sink.valid("offload.optimizer.device") &&
       sink.valid("offload.optimizer.ratio")) {
-    // The speculative update reads each gradient shard on the host as its bucket is reduced: only
+    // The update ahead reads each gradient shard on the host as its bucket is reduced: only
     // the streamed host shard (stages 2-3, everything offloaded) exists during backward.
     std::string why;
     if (c.offload.optimizer.device == OffloadDevice::none) why = "offload.optimizer.device is 'none'";
@@ -325,10 +325,10 @@ void check_combinations(const Config& c, ProblemSink& sink) {
     else if (c.offload.optimizer_ratio != 1.0)
       why = std::string("ratio is ").append(number_text(c.offload.optimizer_ratio));
     if (!why.empty())
-      sink.report("offload.optimizer.overlap",
-                  "overlap updates offloaded states during backward from gradient shards on the host, which "
+      sink.report("offload.optimizer.update_ahead",
+                  "update_ahead updates offloaded states during backward from gradient shards on the host, which "
                   "needs stage 2 or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but " +
-                      why + ". Set those, or overlap: false");
+                      why + ". Set those, or update_ahead: false");
   }
   check_offload_target("offload.optimizer", c.offload.optimizer, sink);
   check_offload_target("offload.param", c.offload.param, sink);

@@ -1,7 +1,8 @@
 // YAML text -> validated Config. The schema is written once, below in ConfigReader::read, as a
 // tree of fields; walking it type-checks every value, then detail::check_config (shared with
 // zest::validate) checks ranges and the settings together. Every problem is collected, and one ConfigError carries them
-// all, so a user fixes a file in one pass.
+// all, so a user fixes a file in one pass. A deprecated key (a field's old name, still read) is no
+// problem: it leaves a warning in Config::warnings.
 #include <fcntl.h>
 
 #include <algorithm>
@@ -128,6 +129,13 @@ class ConfigReader final : public detail::ProblemSink {
     invalid_.insert(key);
   }
 
+  // The config's warnings: each "file:line:col: key: message", in the order found.
+  std::vector<std::string> take_warnings() {
+    std::vector<std::string> texts;
+    for (const ConfigProblem& warning : warnings_) texts.push_back(warning.to_string());
+    return texts;
+  }
+
   std::vector<ConfigProblem> take_problems() {
     // Line order reads like the file; problems about the whole file (line 0) go last.
     std::stable_sort(problems_.begin(), problems_.end(),
@@ -143,9 +151,13 @@ class ConfigReader final : public detail::ProblemSink {
   // Reads the value at `path`; `value` is nullptr when the key is absent (keep the default, but
   // still walk nested sections so every valid path is known for "did you mean").
   using Reader = std::function<void(const YAML::Node* value, const std::string& path)>;
+  // `renamed_to` set: `key` is the deprecated old name of the sibling field `renamed_to`, read
+  // the same way (`read` writes the same setting), with a warning; both set is a problem. The old
+  // name is no valid key for suggestions ("did you mean", "valid keys here").
   struct Field {
     std::string_view key;
     Reader read;
+    std::string_view renamed_to = {};
   };
   struct UnknownKey {
     YAML::Mark mark;
@@ -155,6 +167,10 @@ class ConfigReader final : public detail::ProblemSink {
   };
 
   void read_map(const YAML::Node* node, const std::string& path, const std::vector<Field>& fields);
+  // Of the deprecated names (Field::renamed_to) among `values`: warns of each, and drops one whose
+  // new name is set too, as a problem naming both.
+  void read_old_names(const std::string& path, const std::vector<Field>& fields,
+                      std::map<std::string, YAML::Node>& values);
   void report_unknown_keys();
   // The closest key of `valid_here` within typo distance of `key`, or empty.
   static std::string_view near_miss(const std::string& key, const std::vector<std::string>& valid_here);
@@ -226,6 +242,7 @@ class ConfigReader final : public detail::ProblemSink {
 
   std::string file_;
   std::vector<ConfigProblem> problems_;
+  std::vector<ConfigProblem> warnings_;      // deprecated keys: file, line, column, key, message
   std::map<std::string, YAML::Mark> marks_;  // every key the file sets -> where its value is
   std::set<std::string> invalid_;            // keys with a problem
   std::vector<std::string> schema_paths_;    // every valid dotted key, from walking the schema
@@ -237,7 +254,8 @@ class ConfigReader final : public detail::ProblemSink {
 
 void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
                             const std::vector<Field>& fields) {
-  for (const Field& field : fields) schema_paths_.push_back(child_path(path, field.key));
+  for (const Field& field : fields)
+    if (field.renamed_to.empty()) schema_paths_.push_back(child_path(path, field.key));
   // An absent section or an empty one ("offload:" with nothing under it) keeps every default.
   if (node == nullptr || node->IsNull()) {
     for (const Field& field : fields) field.read(nullptr, child_path(path, field.key));
@@ -245,7 +263,8 @@ void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
   }
   if (!node->IsMap()) {
     std::vector<std::string> keys;
-    for (const Field& field : fields) keys.emplace_back(field.key);
+    for (const Field& field : fields)
+      if (field.renamed_to.empty()) keys.emplace_back(field.key);
     const std::string what = path.empty() ? std::string("at the top level") : std::string();
     std::string expected = "a map of settings";
     if (!what.empty()) expected.append(" ").append(what);
@@ -274,7 +293,8 @@ void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
                                    [&](const Field& field) { return field.key == key; });
     if (!known) {
       UnknownKey unknown{key_node.Mark(), path, key, {}};
-      for (const Field& field : fields) unknown.valid_here.emplace_back(field.key);
+      for (const Field& field : fields)
+        if (field.renamed_to.empty()) unknown.valid_here.emplace_back(field.key);
       unknown_keys_.push_back(std::move(unknown));
       continue;
     }
@@ -289,9 +309,41 @@ void ConfigReader::read_map(const YAML::Node* node, const std::string& path,
     marks_[key_path] = value.IsNull() || value.Mark().is_null() ? key_node.Mark() : value.Mark();
     values.emplace(key, value);
   }
+  read_old_names(path, fields, values);
   for (const Field& field : fields) {
     const auto value = values.find(std::string(field.key));
     field.read(value == values.end() ? nullptr : &value->second, child_path(path, field.key));
+  }
+}
+
+void ConfigReader::read_old_names(const std::string& path, const std::vector<Field>& fields,
+                                  std::map<std::string, YAML::Node>& values) {
+  for (const Field& field : fields) {
+    if (field.renamed_to.empty() || values.count(std::string(field.key)) == 0) continue;
+    const std::string old_path = child_path(path, field.key);
+    const std::string new_path = child_path(path, field.renamed_to);
+    const YAML::Mark mark = marks_[old_path];
+    if (values.count(std::string(field.renamed_to)) != 0) {
+      report_at(mark, old_path,
+                fmt::format("both {} and {} are set, but they are one setting ({} is the deprecated old name of "
+                            "{}); keep {} only",
+                            old_path, new_path, field.key, field.renamed_to, field.renamed_to));
+      values.erase(std::string(field.key));
+      continue;
+    }
+    ConfigProblem warning;
+    warning.file = file_;
+    if (!mark.is_null()) {
+      warning.line = mark.line + 1;
+      warning.column = mark.column + 1;
+    }
+    warning.key = old_path;
+    warning.message = fmt::format(
+        "deprecated: renamed {}; the old name is read as the new one for now and will be removed in a later release",
+        new_path);
+    warnings_.push_back(std::move(warning));
+    // The checks of the setting name its new key: they point at the line that sets it.
+    marks_.emplace(new_path, mark);
   }
 }
 
@@ -643,7 +695,10 @@ Config ConfigReader::read(const YAML::Node* root) {
       {"offload", section({
                       {"optimizer", offload_target(c.offload.optimizer,
                                                    {{"ratio", number(c.offload.optimizer_ratio, detail::kOffloadRatio)},
-                                                    {"overlap", flag(c.offload.optimizer_overlap)}})},
+                                                    {"update_ahead", flag(c.offload.optimizer_update_ahead)},
+                                                    // Its deprecated old name, read until a later release.
+                                                    {"overlap", flag(c.offload.optimizer_update_ahead),
+                                                     "update_ahead"}})},
                       {"param", offload_target(c.offload.param)},
                       {"sub_group", size(c.offload.sub_group_bytes, SizeRule::sub_group)},
                   })},
@@ -719,6 +774,7 @@ Config parse(const std::string& yaml_text, const std::string& source_name,
   Config config = reader.read(documents.empty() ? nullptr : &first);
   std::vector<ConfigProblem> problems = reader.take_problems();
   if (!problems.empty()) throw ConfigError(std::move(problems));
+  config.warnings = reader.take_warnings();
   return config;
 }
 

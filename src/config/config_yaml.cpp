@@ -92,10 +92,10 @@ std::string param_groups_text(const OptimizerConfig& o) {
   return text.append("]");
 }
 
-// `ratio`, `overlap`: the optimizer's offload.optimizer.ratio and .overlap (the parameters' target
-// has neither).
+// `ratio`, `update_ahead`: the optimizer's offload.optimizer.ratio and .update_ahead (the parameters'
+// target has neither). Only the current name is written, never the deprecated alias `overlap`.
 void write_target(YamlWriter& out, std::string_view key, const OffloadTarget& target,
-                  std::optional<double> ratio = std::nullopt, std::optional<bool> overlap = std::nullopt) {
+                  std::optional<double> ratio = std::nullopt, std::optional<bool> update_ahead = std::nullopt) {
   out.section(key);
   out.plain("device", detail::enum_name(detail::kOffloadDeviceNames, target.device));
   // One directory as a string, as most configs write it; several as a list.
@@ -105,7 +105,7 @@ void write_target(YamlWriter& out, std::string_view key, const OffloadTarget& ta
   out.flag("pinned", target.pinned);
   out.integer("buffer_count", target.buffer_count);
   if (ratio) out.number("ratio", *ratio);
-  if (overlap) out.flag("overlap", *overlap);
+  if (update_ahead) out.flag("update_ahead", *update_ahead);
   out.end_section();
 }
 
@@ -178,7 +178,7 @@ std::string to_yaml(const Config& c) {
   out.integer("gradient_accumulation_steps", c.gradient_accumulation_steps);
 
   out.section("offload");
-  write_target(out, "optimizer", c.offload.optimizer, c.offload.optimizer_ratio, c.offload.optimizer_overlap);
+  write_target(out, "optimizer", c.offload.optimizer, c.offload.optimizer_ratio, c.offload.optimizer_update_ahead);
   write_target(out, "param", c.offload.param);
   out.size("sub_group", c.offload.sub_group_bytes);
   out.end_section();

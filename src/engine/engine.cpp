@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <span>
 #include <string>
@@ -31,7 +32,7 @@
 #include "engine/collectives/param_gather.hpp"
 #include "engine/plan/shared_settings.hpp"
 #include "engine/collectives/quantized_collectives.hpp"
-#include "engine/optimizer/speculative_updates.hpp"
+#include "engine/optimizer/updates_ahead.hpp"
 #include "engine/optimizer/split_optimizer_states.hpp"
 #include "base/trace.hpp"
 #include "engine/plan/step_args.hpp"
@@ -61,15 +62,15 @@ std::shared_ptr<offload::Store> nvme_store(const Config& config, const OffloadTa
 
 }  // namespace
 
-// offload.optimizer.overlap: hands each group's final gradient shard to the offloaded optimizer's
-// updates ahead as its bucket is reduced, with the step's arguments as they will be if the step
-// neither overflows nor clips (SpeculativeUpdates::speculate); step() checks them.
+// offload.optimizer.update_ahead: hands each group's final gradient shard to the offloaded
+// optimizer's updates ahead as its bucket is reduced, with the step's arguments as they will be if
+// the step neither overflows nor clips (UpdatesAhead::hand_over); step() checks them.
 struct Engine::AheadOfStep final : engine::ShardWatcher {
-  AheadOfStep(State& state, engine::SpeculativeUpdates& updates) : s(state), ahead(updates) {}
+  AheadOfStep(State& state, engine::UpdatesAhead& updates) : s(state), ahead(updates) {}
   void final(int g, const char* shard) override;
   void changing(int g) override;
   State& s;
-  engine::SpeculativeUpdates& ahead;
+  engine::UpdatesAhead& ahead;
 };
 
 
@@ -124,14 +125,14 @@ struct Engine::State {
   std::unique_ptr<engine::ParamGather> params;
   std::unique_ptr<engine::GradBuckets> grads;
   std::unique_ptr<engine::OptimizerStates> states;
-  engine::SpeculativeUpdates* speculative = nullptr;  // overlap only; the offloaded optimizer's
+  engine::UpdatesAhead* updates_ahead = nullptr;  // update_ahead only; the offloaded optimizer's
   DeviceBuffer scalars;  // engine::GradStatsScalars; its two floats are reduced across ranks
   // The step's per-group inputs, sized at construction.
   std::vector<engine::StepGroup> step_groups;
 
   std::int64_t steps = 0, skipped = 0;
   double last_norm = 0;
-  std::unique_ptr<AheadOfStep> ahead;  // overlap only
+  std::unique_ptr<AheadOfStep> ahead;    // update_ahead only
   Stream* compute = nullptr;             // set_compute_stream: the trainer's stream, or null
   std::unique_ptr<Event> compute_mark;   // made with the first compute stream
 
@@ -187,6 +188,9 @@ struct Engine::State {
 Engine::Engine(const Config& config, Device& device, Communicator& comm, std::vector<ParamSpec> params)
     : state_(std::make_unique<State>(config, device, comm, std::move(params))) {
   State& s = *state_;
+  // What parsing the config warned of (a deprecated key): said once, by the engine's rank 0.
+  if (comm.rank() == 0)
+    for (const std::string& warning : config.warnings) std::fprintf(stderr, "zest: warning: %s\n", warning.c_str());
   Stream& stream = *s.comm_stream;
   const auto groups = static_cast<std::size_t>(s.layout.group_count());
   // One NVMe store per directory: the optimizer's and the parameters' share a file when they agree.
@@ -230,16 +234,16 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     s.states = on_device();
   } else if (s.plan.device_states.count() == 0) {
     std::unique_ptr<engine::OffloadedOptimizer> optimizer = offloaded();
-    s.speculative = optimizer->speculative();
+    s.updates_ahead = optimizer->updates_ahead();
     s.states = std::move(optimizer);
   } else {
     s.states = std::make_unique<engine::SplitOptimizerStates>(s.layout, stream, on_device(), offloaded(),
                                                               s.plan.device_states.end);
   }
-  // Only with offload.optimizer.overlap (which validation allows only with the whole optimizer
+  // Only with offload.optimizer.update_ahead (which validation allows only with the whole optimizer
   // offloaded) is there work ahead of the step to feed.
-  if (s.speculative) {
-    s.ahead = std::make_unique<AheadOfStep>(s, *s.speculative);
+  if (s.updates_ahead) {
+    s.ahead = std::make_unique<AheadOfStep>(s, *s.updates_ahead);
     s.grads->watch(s.ahead.get());
   }
   s.scalars = device.allocate(s.plan.scalars, MemoryCategory::buffers);
@@ -250,7 +254,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
 Engine::~Engine() = default;
 
 void Engine::AheadOfStep::final(int g, const char* shard) {
-  ahead.speculate(g, shard, engine::assumed_step_args(s.steps - s.skipped, s.scaler.scale()), *s.comm_stream);
+  ahead.hand_over(g, shard, engine::assumed_step_args(s.steps - s.skipped, s.scaler.scale()), *s.comm_stream);
 }
 
 void Engine::AheadOfStep::changing(int g) { ahead.retract(g, *s.comm_stream); }
@@ -472,7 +476,7 @@ StepResult Engine::step() {
   s.params->end_step();
   if (result.skipped) {
     ++s.skipped;
-    if (s.speculative) s.speculative->skip_step();
+    if (s.updates_ahead) s.updates_ahead->skip_step();
     s.grads->end_step();
     return result;
   }
@@ -493,7 +497,7 @@ StepResult Engine::step() {
 
 EngineStats Engine::stats() const {
   const State& s = *state_;
-  const engine::AheadCounts ahead = s.speculative ? s.speculative->counts() : engine::AheadCounts{};
+  const engine::AheadCounts ahead = s.updates_ahead ? s.updates_ahead->counts() : engine::AheadCounts{};
   return {s.steps, s.skipped, s.scaler.scale(), s.last_norm, s.device.memory_stats(),
           s.states->nvme_bytes() + s.params->nvme_bytes(),
           s.states->pinned_bytes() + s.params->pinned_bytes() + s.grads->pinned_bytes(), ahead.kept, ahead.redone,

@@ -308,7 +308,7 @@ void Optimizer::Impl::finish_backward() {
     group_ready(static_cast<int>(g));
   }
   std::fill(got_grad.begin(), got_grad.end(), 0);
-  // torch's optimizers take whatever .grad accumulated; zest's updates ahead (offload overlap) and
+  // torch's optimizers take whatever .grad accumulated; zest's updates ahead (offload update_ahead) and
   // its reading of gradient_accumulation_steps count backward passes, so a mismatch is refused.
   const int made = *std::max_element(passes.begin(), passes.end());
   std::fill(passes.begin(), passes.end(), 0);

@@ -4,12 +4,13 @@
 # on disk at 12 bytes per parameter, a disk-bound limit from measured bandwidths, resident memory
 # read, the backward stand-in timed with the --bucket given), a bad argument is refused with exit 2,
 # and the swap file is gone afterwards; --optimizer-on-device runs without a disk, with the
-# --allgather given. --overlap runs its two engines (offload.optimizer.overlap false and true) on
-# NVMe and in pinned host memory: each one's exposed step is timed --steps times, the ratio is of
-# their medians, the parameters stay bit-identical, the swap directories are removed afterwards,
-# and --optimizer-on-device or a swap directory that exists is refused. (The ratio is not held to
-# its goal here.) --trace FILE holds both engines' timed steps and nothing from before them (the
-# bandwidth test, the weights set); an existing FILE is refused before any work and left as it was.
+# --allgather given. --update-ahead runs its two engines (offload.optimizer.update_ahead false and
+# true) on NVMe and in pinned host memory: each one's exposed step is timed --steps times, the ratio
+# is of their medians, the parameters stay bit-identical, the swap directories are removed
+# afterwards, and --optimizer-on-device or a swap directory that exists is refused. (The ratio is
+# not held to its goal here.) --trace FILE holds both engines' timed steps and nothing from before
+# them (the bandwidth test, the weights set); an existing FILE is refused before any work and left
+# as it was.
 # usage: bench_step_test.sh ZEST DIR   (DIR: where the temporary swap directory goes, e.g. the build dir)
 set -euo pipefail
 zest=$1
@@ -98,47 +99,47 @@ set -e
 [ "$rc" -eq 2 ] || { echo "FAIL: --params many exited $rc, expected 2"; cat "$work/bad.txt"; exit 1; }
 grep -q -- "--params: expected a whole count from 1 to 1000000000000" "$work/bad.txt" || { echo "FAIL: no usage message"; cat "$work/bad.txt"; exit 1; }
 
-# --overlap: two engines, on NVMe (their swap directories made in $work, then removed) and in pinned
-# host memory (--backward auto there: as long as today's warm-up step).
-check_overlap() {  # check_overlap JSON nvme|host
+# --update-ahead: two engines, on NVMe (their swap directories made in $work, then removed) and in
+# pinned host memory (--backward auto there: as long as today's warm-up step).
+check_update_ahead() {  # check_update_ahead JSON nvme|host
   python3 - "$1" "$2" <<'PY'
 import json, sys
 r, where = json.load(open(sys.argv[1])), sys.argv[2]
-keys = ["overlap", "backward_seconds", "exposed_seconds_today", "exposed_seconds_overlap",
-        "exposed_samples_today", "exposed_samples_overlap", "exposed_ratio", "target_exposed_ratio",
-        "identical", "nvme_bytes", "nvme_bytes_overlap", "offload_pinned_bytes", "offload_pinned_bytes_overlap"]
+keys = ["update_ahead", "backward_seconds", "exposed_seconds_today", "exposed_seconds_update_ahead",
+        "exposed_samples_today", "exposed_samples_update_ahead", "exposed_ratio", "target_exposed_ratio",
+        "identical", "nvme_bytes", "nvme_bytes_update_ahead", "offload_pinned_bytes", "offload_pinned_bytes_update_ahead"]
 problems = [f"no {k}" for k in keys if k not in r]
 if problems:
     print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)
-if r["overlap"] is not True: problems.append(f"overlap {r['overlap']}")
+if r["update_ahead"] is not True: problems.append(f"update_ahead {r['update_ahead']}")
 if r["identical"] is not True: problems.append("the two engines ended with different parameters")
-for name in ("today", "overlap"):
+for name in ("today", "update_ahead"):
     samples = r["exposed_samples_" + name]
     if len(samples) != r["steps"] or not all(s > 0 for s in samples):
         problems.append(f"exposed samples {name} {samples} for {r['steps']} steps")
-expected = r["exposed_seconds_overlap"] / r["exposed_seconds_today"]
+expected = r["exposed_seconds_update_ahead"] / r["exposed_seconds_today"]
 if abs(r["exposed_ratio"] - expected) > 0.01 * expected + 1e-3:
     problems.append(f"exposed_ratio {r['exposed_ratio']}, the medians give {expected}")
 if r["target_exposed_ratio"] != 0.25: problems.append(f"target_exposed_ratio {r['target_exposed_ratio']}")
-if not r["offload_pinned_bytes_overlap"] > 0: problems.append("no pinned memory for the overlapped engine")
+if not r["offload_pinned_bytes_update_ahead"] > 0: problems.append("no pinned memory for the engine that updates ahead")
 if where == "nvme":
     if r["backward_seconds"] != 0.05: problems.append(f"backward_seconds {r['backward_seconds']} for --backward 0.05")
-    if not 12 * r["params"] <= r["nvme_bytes"] <= r["nvme_bytes_overlap"]:
-        problems.append(f"nvme_bytes {r['nvme_bytes']}, overlapped {r['nvme_bytes_overlap']}")
+    if not 12 * r["params"] <= r["nvme_bytes"] <= r["nvme_bytes_update_ahead"]:
+        problems.append(f"nvme_bytes {r['nvme_bytes']}, updating ahead {r['nvme_bytes_update_ahead']}")
     if not r["disk_bound_seconds"] > 0: problems.append(f"disk_bound_seconds {r['disk_bound_seconds']}")
 else:
-    if r["optimizer_on_host"] is not True or r["nvme_bytes"] != 0 or r["nvme_bytes_overlap"] != 0:
+    if r["optimizer_on_host"] is not True or r["nvme_bytes"] != 0 or r["nvme_bytes_update_ahead"] != 0:
         problems.append(f"optimizer_on_host {r['optimizer_on_host']}, nvme_bytes {r['nvme_bytes']}")
     if not r["backward_seconds"] > 0: problems.append(f"backward auto gave {r['backward_seconds']} s")
 if problems:
     print("FAIL:\n  " + "\n  ".join(problems)); sys.exit(1)
-print(f"bench step --overlap ({where}): exposed step {r['exposed_seconds_today']:.4f} s today, "
-      f"{r['exposed_seconds_overlap']:.4f} s overlapped, ratio {r['exposed_ratio']:.2f}")
+print(f"bench step --update-ahead ({where}): exposed step {r['exposed_seconds_today']:.4f} s today, "
+      f"{r['exposed_seconds_update_ahead']:.4f} s ahead, ratio {r['exposed_ratio']:.2f}")
 PY
 }
-"$zest" bench step --path "$work" --overlap --params 2e6 --steps 2 --io-size 0.125 --reps 1 --backward 0.05 \
-  --json --trace "$work/trace.json" > "$work/overlap.json"
-check_overlap "$work/overlap.json" nvme
+"$zest" bench step --path "$work" --update-ahead --params 2e6 --steps 2 --io-size 0.125 --reps 1 --backward 0.05 \
+  --json --trace "$work/trace.json" > "$work/update_ahead.json"
+check_update_ahead "$work/update_ahead.json" nvme
 python3 - "$work/trace.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -160,30 +161,30 @@ print(f"bench step --trace: {len(spans)} spans")
 PY
 cp "$work/trace.json" "$work/trace.copy"
 set +e
-"$zest" bench step --path "$work" --overlap --params 2e5 --io-size 0.01 --reps 1 --trace "$work/trace.json" \
+"$zest" bench step --path "$work" --update-ahead --params 2e5 --io-size 0.01 --reps 1 --trace "$work/trace.json" \
   > "$work/exists.txt" 2>&1
 rc=$?
 set -e
 [ "$rc" -eq 1 ] || { echo "FAIL: --trace to an existing file exited $rc, expected 1"; cat "$work/exists.txt"; exit 1; }
 grep -q -- "--trace '$work/trace.json': the file exists" "$work/exists.txt" || { echo "FAIL: no message"; cat "$work/exists.txt"; exit 1; }
 cmp -s "$work/trace.json" "$work/trace.copy" || { echo "FAIL: the existing trace was changed"; exit 1; }
-for d in zest-bench-today zest-bench-overlap; do
+for d in zest-bench-today zest-bench-update-ahead; do
   [ ! -e "$work/$d" ] || { echo "FAIL: $work/$d was left behind"; ls -lR "$work"; exit 1; }
 done
-"$zest" bench step --overlap --optimizer-on-host --params 2e6 --steps 2 --json > "$work/overlap-host.json"
-check_overlap "$work/overlap-host.json" host
+"$zest" bench step --update-ahead --optimizer-on-host --params 2e6 --steps 2 --json > "$work/update_ahead-host.json"
+check_update_ahead "$work/update_ahead-host.json" host
 set +e
-"$zest" bench step --overlap --optimizer-on-device --params 2e5 > "$work/bad.txt" 2>&1
+"$zest" bench step --update-ahead --optimizer-on-device --params 2e5 > "$work/bad.txt" 2>&1
 rc=$?
 set -e
-[ "$rc" -eq 2 ] || { echo "FAIL: --overlap --optimizer-on-device exited $rc, expected 2"; cat "$work/bad.txt"; exit 1; }
-grep -q -- "--overlap needs the whole optimizer offloaded" "$work/bad.txt" || { echo "FAIL: no usage message"; cat "$work/bad.txt"; exit 1; }
+[ "$rc" -eq 2 ] || { echo "FAIL: --update-ahead --optimizer-on-device exited $rc, expected 2"; cat "$work/bad.txt"; exit 1; }
+grep -q -- "--update-ahead needs the whole optimizer offloaded" "$work/bad.txt" || { echo "FAIL: no usage message"; cat "$work/bad.txt"; exit 1; }
 # A swap directory that exists is not the bench's: refused (exit 1) and left as it was.
-mkdir "$work/zest-bench-overlap"
+mkdir "$work/zest-bench-update-ahead"
 set +e
-"$zest" bench step --path "$work" --overlap --params 2e5 --io-size 0.01 --reps 1 > "$work/exists.txt" 2>&1
+"$zest" bench step --path "$work" --update-ahead --params 2e5 --io-size 0.01 --reps 1 > "$work/exists.txt" 2>&1
 rc=$?
 set -e
-[ "$rc" -eq 1 ] || { echo "FAIL: --overlap with zest-bench-overlap there exited $rc, expected 1"; cat "$work/exists.txt"; exit 1; }
-grep -q "zest-bench-overlap exists" "$work/exists.txt" || { echo "FAIL: no message"; cat "$work/exists.txt"; exit 1; }
-[ -d "$work/zest-bench-overlap" ] && [ ! -e "$work/zest-bench-today" ] || { echo "FAIL: directories after the refusal"; ls -l "$work"; exit 1; }
+[ "$rc" -eq 1 ] || { echo "FAIL: --update-ahead with zest-bench-update-ahead there exited $rc, expected 1"; cat "$work/exists.txt"; exit 1; }
+grep -q "zest-bench-update-ahead exists" "$work/exists.txt" || { echo "FAIL: no message"; cat "$work/exists.txt"; exit 1; }
+[ -d "$work/zest-bench-update-ahead" ] && [ ! -e "$work/zest-bench-today" ] || { echo "FAIL: directories after the refusal"; ls -l "$work"; exit 1; }

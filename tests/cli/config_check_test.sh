@@ -36,6 +36,23 @@ expect_rc 0 "empty file"
 expect_line "$work/out" "    dynamic: false" "empty file"
 expect_line "$work/out" "  memory: 2GiB" "empty file"
 
+# --- a deprecated key (offload.optimizer.overlap, update_ahead's old name): valid, the resolved
+# config under the new name, and one warning on stderr naming both and the removal
+printf 'stage: 2\noffload:\n  optimizer: {device: cpu, overlap: true}\n' >"$work/old_name.yaml"
+run config check "$work/old_name.yaml"
+expect_rc 0 "deprecated key"
+expect_line "$work/out" "    update_ahead: true" "deprecated key"
+! grep -q "overlap:" "$work/out" || fail "deprecated key: the resolved config writes the old name"
+expect_line "$work/err" "zest: warning: $work/old_name.yaml:3:37: offload.optimizer.overlap: deprecated: renamed \
+offload.optimizer.update_ahead; the old name is read as the new one for now and will be removed in a later release" \
+  "deprecated key"
+[ "$(wc -l <"$work/err")" -eq 1 ] || fail "deprecated key: expected one line on stderr: $(cat "$work/err")"
+# Both names: a problem naming both, exit 2.
+printf 'stage: 2\noffload:\n  optimizer: {device: cpu, overlap: true, update_ahead: true}\n' >"$work/both.yaml"
+run config check "$work/both.yaml"
+expect_rc 2 "both names"
+expect_text "$work/err" "both offload.optimizer.overlap and offload.optimizer.update_ahead are set" "both names"
+
 # --- an invalid file: each problem on its own line, then the count, exit 2
 invalid="$cases/out_of_range.yaml"
 run config check "$invalid"

@@ -35,8 +35,8 @@ bounded 1 "1e15 defaults" --params 1e15
 expect_text "$work/out" "(1000000000000000) in 32 layers" "1e15 defaults"
 
 # --- the smallest sub-group (the floor, 768B) at 10^15 parameters, every offload row and the
-# config's own (partial, overlapped): still closed form (on main 1e12 aborted with bad_alloc).
-printf 'stage: 3\noffload:\n  sub_group: 768B\n  optimizer: {device: nvme, path: "%s", overlap: true}\n  param: {device: nvme, path: "%s"}\n' \
+# config's own (partial, updated ahead): still closed form (on main 1e12 aborted with bad_alloc).
+printf 'stage: 3\noffload:\n  sub_group: 768B\n  optimizer: {device: nvme, path: "%s", update_ahead: true}\n  param: {device: nvme, path: "%s"}\n' \
   "$work" "$work" >"$work/floor.yaml"
 bounded 1 "1e15 at the sub-group floor" --params 1e15 --config "$work/floor.yaml"
 expect_text "$work/out" "offload.sub_group 768B" "1e15 at the sub-group floor"

@@ -77,15 +77,16 @@ expect_rc 0 "ratio"
 expect_row "stage 2, optimizer cpu ratio 0.5 *" "16.2 MiB 3.8 MiB 1.9 MiB 2.9 MiB 7.6 MiB 28.6 MiB 0 B" "ratio"
 expect_row "stage 2, optimizer cpu" "11.4 MiB 3.8 MiB 0 B 0 B 7.6 MiB 42.0 MiB 0 B" "ratio"
 
-# --- the step overlapped with backward (offload.optimizer.overlap): its own row, marked. Each rank
-# keeps a second region per sub-group (NVMe doubles: 4 x 6,000,640 B = 22.9 MiB per node) and pins
-# its shard's updated fp32 parameters (500,000 x 4 B, rounded to 256: 2,000,128 B; two ranks:
-# 4,000,256 B = 3.8 MiB more than the row without overlap).
-printf 'stage: 2\noffload: {optimizer: {device: nvme, path: "%s", overlap: true}}\n' "$work" > "$work/overlap.yaml"
-run estimate --params 1000000 --layers 1 --ranks-per-node 2 --dtype fp32 --config "$work/overlap.yaml"
-expect_rc 0 "overlap"
-expect_row "stage 2, optimizer nvme overlap *" "11.4 MiB 3.8 MiB 0 B 0 B 7.6 MiB 80.1 MiB 22.9 MiB" "overlap"
-expect_row "stage 2, optimizer nvme" "11.4 MiB 3.8 MiB 0 B 0 B 7.6 MiB 76.3 MiB 11.4 MiB" "overlap"
+# --- the step updated ahead during backward (offload.optimizer.update_ahead): its own row, marked.
+# Each rank keeps a second region per sub-group (NVMe doubles: 4 x 6,000,640 B = 22.9 MiB per node)
+# and pins its shard's updated fp32 parameters (500,000 x 4 B, rounded to 256: 2,000,128 B; two
+# ranks: 4,000,256 B = 3.8 MiB more than the row without update_ahead).
+printf 'stage: 2\noffload: {optimizer: {device: nvme, path: "%s", update_ahead: true}}\n' "$work" \
+  > "$work/update_ahead.yaml"
+run estimate --params 1000000 --layers 1 --ranks-per-node 2 --dtype fp32 --config "$work/update_ahead.yaml"
+expect_rc 0 "update_ahead"
+expect_row "stage 2, optimizer nvme update_ahead *" "11.4 MiB 3.8 MiB 0 B 0 B 7.6 MiB 80.1 MiB 22.9 MiB" "update_ahead"
+expect_row "stage 2, optimizer nvme" "11.4 MiB 3.8 MiB 0 B 0 B 7.6 MiB 76.3 MiB 11.4 MiB" "update_ahead"
 
 # --- per node: the same 4 ranks as 4 per node x 1 node and 2 per node x 2 nodes: device figures
 # equal; pinned host per node (stage 1: 4 or 2 x 4,000,256 B) halves.

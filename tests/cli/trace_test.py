@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""zest-train --trace FILE on 4 ranks, the optimizer offloaded to NVMe with the step overlapped
-with backward (offload.optimizer.overlap): the file is one JSON document (a Chrome trace) holding
+"""zest-train --trace FILE on 4 ranks, the optimizer offloaded to NVMe and updated ahead of the
+step during backward (offload.optimizer.update_ahead): the file is one JSON document (a Chrome trace) holding
 every rank's events on named lanes, the NVMe reads and writes, the reductions, the updates ahead
 and the all-gather, and on some rank an update ahead or a reduction runs while that rank's
 backward does (the overlap can be seen). An existing FILE is refused before any work and left as
@@ -38,11 +38,11 @@ def overlapping(a, b):
 with tempfile.TemporaryDirectory() as work:
     swap = os.path.join(work, "swap")
     os.mkdir(swap)
-    config = os.path.join(work, "overlap.yaml")
+    config = os.path.join(work, "update_ahead.yaml")
     with open(os.path.join(SOURCE, "configs", "train-tiny.yaml")) as tiny, open(config, "w") as out:
         # Small buckets and sub-groups: several reductions during backward, several NVMe transfers.
         out.write(tiny.read().replace("  reduce: 4MiB", "  reduce: 32KiB"))
-        out.write("offload:\n  optimizer: {device: nvme, path: %s, overlap: true}\n  sub_group: 16KiB\n" % swap)
+        out.write("offload:\n  optimizer: {device: nvme, path: %s, update_ahead: true}\n  sub_group: 16KiB\n" % swap)
 
     trace = os.path.join(work, "step.json")
     run = train(work, config, trace)
@@ -96,7 +96,7 @@ with tempfile.TemporaryDirectory() as work:
     check("step " not in run.stdout, "the refused run trained:\n" + run.stdout)
     with open(trace) as f:
         check(f.read() == "the user's", "the existing file was changed")
-    check(sorted(os.listdir(work)) == ["overlap.yaml", "step.json", "swap"],
+    check(sorted(os.listdir(work)) == ["step.json", "swap", "update_ahead.yaml"],
           "left behind: %s" % sorted(os.listdir(work)))
     check(os.listdir(swap) == [], "left in the swap directory: %s" % os.listdir(swap))
 

@@ -85,6 +85,7 @@ void expect_problem(const std::vector<ConfigProblem>& problems, const std::strin
 // Field-by-field equality; Config has no operator== in the public header.
 void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.source, b.source);
+  EXPECT_EQ(a.warnings, b.warnings);
   EXPECT_EQ(a.stage, b.stage);
   EXPECT_EQ(a.device.type, b.device.type);
   EXPECT_EQ(a.device.memory, b.device.memory);
@@ -129,7 +130,7 @@ void expect_same(const Config& a, const Config& b) {
     EXPECT_EQ(ta.buffer_count, tb.buffer_count);
   }
   EXPECT_EQ(a.offload.optimizer_ratio, b.offload.optimizer_ratio);
-  EXPECT_EQ(a.offload.optimizer_overlap, b.offload.optimizer_overlap);
+  EXPECT_EQ(a.offload.optimizer_update_ahead, b.offload.optimizer_update_ahead);
   EXPECT_EQ(a.offload.sub_group_bytes, b.offload.sub_group_bytes);
   EXPECT_EQ(a.io.block_size, b.io.block_size);
   EXPECT_EQ(a.io.queue_depth, b.io.queue_depth);
@@ -752,6 +753,49 @@ TEST(ConfigCombinations, AnInvalidValueIsNotJudgedAgain) {
   expect_problem(problems, "device.type", 4, 9, {"found 'gpu'"});
 }
 
+// --- deprecated names --------------------------------------------------------------------------
+
+// offload.optimizer.overlap, update_ahead's old name, is read for a release: it sets the same field
+// and leaves a warning naming both keys and the removal, which the Engine and `zest config check`
+// print; the new name leaves none.
+TEST(ConfigDeprecated, OverlapIsReadAsUpdateAheadWithAWarning) {
+  for (const bool value : {true, false}) {
+    SCOPED_TRACE(value);
+    const std::string text =
+        std::string("stage: 2\noffload:\n  optimizer: {device: cpu, overlap: ") + (value ? "true" : "false") + "}\n";
+    const Config c = parse_config(text, "run.yaml");
+    EXPECT_EQ(c.offload.optimizer_update_ahead, value);
+    ASSERT_EQ(c.warnings.size(), 1u);
+    EXPECT_EQ(c.warnings[0],
+              "run.yaml:3:37: offload.optimizer.overlap: deprecated: renamed offload.optimizer.update_ahead; the "
+              "old name is read as the new one for now and will be removed in a later release");
+  }
+  const Config renamed = parse_config("stage: 2\noffload:\n  optimizer: {device: cpu, update_ahead: true}\n");
+  EXPECT_TRUE(renamed.offload.optimizer_update_ahead);
+  EXPECT_TRUE(renamed.warnings.empty());
+  EXPECT_TRUE(parse_config("").warnings.empty());
+}
+
+TEST(ConfigDeprecated, TheOldAndTheNewNameTogetherAreAProblemNamingBoth) {
+  const auto problems = problems_in_text(
+      "stage: 2\noffload:\n  optimizer:\n    device: cpu\n    update_ahead: true\n"
+      "    overlap: true\n");
+  ASSERT_EQ(problems.size(), 1u) << dump(problems);
+  expect_problem(problems, "offload.optimizer.overlap", 6, 14,
+                 {"both offload.optimizer.overlap and offload.optimizer.update_ahead are set",
+                  "deprecated old name of update_ahead", "keep update_ahead only"});
+  // Even when they agree, and whichever comes first.
+  EXPECT_EQ(problems_in_text("offload: {optimizer: {overlap: false, update_ahead: false}}").size(), 1u);
+}
+
+// The old name is no key to suggest: a typo near it lists the current keys only.
+TEST(ConfigDeprecated, TheOldNameIsNotOfferedAsAValidKey) {
+  const auto problems = problems_in_text("offload: {optimizer: {overlapp: true}}");
+  ASSERT_EQ(problems.size(), 1u) << dump(problems);
+  EXPECT_EQ(problems[0].message.find("'overlap'"), std::string::npos) << problems[0].message;
+  EXPECT_NE(problems[0].message.find("update_ahead"), std::string::npos) << problems[0].message;
+}
+
 // --- to_yaml ---------------------------------------------------------------------------------
 
 TEST(ConfigYaml, RoundTripsEveryKey) {
@@ -776,7 +820,7 @@ TEST(ConfigYaml, RoundTripsDefaultsAndAwkwardValues) {
   c.offload.optimizer.paths = {awkward};
   c.offload.param.device = OffloadDevice::nvme;
   c.offload.param.paths = {awkward};
-  c.offload.optimizer_overlap = true;
+  c.offload.optimizer_update_ahead = true;
   c.optimizer.lr = 0.1 + 0.2;  // 0.30000000000000004: needs all 17 digits
   c.optimizer.beta2 = 1.0 - 1e-12;
   c.optimizer.eps = 5e-324;  // the smallest subnormal
@@ -785,6 +829,18 @@ TEST(ConfigYaml, RoundTripsDefaultsAndAwkwardValues) {
   c.precision.loss_scale.dynamic = true;
   c.precision.loss_scale.min_scale = 1.0 / 3.0;
   expect_same(parse_config(to_yaml(c)), c);
+}
+
+// The setting is written under its current name only, whichever name the file used.
+TEST(ConfigYaml, WritesUpdateAheadNeverItsOldName) {
+  const Config c = parse_config("stage: 2\noffload:\n  optimizer: {device: cpu, overlap: true}\n");
+  const std::string yaml = to_yaml(c);
+  EXPECT_NE(yaml.find("\n    update_ahead: true\n"), std::string::npos) << yaml;
+  EXPECT_EQ(yaml.find("overlap:"), std::string::npos) << yaml;
+  const Config again = parse_config(yaml);
+  EXPECT_TRUE(again.offload.optimizer_update_ahead);
+  EXPECT_TRUE(again.warnings.empty());
+  EXPECT_NE(to_yaml(Config{}).find("\n    update_ahead: false\n"), std::string::npos);
 }
 
 TEST(ConfigYaml, ACodeBuiltConfigPrintsTheLossScalingInEffect) {

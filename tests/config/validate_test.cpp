@@ -92,32 +92,43 @@ const std::vector<Case>& cases() {
        },
        "a quantized gradient reduction leaves each rank the sum of its shard, but stage 0 all-reduces every "
        "gradient in full. Set stage: 1 or higher, or comm.quantize.grads: none"},
-      // offload.optimizer.overlap: stages 2-3 with the whole optimizer offloaded.
-      {"overlap without offload", "stage: 2\noffload: {optimizer: {overlap: true}}",
+      // offload.optimizer.update_ahead: stages 2-3 with the whole optimizer offloaded.
+      {"update_ahead without offload", "stage: 2\noffload: {optimizer: {update_ahead: true}}",
        [](Config& c) {
          c.stage = 2;
-         c.offload.optimizer_overlap = true;
+         c.offload.optimizer_update_ahead = true;
        },
-       "overlap updates offloaded states during backward from gradient shards on the host, which needs stage 2 "
-       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but offload.optimizer.device is "
-       "'none'. Set those, or overlap: false"},
-      {"overlap at stage 1", "stage: 1\noffload: {optimizer: {device: cpu, overlap: true}}",
+       "update_ahead updates offloaded states during backward from gradient shards on the host, which needs "
+       "stage 2 or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but "
+       "offload.optimizer.device is 'none'. Set those, or update_ahead: false"},
+      {"update_ahead at stage 1", "stage: 1\noffload: {optimizer: {device: cpu, update_ahead: true}}",
        [](Config& c) {
          partial_offload(c, 1);
          c.stage = 1;
-         c.offload.optimizer_overlap = true;
+         c.offload.optimizer_update_ahead = true;
        },
-       "overlap updates offloaded states during backward from gradient shards on the host, which needs stage 2 "
-       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but stage is 1. Set those, or overlap: "
-       "false"},
-      {"overlap of part of the states", "stage: 2\noffload: {optimizer: {device: cpu, ratio: 0.5, overlap: true}}",
+       "update_ahead updates offloaded states during backward from gradient shards on the host, which needs "
+       "stage 2 or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but stage is 1. Set "
+       "those, or update_ahead: false"},
+      // Its deprecated old name sets the same field, so the same check names the new key.
+      {"update_ahead at stage 1 by its old name", "stage: 1\noffload: {optimizer: {device: cpu, overlap: true}}",
+       [](Config& c) {
+         partial_offload(c, 1);
+         c.stage = 1;
+         c.offload.optimizer_update_ahead = true;
+       },
+       "update_ahead updates offloaded states during backward from gradient shards on the host, which needs "
+       "stage 2 or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but stage is 1. Set "
+       "those, or update_ahead: false"},
+      {"update_ahead of part of the states",
+       "stage: 2\noffload: {optimizer: {device: cpu, ratio: 0.5, update_ahead: true}}",
        [](Config& c) {
          partial_offload(c, 0.5);
-         c.offload.optimizer_overlap = true;
+         c.offload.optimizer_update_ahead = true;
        },
-       "overlap updates offloaded states during backward from gradient shards on the host, which needs stage 2 "
-       "or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but ratio is 0.5. Set those, or "
-       "overlap: false"},
+       "update_ahead updates offloaded states during backward from gradient shards on the host, which needs "
+       "stage 2 or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but ratio is 0.5. Set "
+       "those, or update_ahead: false"},
       {"queue depth 0", "io: {queue_depth: 0}", [](Config& c) { c.io.queue_depth = 0; },
        "expected an integer from 1 to 4096, found '0'"},
       {"block of 2GiB", "io: {block_size: 2GiB}", [](Config& c) { c.io.block_size = std::size_t{2} << 30; },

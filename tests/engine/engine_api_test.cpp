@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/comm/world.hpp"
+#include "zest/config.hpp"
 #include "zest/engine.hpp"
 #include "zest/error.hpp"
 
@@ -69,6 +70,23 @@ TEST(EngineNames, NamesSafetensorsCannotHoldAreRefused) {
   for (const auto& [name, words] : std::vector<std::pair<std::string, std::string>>{
            {"caf\xe9", "is not UTF-8 text"}, {"__metadata__", "reserved key __metadata__"}})
     expect_error([&] { Engine(config(), *device, *comm, {{"w", {4}, 0}, {name, {3}, 1}}); }, words);
+}
+
+// What parsing the config warned of (a deprecated key) the engine prints once, on its rank 0, as
+// "zest: warning: ..."; a config without warnings prints nothing.
+TEST(EngineWarnings, AConfigsWarningsArePrintedOnceOnStderr) {
+  const std::unique_ptr<World> world = make_world();
+  const std::unique_ptr<Device> device = make_cpu_device(std::size_t{64} << 20);
+  const std::unique_ptr<Communicator> comm = world->make_host_communicator(*device);
+  const Config old_name = parse_config(
+      "stage: 2\ndevice: {memory: 64MiB}\noffload:\n  optimizer: {device: cpu, overlap: true}\n", "run.yaml");
+  ASSERT_EQ(old_name.warnings.size(), 1u);
+  testing::internal::CaptureStderr();
+  { Engine engine(old_name, *device, *comm, model()); }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "zest: warning: " + old_name.warnings[0] + "\n");
+  testing::internal::CaptureStderr();
+  { Engine engine(config(), *device, *comm, model()); }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
 }
 
 TEST_F(EngineMisuse, ValuesOfTheWrongSizeAreRefused) {

@@ -148,7 +148,7 @@ struct Placement {
   int stage;
   OffloadDevice optimizer;
   double ratio = 1;
-  bool overlap = false;
+  bool update_ahead = false;
   OffloadDevice param = OffloadDevice::none;
 };
 
@@ -160,19 +160,19 @@ TEST_P(EveryPlacement, TrainsToTheBitsOfTheStatesOnTheDevice) {
   Options o = compact(format, where.stage);
   o.offload_optimizer = where.optimizer;
   o.offload_ratio = where.ratio;
-  o.overlap = where.overlap;
+  o.update_ahead = where.update_ahead;
   o.offload_param = where.param;
   o.nvme_path = dir.path();
   o.sub_group_bytes = 12 * 128;  // several sub-groups per group: 192 to 320 parameters of compact states each
-  o.reduce_bucket = where.overlap ? 4 : 0;  // a bucket per group, handed over during backward
+  o.reduce_bucket = where.update_ahead ? 4 : 0;  // a bucket per group, handed over during backward
   o.param_groups = {{{"w2"}, 0.02, std::nullopt, 0.99, std::nullopt, 0.0}};
   const TrainedRun got = train_on_cpu(o, kSteps);
   Options on_device = o;
   on_device.offload_optimizer = on_device.offload_param = OffloadDevice::none;
   on_device.offload_ratio = 1;
-  on_device.overlap = false;
+  on_device.update_ahead = false;
   EXPECT_TRUE(identical(got.params, train_on_cpu(on_device, kSteps).params));
-  if (where.overlap) {
+  if (where.update_ahead) {
     EXPECT_GT(got.stats.groups_updated_ahead, 0);
   }
 }
@@ -186,8 +186,8 @@ INSTANTIATE_TEST_SUITE_P(
                                                OffloadDevice::nvme},
                                      Placement{"stage2_cpu_ratio_half", 2, OffloadDevice::cpu, 0.5},
                                      Placement{"stage3_nvme_ratio_quarter", 3, OffloadDevice::nvme, 0.25},
-                                     Placement{"stage2_cpu_overlap", 2, OffloadDevice::cpu, 1, true},
-                                     Placement{"stage3_nvme_overlap", 3, OffloadDevice::nvme, 1, true})),
+                                     Placement{"stage2_cpu_update_ahead", 2, OffloadDevice::cpu, 1, true},
+                                     Placement{"stage3_nvme_update_ahead", 3, OffloadDevice::nvme, 1, true})),
     [](const testing::TestParamInfo<std::tuple<Form, Placement>>& info) {
       return form_name(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
     });

@@ -53,7 +53,7 @@ struct Case {
   std::size_t max_live = std::size_t{1} << 30;  // stage 3
   bool large_tensor = false;
   double ratio = 1;  // offload.optimizer.ratio
-  bool overlap = false;  // offload.optimizer.overlap
+  bool update_ahead = false;  // offload.optimizer.update_ahead
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) { return info.param.name; }
@@ -71,7 +71,7 @@ Config make_config(const Case& k, const std::string& nvme_dir) {
   c.offload.optimizer.device = k.optimizer;
   c.offload.param.device = k.param;
   c.offload.optimizer_ratio = k.ratio;
-  c.offload.optimizer_overlap = k.overlap;
+  c.offload.optimizer_update_ahead = k.update_ahead;
   if (k.optimizer == OffloadDevice::nvme) c.offload.optimizer.paths = {nvme_dir};
   if (k.param == OffloadDevice::nvme) c.offload.param.paths = {nvme_dir};
   c.offload.sub_group_bytes = 12 * 256;  // several sub-groups per group
@@ -173,10 +173,10 @@ INSTANTIATE_TEST_SUITE_P(
                          OffloadDevice::none, std::size_t{1} << 30, false, 0.5},
                     Case{"stage3_optimizer_nvme_param_nvme_ratio_half", 3, DType::f16, OffloadDevice::nvme,
                          OffloadDevice::nvme, std::size_t{1} << 30, false, 0.5},
-                    // Overlap: a second copy of the states (pinned or on NVMe), the updated parameters pinned.
-                    Case{"stage2_optimizer_cpu_overlap", 2, DType::bf16, OffloadDevice::cpu, OffloadDevice::none,
+                    // update_ahead: a second copy of the states (pinned or on NVMe), the updated parameters pinned.
+                    Case{"stage2_optimizer_cpu_update_ahead", 2, DType::bf16, OffloadDevice::cpu, OffloadDevice::none,
                          std::size_t{1} << 30, false, 1, true},
-                    Case{"stage3_fp32_optimizer_nvme_param_cpu_overlap", 3, DType::f32, OffloadDevice::nvme,
+                    Case{"stage3_fp32_optimizer_nvme_param_cpu_update_ahead", 3, DType::f32, OffloadDevice::nvme,
                          OffloadDevice::cpu, std::size_t{1} << 30, false, 1, true}),
     case_name);
 

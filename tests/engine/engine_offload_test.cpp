@@ -463,11 +463,11 @@ TEST(GradientsOnTheHostEdges, PartialOffloadAndStageOneKeepTheGradientsOnTheDevi
 // Every rank's swap file loses its data behind the engine's back (truncated): the next step's
 // read fails on every rank, so every rank throws and none waits in a collective. The same with half
 // the states on the device (offload.optimizer.ratio 0.5).
-// offload.optimizer.ratio, and offload.optimizer.overlap: the reads ahead fail too, and step()'s
+// offload.optimizer.ratio, and offload.optimizer.update_ahead: the reads ahead fail too, and step()'s
 // own pipeline then reports the error.
 struct ErrorCase {
   double ratio;
-  bool overlap;
+  bool update_ahead;
 };
 
 class OffloadErrors : public testing::TestWithParam<ErrorCase> {};
@@ -483,7 +483,7 @@ TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   o.nvme_path = dir.path();
   o.sub_group_bytes = kSubGroupBytes;
   o.offload_ratio = GetParam().ratio;
-  o.overlap = GetParam().overlap;
+  o.update_ahead = GetParam().update_ahead;
   Engine engine(make_config(o), *device, *comm, model());
   const std::string path = test::swap_file(dir.path(), comm->rank());
   ASSERT_EQ(::access(path.c_str(), F_OK), 0) << "no swap file of rank " << comm->rank() << " in " << dir.path();
@@ -497,7 +497,7 @@ TEST_P(OffloadErrors, ALostSwapFileSurfacesFromStepWithPathAndErrno) {
   };
   backward();
   engine.step();  // a good step first
-  // Before backward: with overlap, the updates ahead read (and write) the swap file during it.
+  // Before backward: with update_ahead, the updates ahead read (and write) the swap file during it.
   ASSERT_EQ(::truncate(path.c_str(), 0), 0) << std::strerror(errno);
   backward();
   try {
@@ -525,7 +525,7 @@ INSTANTIATE_TEST_SUITE_P(AllOrHalfOffloaded, OffloadErrors,
                          testing::Values(ErrorCase{1.0, false}, ErrorCase{0.5, false}, ErrorCase{1.0, true}),
                          [](const testing::TestParamInfo<ErrorCase>& info) {
                            return std::string(info.param.ratio == 1.0 ? "all" : "half") +
-                                  (info.param.overlap ? "_overlap" : "");
+                                  (info.param.update_ahead ? "_update_ahead" : "");
                          });
 
 }  // namespace

@@ -129,14 +129,15 @@ TEST_P(EveryStage, OffloadedToTheHostMatchesTheReference) {
   EXPECT_LT(max_relative_error(train(o), train_reference(o, kSteps)), 1e-6);
 }
 
-// The step overlapped with backward (offload.optimizer.overlap, stages 2-3) on each backend: the
-// host gradient shard handed to the update thread from the comm stream (a CUDA host function on
-// cuda), the parameters committed through real copies; clipping every step exercises the redo.
-TEST_P(EveryStage, OverlappedWithBackwardMatchesTheReference) {
-  if (stage() < 2) GTEST_SKIP() << "overlap needs the gradient shard on the host: stages 2-3";
+// The offloaded step updated ahead during backward (offload.optimizer.update_ahead, stages 2-3) on
+// each backend: the host gradient shard handed to the update thread from the comm stream (a CUDA
+// host function on cuda), the parameters committed through real copies; clipping every step
+// exercises the redo.
+TEST_P(EveryStage, UpdatedAheadDuringBackwardMatchesTheReference) {
+  if (stage() < 2) GTEST_SKIP() << "update_ahead needs the gradient shard on the host: stages 2-3";
   Options o = options();
   o.offload_optimizer = OffloadDevice::cpu;
-  o.overlap = true;
+  o.update_ahead = true;
   o.reduce_bucket = 4;  // a group per bucket: updated during backward
   o.sub_group_bytes = 12 * 1024;
   EngineStats stats;

@@ -16,13 +16,13 @@
 namespace zest::engine {
 namespace {
 
-Config offload_config(OffloadDevice device, double ratio, bool overlap, std::size_t sub_group_bytes) {
+Config offload_config(OffloadDevice device, double ratio, bool update_ahead, std::size_t sub_group_bytes) {
   Config c;
   c.stage = 2;
   c.precision.dtype = DType::bf16;
   c.offload.optimizer.device = device;
   c.offload.optimizer_ratio = ratio;
-  c.offload.optimizer_overlap = overlap;
+  c.offload.optimizer_update_ahead = update_ahead;
   c.offload.sub_group_bytes = sub_group_bytes;
   return c;
 }
@@ -33,14 +33,14 @@ TEST(MemoryPlan, ClosedFormSubGroupSizesAreThoseOfTheListedSubGroups) {
     const Layout layout(model, partitions);
     for (OffloadDevice device : {OffloadDevice::cpu, OffloadDevice::nvme})
       for (double ratio : {1.0, 0.5})
-        for (bool overlap : {false, true})
+        for (bool update_ahead : {false, true})
           for (std::size_t sub_group : {std::size_t{768}, std::size_t{12 * 128}, std::size_t{12 * 1000},
                                         std::size_t{256} << 20}) {
-            if (overlap && ratio != 1.0) continue;
+            if (update_ahead && ratio != 1.0) continue;
             SCOPED_TRACE(testing::Message()
                          << "partitions " << partitions << " nvme " << (device == OffloadDevice::nvme) << " ratio "
-                         << ratio << " overlap " << overlap << " sub_group " << sub_group);
-            const Config c = offload_config(device, ratio, overlap, sub_group);
+                         << ratio << " update_ahead " << update_ahead << " sub_group " << sub_group);
+            const Config c = offload_config(device, ratio, update_ahead, sub_group);
             const MemoryPlan listed = plan_memory(c, layout, SubGroups::listed);
             const MemoryPlan sizes = plan_memory(c, layout, SubGroups::sizes_only);
             const OptimizerOffloadPlan& l = listed.optimizer_offload;
@@ -54,7 +54,7 @@ TEST(MemoryPlan, ClosedFormSubGroupSizesAreThoseOfTheListedSubGroups) {
               nvme += (3 * sub.count * sizeof(float) + kNvmeAlignment - 1) / kNvmeAlignment * kNvmeAlignment;
             }
             if (device != OffloadDevice::nvme) nvme = 0;
-            if (overlap) nvme *= 2;
+            if (update_ahead) nvme *= 2;
             EXPECT_EQ(l.largest, largest);
             EXPECT_EQ(s.largest, largest);
             EXPECT_EQ(l.nvme_bytes, nvme);

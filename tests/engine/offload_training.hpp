@@ -1,6 +1,6 @@
-// For the offload tests (engine_offload_test, engine_overlap_test): train_engine on a cpu device
-// under mpirun, with what the run leaves to compare, and the bit-for-bit comparison they make
-// against the run without the offload (or without the overlap).
+// For the offload tests (engine_offload_test, engine_update_ahead_test): train_engine on a cpu
+// device under mpirun, with what the run leaves to compare, and the bit-for-bit comparison they
+// make against the run without the offload (or without update_ahead).
 #pragma once
 
 #include <cstddef>

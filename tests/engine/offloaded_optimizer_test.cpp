@@ -1,14 +1,14 @@
-// OffloadedOptimizer and its SpeculativeUpdates alone, on the cpu device, one rank. What it proves:
+// OffloadedOptimizer and its UpdatesAhead alone, on the cpu device, one rank. What it proves:
 // - a step's master weights, m and v equal a double-precision reference Adam (tests/optim) within
 //   float rounding, for states in pinned memory and in an NVMe swap file, gradients read in place
 //   (stage 2) or staged from the device (stage 1), fp32 and bf16; the parameters written out are
 //   the master weights (fp32) or their nearest bf16; cpu and nvme agree bit for bit;
 // - with the parameters going to a HostParamSink, each group is begun and ended once, in order;
 // - its memory is the plan's (pinned and swap bytes);
-// - with overlap, work ahead is kept when the step's arguments are those assumed, redone when they
-//   differ, dropped by retract(), skip_step() and a visit of the states; in every case the states
-//   equal those of the optimizer without overlap, bit for bit; without overlap there is no
-//   speculative part;
+// - with update_ahead, work ahead is kept when the step's arguments are those assumed, redone when
+//   they differ, dropped by retract(), skip_step() and a visit of the states; in every case the
+//   states equal those of the optimizer without update_ahead, bit for bit; without update_ahead
+//   there are no updates ahead;
 // - buffer_count below 2 is refused with an Error naming the setting.
 #include "engine/optimizer/offloaded_optimizer.hpp"
 
@@ -40,7 +40,7 @@ struct Placement {
   OffloadDevice where = OffloadDevice::cpu;
   DType dtype = DType::f32;
   int stage = 2;
-  bool overlap = false;
+  bool update_ahead = false;
   int buffer_count = 3;
 };
 
@@ -54,7 +54,7 @@ Config make_config(const Placement& s, const std::string& swap_dir) {
   if (s.where == OffloadDevice::nvme) c.offload.optimizer.paths = {swap_dir};
   c.offload.optimizer.buffer_count = s.buffer_count;
   c.offload.sub_group_bytes = 12 * 128;
-  c.offload.optimizer_overlap = s.overlap;
+  c.offload.optimizer_update_ahead = s.update_ahead;
   return c;
 }
 
@@ -244,23 +244,23 @@ TEST(OffloadedOptimizer, RefusesFewerThanTwoBuffers) {
   }
 }
 
-TEST(OffloadedOptimizer, NoSpeculativeUpdatesWithoutOverlap) {
+TEST(OffloadedOptimizer, NoUpdatesAheadWithoutUpdateAhead) {
   Rig rig(Placement{});
-  EXPECT_EQ(rig.optimizer->speculative(), nullptr);
+  EXPECT_EQ(rig.optimizer->updates_ahead(), nullptr);
 }
 
-// Overlap: each case against the same optimizer without overlap, given the same gradients.
-class Speculative : public testing::TestWithParam<OffloadDevice> {
+// update_ahead: each case against the same optimizer without it, given the same gradients.
+class WithUpdatesAhead : public testing::TestWithParam<OffloadDevice> {
  protected:
-  Speculative()
+  WithUpdatesAhead()
       : plain(Placement{GetParam(), DType::bf16, 2, false}), ahead(Placement{GetParam(), DType::bf16, 2, true}) {}
 
   // Hands every group's gradient of step t over, assuming `assumed`, and waits until the thread has
   // it (the stream runs the hand-over).
-  void speculate_all(int t, const optim::AdamStepArgs& assumed) {
+  void hand_over_all(int t, const optim::AdamStepArgs& assumed) {
     ahead.set_grads(t);
     for (int g = 0; g < ahead.layout.group_count(); ++g)
-      ahead.optimizer->speculative()->speculate(g, ahead.grad_of(g), assumed, *ahead.stream);
+      ahead.optimizer->updates_ahead()->hand_over(g, ahead.grad_of(g), assumed, *ahead.stream);
     ahead.stream->synchronize();
   }
   void expect_same_states() {
@@ -268,16 +268,16 @@ class Speculative : public testing::TestWithParam<OffloadDevice> {
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
     EXPECT_EQ(std::memcmp(plain.outs.data(), ahead.outs.data(), plain.outs.bytes()), 0);
   }
-  AheadCounts counts() const { return ahead.optimizer->speculative()->counts(); }
+  AheadCounts counts() const { return ahead.optimizer->updates_ahead()->counts(); }
 
   Rig plain, ahead;
 };
 
-TEST_P(Speculative, KeptWhenTheStepIsAsAssumed) {
-  ASSERT_NE(ahead.optimizer->speculative(), nullptr);
+TEST_P(WithUpdatesAhead, KeptWhenTheStepIsAsAssumed) {
+  ASSERT_NE(ahead.optimizer->updates_ahead(), nullptr);
   for (int t = 1; t <= 2; ++t) {
     const optim::AdamStepArgs args{t, 0.5, 1.0};
-    speculate_all(t, args);
+    hand_over_all(t, args);
     ahead.optimizer->step(ahead.step_groups(true), args, nullptr);
     plain.step(t, args);
   }
@@ -286,9 +286,9 @@ TEST_P(Speculative, KeptWhenTheStepIsAsAssumed) {
   expect_same_states();
 }
 
-TEST_P(Speculative, RedoneWhenTheStepClips) {
+TEST_P(WithUpdatesAhead, RedoneWhenTheStepClips) {
   const optim::AdamStepArgs assumed{1, 0.5, 1.0}, clipped{1, 0.5, 0.75};
-  speculate_all(1, assumed);
+  hand_over_all(1, assumed);
   ahead.optimizer->step(ahead.step_groups(true), clipped, nullptr);
   plain.step(1, clipped);
   EXPECT_EQ(counts().kept, 0);
@@ -296,10 +296,10 @@ TEST_P(Speculative, RedoneWhenTheStepClips) {
   expect_same_states();
 }
 
-TEST_P(Speculative, RetractedGroupIsUpdatedByTheStepFromItsNewGradient) {
+TEST_P(WithUpdatesAhead, RetractedGroupIsUpdatedByTheStepFromItsNewGradient) {
   const optim::AdamStepArgs args{1, 0.5, 1.0};
-  speculate_all(1, args);
-  ahead.optimizer->speculative()->retract(1, *ahead.stream);
+  hand_over_all(1, args);
+  ahead.optimizer->updates_ahead()->retract(1, *ahead.stream);
   ahead.stream->synchronize();
   // Group 1's gradient changes after the retraction (a micro-batch too many); the others stay.
   for (Rig* rig : {&plain, &ahead}) {
@@ -313,15 +313,15 @@ TEST_P(Speculative, RetractedGroupIsUpdatedByTheStepFromItsNewGradient) {
   expect_same_states();
 }
 
-TEST_P(Speculative, SkippedStepAndVisitDropTheWork) {
+TEST_P(WithUpdatesAhead, SkippedStepAndVisitDropTheWork) {
   const optim::AdamStepArgs args{1, 0.5, 1.0};
-  speculate_all(1, args);
-  ahead.optimizer->speculative()->finish();  // every group updated ahead, so the skip drops all three
-  ahead.optimizer->speculative()->skip_step();
+  hand_over_all(1, args);
+  ahead.optimizer->updates_ahead()->finish();  // every group updated ahead, so the skip drops all three
+  ahead.optimizer->updates_ahead()->skip_step();
   EXPECT_EQ(counts().redone, 3);
   EXPECT_EQ(counts().kept, 0);
   expect_same_states();  // nothing stepped on either side: the current copy was not written ahead
-  speculate_all(1, args);
+  hand_over_all(1, args);
   std::vector<float> master(ahead.n);
   ahead.optimizer->read_master(0, master.data(), ahead.n);  // a visit drops the work too
   ahead.optimizer->step(ahead.step_groups(true), args, nullptr);
@@ -330,7 +330,7 @@ TEST_P(Speculative, SkippedStepAndVisitDropTheWork) {
   expect_same_states();
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuAndNvme, Speculative, testing::Values(OffloadDevice::cpu, OffloadDevice::nvme),
+INSTANTIATE_TEST_SUITE_P(CpuAndNvme, WithUpdatesAhead, testing::Values(OffloadDevice::cpu, OffloadDevice::nvme),
                          [](const testing::TestParamInfo<OffloadDevice>& info) {
                            return std::string(info.param == OffloadDevice::cpu ? "cpu" : "nvme");
                          });

@@ -56,7 +56,7 @@ struct Options {
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;
   double offload_ratio = 1;           // offload.optimizer.ratio
-  bool overlap = false;               // offload.optimizer.overlap
+  bool update_ahead = false;          // offload.optimizer.update_ahead
   int config_accumulation = 0;        // gradient_accumulation_steps when not `accumulation` (0: it)
   std::string nvme_path;              // the directory for nvme
   std::vector<std::string> nvme_dirs; // several directories (striped); when set, nvme_path is unused
@@ -103,7 +103,7 @@ inline Config make_config(const Options& o) {
   c.offload.optimizer.device = o.offload_optimizer;
   c.offload.param.device = o.offload_param;
   c.offload.optimizer_ratio = o.offload_ratio;
-  c.offload.optimizer_overlap = o.overlap;
+  c.offload.optimizer_update_ahead = o.update_ahead;
   c.offload.optimizer.buffer_count = c.offload.param.buffer_count = o.buffer_count;
   if (o.offload_optimizer == OffloadDevice::nvme) c.offload.optimizer.paths = o.nvme_paths();
   if (o.offload_param == OffloadDevice::nvme) c.offload.param.paths = o.nvme_paths();

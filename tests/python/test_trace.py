@@ -17,7 +17,7 @@ from models import batch, loss_of, make
 
 def config(path):
     return {"stage": 2, "comm": {"timeout": "60s"}, "buckets": {"reduce": "1KiB"},
-            "offload": {"optimizer": {"device": "nvme", "path": path, "overlap": True}},
+            "offload": {"optimizer": {"device": "nvme", "path": path, "update_ahead": True}},
             "io": {"block_size": "4KiB"}}
 
 

@@ -3,8 +3,8 @@
 torch::optim::AdamW (zest-gpt --reference: same initialisation, data order, StepLR schedule and
 no-decay group) at every rank count, stage and offload; a resumed run equals the uninterrupted
 one; bf16 stays within a loose bound; stage 3 holds a fraction of the parameters. The offloaded run
-with overlap on NVMe also writes --trace: equal all the same, its trace holds every rank's backward,
-hand-offs, updates ahead and NVMe transfers.
+with update_ahead on NVMe also writes --trace: equal all the same, its trace holds every rank's
+backward, hand-offs, updates ahead and NVMe transfers.
 
 usage: gpt_equivalence_test.py ZEST_GPT MPIRUN SOURCE_DIR CASE   (CASE: stages, offload, resume,
        bf16, memory; MPIRUN "-" in a build without MPI: only the single-process runs, the rest
@@ -140,9 +140,10 @@ if case == "stages":
             failures.append("%s: the gradient norm never exceeded the clipping bound (max %g)" % (name, max(norms)))
 elif case == "offload":
     ref = reference(config("ref"))
-    # "overlap": the optimizer offloaded with offload.optimizer.overlap (updated during backward).
+    # "update_ahead": the optimizer offloaded with offload.optimizer.update_ahead (updated during
+    # backward).
     for ranks, stage, target in ((2, 2, "optimizer"), (4, 3, "optimizer"), (2, 3, "param"), (4, 3, "both"),
-                                 (4, 3, "overlap")):
+                                 (4, 3, "update_ahead")):
         for device in ("cpu", "nvme"):
             name = "np%d-stage%d-%s-%s" % (ranks, stage, target, device)
             swap = os.path.join(work, name + "-swap")
@@ -150,11 +151,11 @@ elif case == "offload":
             path = swap if device == "nvme" else ""
             section = "offload:\n"
             for part in ("optimizer", "param"):
-                if target in (part, "both") or (target, part) == ("overlap", "optimizer"):
+                if target in (part, "both") or (target, part) == ("update_ahead", "optimizer"):
                     section += "  %s:\n    device: %s\n    path: \"%s\"\n" % (part, device, path)
-            if target == "overlap":
-                section += "    overlap: true\n"
-            traced = target == "overlap" and device == "nvme"
+            if target == "update_ahead":
+                section += "    update_ahead: true\n"
+            traced = target == "update_ahead" and device == "nvme"
             trace = os.path.join(work, name + "-trace.json")
             same(ref, run(name, config(name, stage, extra=section), ranks, *(["--trace", trace] if traced else [])), name)
             if traced and mpirun != "-":

@@ -18,7 +18,7 @@
 namespace zest::engine {
 namespace {
 
-// cpu: the whole range in one pinned array (a second with overlap), each sub-group's states
+// cpu: the whole range in one pinned array (a second with update_ahead), each sub-group's states
 // (optim::StatesLayout) after those of the sub-groups before it.
 std::unique_ptr<Residency> pinned_states(Device& device, const OptimizerOffloadPlan& plan, const SubGroupList& subs) {
   std::vector<std::size_t> offsets;
@@ -26,10 +26,10 @@ std::unique_ptr<Residency> pinned_states(Device& device, const OptimizerOffloadP
   for (const SubGroupPlace& sub : subs.list)
     offsets.push_back(optim::StatesLayout::bytes(plan.states, sub.offset - plan.range.begin));
   return std::make_unique<PinnedResidency>(device, HostPurpose::optimizer_states, plan.states_bytes,
-                                           plan.overlap ? 2 : 1, std::move(offsets));
+                                           plan.update_ahead ? 2 : 1, std::move(offsets));
 }
 
-// nvme: a region per sub-group (a second with overlap) and `slots` pinned slots.
+// nvme: a region per sub-group (a second with update_ahead) and `slots` pinned slots.
 std::unique_ptr<Residency> swapped_states(Device& device, const OptimizerOffloadPlan& plan, const SubGroupList& subs,
                                           std::shared_ptr<offload::Store> store, std::size_t slots) {
   std::vector<std::string> names;
@@ -39,7 +39,7 @@ std::unique_ptr<Residency> swapped_states(Device& device, const OptimizerOffload
     bytes.push_back(optim::StatesLayout::bytes(plan.states, subs[i].count));
   }
   return std::make_unique<NvmeResidency>(device, HostPurpose::optimizer_swap, std::move(store), "offloaded optimizer",
-                                         names, bytes, plan.overlap ? 2 : 1, plan.state_slot_bytes, slots);
+                                         names, bytes, plan.update_ahead ? 2 : 1, plan.state_slot_bytes, slots);
 }
 
 const optim::AdamHyperParams& first_hyper(const HyperRuns& runs) {
@@ -80,8 +80,8 @@ struct OffloadedOptimizer::Impl {
     writes.resize(slots);
     adam.current_hyper(hyper);
     states = store ? swapped_states(device, plan, subs, std::move(store), slots) : pinned_states(device, plan, subs);
-    if (plan.overlap)
-      ahead = std::make_unique<SpeculativeUpdates>(device, plan, dtype, subs, *states, adam, slots, reads_ahead());
+    if (plan.update_ahead)
+      ahead = std::make_unique<UpdatesAhead>(device, plan, dtype, subs, *states, adam, slots, reads_ahead());
   }
 
   // States are read this many sub-groups ahead, which leaves a slot for the update and one for the
@@ -105,12 +105,12 @@ struct OffloadedOptimizer::Impl {
   // Calls visit(master, m, v, first, n) for the states of [offset, offset + count) sub-group by
   // sub-group (`first`: the piece's place from `offset`), each loaded into slot 0 and, when
   // `write_back`, stored again afterwards.
-  // Work done ahead (overlap) assumed the states as they were: it is dropped, the step redoes it.
+  // Work done ahead (update_ahead) assumed the states as they were: it is dropped, the step redoes it.
   void visit_states(std::size_t offset, std::size_t count, bool write_back, const StatesVisit& visit) {
     check_usable();
     if (ahead) ahead->pause();
     struct Restart {
-      SpeculativeUpdates* ahead;
+      UpdatesAhead* ahead;
       ~Restart() {
         if (ahead) ahead->restart();
       }
@@ -159,7 +159,7 @@ struct OffloadedOptimizer::Impl {
     }
   }
 
-  // Overlap: group g's parameters updated ahead go where the step's would.
+  // update_ahead: group g's parameters updated ahead go where the step's would.
   void send_ahead(std::size_t g, SubGroupList::OfGroup part, const StepGroup& io, HostParamSink* sink) {
     const SubGroupPlace& first = subs[part.first];
     const SubGroupPlace& last = subs[part.end - 1];
@@ -274,7 +274,7 @@ struct OffloadedOptimizer::Impl {
   // Declared after what they move, destroyed before it: their work refers to the buffers above.
   std::vector<offload::IoHandle> reads, writes;  // per slot
   std::unique_ptr<Stream> down, up;
-  std::unique_ptr<SpeculativeUpdates> ahead;  // overlap only: stopped before anything it uses goes
+  std::unique_ptr<UpdatesAhead> ahead;  // update_ahead only: stopped before anything it uses goes
 };
 
 OffloadedOptimizer::OffloadedOptimizer(Device& device, const OptimizerOffloadPlan& plan,
@@ -310,7 +310,7 @@ void OffloadedOptimizer::step(std::span<const StepGroup> groups, const optim::Ad
   impl_->step(groups, args, sink);
 }
 
-SpeculativeUpdates* OffloadedOptimizer::speculative() { return impl_->ahead.get(); }
+UpdatesAhead* OffloadedOptimizer::updates_ahead() { return impl_->ahead.get(); }
 
 void OffloadedOptimizer::check_usable() const { impl_->check_usable(); }
 

@@ -19,10 +19,10 @@
 // size. Each sub-group is updated by SubGroupAdam. Everything is allocated at construction; step() allocates nothing
 // large.
 //
-// offload.optimizer.overlap (plan.overlap): the residency keeps a spare copy of the states, and a
-// SpeculativeUpdates (speculative()) updates groups into it during backward; step() takes the
-// groups whose work ahead holds and runs the pipeline above over the rest (see
-// speculative_updates.hpp). Without overlap there is none.
+// offload.optimizer.update_ahead (plan.update_ahead): the residency keeps a spare copy of the
+// states, and an UpdatesAhead (updates_ahead()) updates groups into it during backward; step()
+// takes the groups whose work ahead holds and runs the pipeline above over the rest (see
+// updates_ahead.hpp). Without update_ahead there is none.
 //
 // After an IoError from step(), the states are inconsistent (some sub-groups hold the new step, one
 // whose write failed holds nothing): the optimizer refuses every later call with an Error saying so,
@@ -40,7 +40,7 @@
 #include "engine/plan/layout.hpp"
 #include "engine/plan/memory_plan.hpp"
 #include "engine/optimizer/optimizer_states.hpp"
-#include "engine/optimizer/speculative_updates.hpp"
+#include "engine/optimizer/updates_ahead.hpp"
 #include "offload/store.hpp"
 #include "optim/cpu_adam.hpp"
 #include "zest/device.hpp"
@@ -76,8 +76,9 @@ class OffloadedOptimizer final : public OptimizerStates {
   // (then the optimizer is unusable, see above).
   void step(std::span<const StepGroup> groups, const optim::AdamStepArgs& args, HostParamSink* sink) override;
 
-  // offload.optimizer.overlap (plan.overlap): the updates ahead of the step; null without overlap.
-  SpeculativeUpdates* speculative();
+  // offload.optimizer.update_ahead (plan.update_ahead): the updates ahead of the step; null
+  // without update_ahead.
+  UpdatesAhead* updates_ahead();
 
   // Throws the Error every call throws after an I/O failure (see above); nothing otherwise.
   void check_usable() const;

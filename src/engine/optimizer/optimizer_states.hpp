@@ -6,8 +6,8 @@
 //                             pipeline of sub-groups (offload.optimizer.device: cpu | nvme)
 //   SplitOptimizerStates      one of each over complementary parts of the shard
 //                             (offload.optimizer.ratio < 1), stepped at the same time
-// The updates ahead of the step (offload.optimizer.overlap) are not part of this interface: they
-// are OffloadedOptimizer's SpeculativeUpdates, which the engine holds only when overlap is on.
+// The updates ahead of the step (offload.optimizer.update_ahead) are not part of this interface:
+// they are OffloadedOptimizer's UpdatesAhead, which the engine holds only when update_ahead is on.
 // Offsets and counts are elements of the rank's shard buffer (Layout::shard_numel()).
 // Threading: the engine's host thread.
 #pragma once

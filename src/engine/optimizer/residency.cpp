@@ -19,7 +19,7 @@ Residency::Residency(std::size_t pieces, int copies) : copies_(copies), spare_is
 void Residency::require_spare(const char* what) const {
   if (copies_ < 2)
     throw Error(std::string("residency: ").append(what).append(" needs two copies of each piece; this one keeps one "
-                                                                 "(offload.optimizer.overlap makes two)"));
+                                                                 "(offload.optimizer.update_ahead makes two)"));
 }
 
 PinnedResidency::PinnedResidency(Device& device, HostPurpose purpose, std::size_t bytes, int copies,

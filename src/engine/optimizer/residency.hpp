@@ -9,11 +9,12 @@
 //                     by store() (offload device nvme).
 // So the owner's pipeline (read next, compute this, write previous) is written once for both.
 //
-// A residency may keep two copies of each piece (offload.optimizer.overlap): an update ahead of the
-// step reads the current copy and writes the spare one, and promote() makes the spare current once
-// the step keeps that work; the current copy is never written ahead, so dropping the work costs
-// nothing. Threading: one thread at a time (the owner's host thread, or the thread that updates
-// ahead while the host thread waits for it); store transfers complete on the store's threads.
+// A residency may keep two copies of each piece (offload.optimizer.update_ahead): an update ahead
+// of the step reads the current copy and writes the spare one, and promote() makes the spare
+// current once the step keeps that work; the current copy is never written ahead, so dropping the
+// work costs nothing. Threading: one thread at a time (the owner's host thread, or the thread that
+// updates ahead while the host thread waits for it); store transfers complete on the store's
+// threads.
 #pragma once
 
 #include <cstddef>

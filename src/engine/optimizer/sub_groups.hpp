@@ -3,7 +3,7 @@
 // Residency piece laid out by optim::StatesLayout ([master | m | v | scales]).
 //   SubGroupList   the list, and which of them each layout group has;
 //   SubGroupAdam   the one update of a sub-group by the CPU Adam, used by the step's pipeline
-//                  (OffloadedOptimizer) and by the updates ahead of it (SpeculativeUpdates), so the
+//                  (OffloadedOptimizer) and by the updates ahead of it (UpdatesAhead), so the
 //                  two compute the same thing, bit for bit.
 #pragma once
 

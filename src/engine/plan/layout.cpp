@@ -31,7 +31,7 @@ namespace {
 
 std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// As ParamSpec::numel's: every byte count derived from the padded layout (fp32 states, overlap's
+// As ParamSpec::numel's: every byte count derived from the padded layout (fp32 states, update_ahead's
 // second copy) fits in 64 bits.
 constexpr std::size_t kMaxLayoutElements = std::numeric_limits<std::size_t>::max() / 64;
 

@@ -81,8 +81,8 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
     // kInt8Block), the sub-groups' bytes add up to those of the range.
     p.states_bytes = optim::StatesLayout::bytes(format, range.count());
   }
-  p.overlap = config.offload.optimizer_overlap;
-  if (p.overlap) {
+  p.update_ahead = config.offload.optimizer_update_ahead;
+  if (p.update_ahead) {
     p.spare_states_bytes = p.states_bytes;
     p.nvme_bytes *= 2;
     p.updated_params_bytes = round_up(range.count() * dtype_size(dtype), kOffloadSlotAlign);

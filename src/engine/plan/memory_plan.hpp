@@ -71,11 +71,11 @@ struct OptimizerOffloadPlan {
   std::size_t states_bytes = 0;          // cpu: master, m, v (and scales) of the range
   std::size_t state_slot_bytes = 0;      // nvme: one sub-group's master, m, v (and scales), store-aligned
   std::size_t state_slots_bytes = 0;     // nvme: slots of them
-  // offload.optimizer.overlap: sub-groups are updated during backward into a second copy of their
+  // offload.optimizer.update_ahead: sub-groups are updated during backward into a second copy of their
   // states (cpu: spare_states_bytes of pinned memory; nvme: a second region each, in nvme_bytes),
   // which becomes the current one when the step commits, and their updated parameters wait in
   // updated_params_bytes (the range in dtype) until then.
-  bool overlap = false;
+  bool update_ahead = false;
   std::size_t spare_states_bytes = 0;
   std::size_t updated_params_bytes = 0;
   std::size_t pinned_bytes = 0;

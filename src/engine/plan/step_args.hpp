@@ -1,5 +1,5 @@
 // The Adam step's arguments, computed here only. Engine::step() passes them to the optimizer
-// states; the updates ahead of the step (offload.optimizer.overlap) assume them before the
+// states; the updates ahead of the step (offload.optimizer.update_ahead) assume them before the
 // gradient norm is known, and the step keeps that work only where its own arguments are equal to
 // the assumed ones, so both must come from the same arithmetic.
 #pragma once

@@ -1,4 +1,4 @@
-#include "engine/optimizer/ahead_updates.hpp"
+#include "engine/optimizer/update_ahead_thread.hpp"
 
 #include <algorithm>
 #include <utility>
@@ -7,8 +7,9 @@
 
 namespace zest::engine {
 
-AheadUpdates::AheadUpdates(AheadUpdater& updater, std::size_t subs, std::size_t slots, std::size_t reads_ahead)
-    : updater_(updater), slots_(slots), reads_ahead_(reads_ahead) {
+UpdateAheadThread::UpdateAheadThread(UpdateAheadWork& work, std::size_t subs, std::size_t slots,
+                                     std::size_t reads_ahead)
+    : work_(work), slots_(slots), reads_ahead_(reads_ahead) {
   items_.reserve(subs);
   assumed_.assign(subs, nullptr);
   cancelled_.reserve(subs);  // a group has at least one sub-group
@@ -18,17 +19,17 @@ AheadUpdates::AheadUpdates(AheadUpdater& updater, std::size_t subs, std::size_t 
   thread_ = std::thread([this] { run(); });
 }
 
-AheadUpdates::~AheadUpdates() {
+UpdateAheadThread::~UpdateAheadThread() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   changed_.notify_all();
   thread_.join();
-  updater_.drain_transfers();
+  work_.drain_transfers();
 }
 
-void AheadUpdates::add(int group, std::size_t first, std::size_t end, const Assumption& assumed) {
+void UpdateAheadThread::add(int group, std::size_t first, std::size_t end, const Assumption& assumed) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // Each group is handed over once per step, so this holds; a surplus is simply left to step().
@@ -41,7 +42,7 @@ void AheadUpdates::add(int group, std::size_t first, std::size_t end, const Assu
   changed_.notify_all();
 }
 
-void AheadUpdates::cancel(int group) {
+void UpdateAheadThread::cancel(int group) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cancelled(group)) cancelled_.push_back(group);
   changed_.wait(lock, [&] { return busy_group_ != group; });
@@ -49,11 +50,11 @@ void AheadUpdates::cancel(int group) {
     if (item.group == group) done_[item.sub] = false;
 }
 
-bool AheadUpdates::cancelled(int group) const {
+bool UpdateAheadThread::cancelled(int group) const {
   return std::find(cancelled_.begin(), cancelled_.end(), group) != cancelled_.end();
 }
 
-void AheadUpdates::settle(bool finish) {
+void UpdateAheadThread::settle(bool finish) {
   const trace::Span span("settle updates ahead", trace::Lane::host);
   std::unique_lock<std::mutex> lock(mutex_);
   pause_ = true;
@@ -62,7 +63,7 @@ void AheadUpdates::settle(bool finish) {
   changed_.wait(lock, [&] { return paused_; });
 }
 
-void AheadUpdates::restart() {
+void UpdateAheadThread::restart() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     items_.clear();
@@ -77,14 +78,14 @@ void AheadUpdates::restart() {
   changed_.notify_all();
 }
 
-void AheadUpdates::confirm_until(std::size_t end, std::unique_lock<std::mutex>& lock) {
+void UpdateAheadThread::confirm_until(std::size_t end, std::unique_lock<std::mutex>& lock) {
   while (confirmed_ < end) {
     const std::size_t position = confirmed_++;
     bool stored = updated_[position];
     lock.unlock();
     try {
       const trace::Span span("wait for write", trace::Lane::update_ahead, static_cast<std::int64_t>(position));
-      updater_.confirm(position);
+      work_.confirm(position);
     } catch (...) {
       stored = false;  // the current states are untouched: step() redoes the sub-group
     }
@@ -94,7 +95,7 @@ void AheadUpdates::confirm_until(std::size_t end, std::unique_lock<std::mutex>& 
   }
 }
 
-void AheadUpdates::run() {
+void UpdateAheadThread::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     changed_.wait(lock, [&] { return stop_ || pause_ || processed_ < items_.size(); });
@@ -103,7 +104,7 @@ void AheadUpdates::run() {
       // Everything started is finished before the caller takes the buffers.
       confirm_until(processed_, lock);
       lock.unlock();
-      updater_.drain_transfers();
+      work_.drain_transfers();
       lock.lock();
       paused_ = true;
       changed_.notify_all();
@@ -120,7 +121,7 @@ void AheadUpdates::run() {
       lock.unlock();
       bool started = true;
       try {
-        updater_.read(next, sub);
+        work_.read(next, sub);
       } catch (...) {
         started = false;  // its update is skipped and left to step()
       }
@@ -135,7 +136,7 @@ void AheadUpdates::run() {
       bool updated = true;
       try {
         const trace::Span span("update ahead", trace::Lane::update_ahead, static_cast<std::int64_t>(item.sub));
-        updater_.update(position, item.sub, *assumed);
+        work_.update(position, item.sub, *assumed);
       } catch (...) {
         updated = false;
       }

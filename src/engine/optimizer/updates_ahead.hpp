@@ -1,19 +1,19 @@
-// offload.optimizer.overlap: the offloaded optimizer's updates ahead of the step. While backward
-// goes on, each group whose gradient shard is final (speculate(), in comm-stream order) is updated
-// by a thread of its own (AheadUpdates), through the optimizer's staging slots, assuming the step's
-// arguments (adam_step_args without clipping) and the hyper-parameters as they are then: from the
-// current copy of its states into the spare one (Residency), its parameters into a pinned array
-// of the range (updated()). At the step, the optimizer finish()es the thread and take()s each group
-// whose assumption held (its spare copy becomes current); it runs its pipeline over the rest. A
-// skipped step, a group whose gradient changes again (retract()) and a visit of the states
-// (pause()) drop the work. The current copy is never written ahead, so dropping costs nothing but
-// the work, and the results are those of the step without overlap, bit for bit. A failed transfer
-// ahead only leaves its group to the step.
+// offload.optimizer.update_ahead: the offloaded optimizer's updates ahead of the step. While
+// backward goes on, each group whose gradient shard is final (hand_over(), in comm-stream order) is
+// updated by a thread of its own (UpdateAheadThread), through the optimizer's staging slots,
+// assuming the step's arguments (adam_step_args without clipping) and the hyper-parameters as they
+// are then: from the current copy of its states into the spare one (Residency), its parameters
+// into a pinned array of the range (updated()). At the step, the optimizer finish()es the thread
+// and take()s each group whose assumption held (its spare copy becomes current); it runs its
+// pipeline over the rest. A skipped step, a group whose gradient changes again (retract()) and a
+// visit of the states (pause()) drop the work. The current copy is never written ahead, so
+// dropping costs nothing but the work, and the results are those of the step without updates
+// ahead, bit for bit. A failed transfer ahead only leaves its group to the step.
 //
-// Built by OffloadedOptimizer only with plan.overlap; the engine reaches it through
-// OffloadedOptimizer::speculative() and calls speculate/retract/skip_step/counts, the optimizer the
-// rest. Threading: speculate/retract enqueue on the given stream; everything else from the thread
-// that drives the optimizer.
+// Built by OffloadedOptimizer only with plan.update_ahead; the engine reaches it through
+// OffloadedOptimizer::updates_ahead() and calls hand_over/retract/skip_step/counts, the optimizer
+// the rest. Threading: hand_over/retract enqueue on the given stream; everything else from the
+// thread that drives the optimizer.
 #pragma once
 
 #include <cstddef>
@@ -21,10 +21,10 @@
 #include <memory>
 #include <vector>
 
-#include "engine/optimizer/ahead_updates.hpp"
 #include "engine/plan/memory_plan.hpp"
 #include "engine/optimizer/residency.hpp"
 #include "engine/optimizer/sub_groups.hpp"
+#include "engine/optimizer/update_ahead_thread.hpp"
 #include "offload/io_handle.hpp"
 #include "optim/cpu_adam.hpp"
 #include "zest/device.hpp"
@@ -36,21 +36,21 @@ struct AheadCounts {
   std::int64_t kept = 0, redone = 0;
 };
 
-class SpeculativeUpdates final : AheadUpdater {
+class UpdatesAhead final : UpdateAheadWork {
  public:
   // `plan`: its range and updated_params_bytes; needs plan.grads_on_host (throws Error otherwise).
   // `subs`, `residency` (two copies), `adam`: the optimizer's, which outlive this. `slots`: the
   // residency's staging slots, read `reads_ahead` sub-groups ahead.
-  SpeculativeUpdates(Device& device, const OptimizerOffloadPlan& plan, DType dtype, const SubGroupList& subs,
-                     Residency& residency, SubGroupAdam& adam, std::size_t slots, std::size_t reads_ahead);
-  ~SpeculativeUpdates() override;
-  SpeculativeUpdates(const SpeculativeUpdates&) = delete;
-  SpeculativeUpdates& operator=(const SpeculativeUpdates&) = delete;
+  UpdatesAhead(Device& device, const OptimizerOffloadPlan& plan, DType dtype, const SubGroupList& subs,
+               Residency& residency, SubGroupAdam& adam, std::size_t slots, std::size_t reads_ahead);
+  ~UpdatesAhead() override;
+  UpdatesAhead(const UpdatesAhead&) = delete;
+  UpdatesAhead& operator=(const UpdatesAhead&) = delete;
 
   // Group g's final gradient shard for this step is complete in host memory at `grad` once `stream`
   // reaches this point: update its sub-groups then, assuming `assumed` and the hyper-parameters as
   // they are now.
-  void speculate(int group, const void* grad, const optim::AdamStepArgs& assumed, Stream& stream);
+  void hand_over(int group, const void* grad, const optim::AdamStepArgs& assumed, Stream& stream);
   // Group g's gradient changes after this point on `stream` (one micro-batch too many): its work
   // ahead is dropped.
   void retract(int group, Stream& stream);
@@ -74,7 +74,7 @@ class SpeculativeUpdates final : AheadUpdater {
   std::size_t pinned_bytes() const { return updated_params_.bytes(); }
 
  private:
-  // AheadUpdater: one sub-group's update ahead, in the slot of `position`, from its current copy
+  // UpdateAheadWork: one sub-group's update ahead, in the slot of `position`, from its current copy
   // into its spare one.
   void read(std::size_t position, std::size_t sub) override;
   void update(std::size_t position, std::size_t sub, const Assumption& assumed) override;
@@ -100,7 +100,7 @@ class SpeculativeUpdates final : AheadUpdater {
   std::vector<Assumption> assumptions_;   // per group: what its update ahead assumes
   std::vector<offload::IoHandle> reads_, writes_;  // per slot
   AheadCounts counts_;
-  std::unique_ptr<AheadUpdates> thread_;  // last: stopped before anything it uses goes
+  std::unique_ptr<UpdateAheadThread> thread_;  // last: stopped before anything it uses goes
 };
 
 }  // namespace zest::engine

@@ -1,4 +1,4 @@
-#include "engine/optimizer/speculative_updates.hpp"
+#include "engine/optimizer/updates_ahead.hpp"
 
 #include <utility>
 
@@ -6,12 +6,11 @@
 
 namespace zest::engine {
 
-SpeculativeUpdates::SpeculativeUpdates(Device& device, const OptimizerOffloadPlan& plan, DType dtype,
-                                       const SubGroupList& subs, Residency& residency, SubGroupAdam& adam,
-                                       std::size_t slots, std::size_t reads_ahead)
+UpdatesAhead::UpdatesAhead(Device& device, const OptimizerOffloadPlan& plan, DType dtype, const SubGroupList& subs,
+                           Residency& residency, SubGroupAdam& adam, std::size_t slots, std::size_t reads_ahead)
     : subs_(subs), residency_(residency), adam_(adam), range_(plan.range), dtype_(dtype), slots_(slots) {
   if (!plan.grads_on_host)
-    throw Error("offloaded optimizer: offload.optimizer.overlap needs the gradient shard on the host (stages 2-3, "
+    throw Error("offloaded optimizer: offload.optimizer.update_ahead needs the gradient shard on the host (stages 2-3, "
                 "the whole optimizer offloaded)");
   updated_params_ = device.allocate_pinned(plan.updated_params_bytes, HostPurpose::optimizer_staging);
   grads_.resize(subs.groups.size());
@@ -19,12 +18,12 @@ SpeculativeUpdates::SpeculativeUpdates(Device& device, const OptimizerOffloadPla
   for (Assumption& a : assumptions_) a.hyper.resize(adam.runs().size());
   reads_.resize(slots);
   writes_.resize(slots);
-  thread_ = std::make_unique<AheadUpdates>(static_cast<AheadUpdater&>(*this), subs.size(), slots, reads_ahead);
+  thread_ = std::make_unique<UpdateAheadThread>(static_cast<UpdateAheadWork&>(*this), subs.size(), slots, reads_ahead);
 }
 
-SpeculativeUpdates::~SpeculativeUpdates() = default;
+UpdatesAhead::~UpdatesAhead() = default;
 
-void SpeculativeUpdates::speculate(int g, const void* grad, const optim::AdamStepArgs& assumed, Stream& stream) {
+void UpdatesAhead::hand_over(int g, const void* grad, const optim::AdamStepArgs& assumed, Stream& stream) {
   const auto group = static_cast<std::size_t>(g);
   if (group >= subs_.groups.size()) return;
   grads_[group] = static_cast<const char*>(grad);
@@ -38,22 +37,22 @@ void SpeculativeUpdates::speculate(int g, const void* grad, const optim::AdamSte
   });
 }
 
-void SpeculativeUpdates::retract(int g, Stream& stream) {
+void UpdatesAhead::retract(int g, Stream& stream) {
   stream.host_task([this, g] { thread_->cancel(g); });
 }
 
-void SpeculativeUpdates::skip_step() {
+void UpdatesAhead::skip_step() {
   thread_->settle(false);
   for (const SubGroupList::OfGroup& part : subs_.groups)
     if (updated_ahead(part)) ++counts_.redone;
   thread_->restart();
 }
 
-void SpeculativeUpdates::finish() { thread_->settle(true); }
-void SpeculativeUpdates::pause() { thread_->settle(false); }
-void SpeculativeUpdates::restart() { thread_->restart(); }
+void UpdatesAhead::finish() { thread_->settle(true); }
+void UpdatesAhead::pause() { thread_->settle(false); }
+void UpdatesAhead::restart() { thread_->restart(); }
 
-bool SpeculativeUpdates::take(std::size_t group, const optim::AdamStepArgs& args) {
+bool UpdatesAhead::take(std::size_t group, const optim::AdamStepArgs& args) {
   const SubGroupList::OfGroup part = subs_.of_group(group);
   bool kept = part.first < part.end;
   for (std::size_t i = part.first; i < part.end && kept; ++i)
@@ -67,14 +66,13 @@ bool SpeculativeUpdates::take(std::size_t group, const optim::AdamStepArgs& args
   return true;
 }
 
-const char* SpeculativeUpdates::updated(const SubGroupPlace& sub) const { return params_of(sub); }
+const char* UpdatesAhead::updated(const SubGroupPlace& sub) const { return params_of(sub); }
 
-char* SpeculativeUpdates::params_of(const SubGroupPlace& sub) const {
+char* UpdatesAhead::params_of(const SubGroupPlace& sub) const {
   return updated_params_.as<char>() + (sub.offset - range_.begin) * dtype_size(dtype_);
 }
 
-bool SpeculativeUpdates::holds(const Assumption& assumed, const SubGroupPlace& sub,
-                               const optim::AdamStepArgs& args) const {
+bool UpdatesAhead::holds(const Assumption& assumed, const SubGroupPlace& sub, const optim::AdamStepArgs& args) const {
   if (!(assumed.args == args)) return false;
   const HyperRuns& runs = adam_.runs();
   for (std::size_t r = 0; r < runs.size(); ++r)
@@ -83,13 +81,13 @@ bool SpeculativeUpdates::holds(const Assumption& assumed, const SubGroupPlace& s
   return true;
 }
 
-bool SpeculativeUpdates::updated_ahead(SubGroupList::OfGroup part) const {
+bool UpdatesAhead::updated_ahead(SubGroupList::OfGroup part) const {
   for (std::size_t i = part.first; i < part.end; ++i)
     if (thread_->done(i)) return true;
   return false;
 }
 
-void SpeculativeUpdates::read(std::size_t position, std::size_t i) {
+void UpdatesAhead::read(std::size_t position, std::size_t i) {
   offload::IoHandle& slot_read = reads_[position % slots_];
   // The slot's previous read is over before this one starts: that of a sub-group whose group was
   // cancelled is never waited for by update(), and two reads in flight into one slot may finish
@@ -98,7 +96,7 @@ void SpeculativeUpdates::read(std::size_t position, std::size_t i) {
   slot_read = residency_.load(i, position % slots_, Copy::current);
 }
 
-void SpeculativeUpdates::update(std::size_t position, std::size_t i, const Assumption& assumed) {
+void UpdatesAhead::update(std::size_t position, std::size_t i, const Assumption& assumed) {
   const SubGroupPlace& sub = subs_[i];
   const std::size_t slot = position % slots_;
   reads_[slot].wait();
@@ -110,11 +108,11 @@ void SpeculativeUpdates::update(std::size_t position, std::size_t i, const Assum
   writes_[slot] = residency_.store(i, slot, Copy::spare);
 }
 
-void SpeculativeUpdates::confirm(std::size_t position) {
+void UpdatesAhead::confirm(std::size_t position) {
   std::exchange(writes_[position % slots_], offload::IoHandle()).wait();
 }
 
-void SpeculativeUpdates::drain_transfers() noexcept {
+void UpdatesAhead::drain_transfers() noexcept {
   drain(reads_);
   drain(writes_);
 }

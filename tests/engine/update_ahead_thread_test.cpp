@@ -1,9 +1,9 @@
-// AheadUpdates (offload.optimizer.overlap's thread) against a recording AheadUpdater: every
-// sub-group handed over is read, updated and confirmed in order, a slot is read into again only
-// after its previous write is confirmed, failures and cancelled groups never count as done,
+// UpdateAheadThread (offload.optimizer.update_ahead's thread) against a recording UpdateAheadWork:
+// every sub-group handed over is read, updated and confirmed in order, a slot is read into again
+// only after its previous write is confirmed, failures and cancelled groups never count as done,
 // cancel() waits for the update under way, and settle(false) stops without finishing the queue.
 // Runs under ThreadSanitizer too (suite tsan).
-#include "engine/optimizer/ahead_updates.hpp"
+#include "engine/optimizer/update_ahead_thread.hpp"
 
 #include <gtest/gtest.h>
 
@@ -25,7 +25,7 @@ struct Event {
 };
 
 // Records the calls; throws where told to; can hold one sub-group's update until released.
-class RecordingUpdater final : public AheadUpdater {
+class RecordingWork final : public UpdateAheadWork {
  public:
   std::set<std::size_t> failing_reads, failing_updates;  // sub-groups
   std::set<std::size_t> failing_confirms;                // positions
@@ -102,10 +102,10 @@ std::size_t index_of(const std::vector<Event>& events, Event::Kind kind, std::si
   return events.size();
 }
 
-TEST(AheadUpdates, EverySubGroupIsReadUpdatedAndConfirmedAndSlotsWaitForTheirWrite) {
+TEST(UpdateAheadThread, EverySubGroupIsReadUpdatedAndConfirmedAndSlotsWaitForTheirWrite) {
   constexpr std::size_t kSubs = 9, kSlots = 3;
-  RecordingUpdater updater;
-  AheadUpdates ahead(updater, kSubs, kSlots, 1);
+  RecordingWork work;
+  UpdateAheadThread ahead(work, kSubs, kSlots, 1);
   const auto first = assumption(7), second = assumption(8);
   ahead.add(0, 0, 4, first);
   ahead.add(1, 4, kSubs, second);
@@ -114,7 +114,7 @@ TEST(AheadUpdates, EverySubGroupIsReadUpdatedAndConfirmedAndSlotsWaitForTheirWri
     EXPECT_TRUE(ahead.done(sub)) << sub;
     EXPECT_EQ(&ahead.assumption(sub), sub < 4 ? &first : &second) << sub;
   }
-  const std::vector<Event> events = updater.events();
+  const std::vector<Event> events = work.events();
   for (std::size_t p = 0; p < kSubs; ++p) {
     SCOPED_TRACE(p);
     const std::size_t read = index_of(events, Event::read, p), update = index_of(events, Event::update, p),
@@ -128,40 +128,40 @@ TEST(AheadUpdates, EverySubGroupIsReadUpdatedAndConfirmedAndSlotsWaitForTheirWri
       EXPECT_LT(index_of(events, Event::confirm, p - kSlots), read);
     }
   }
-  EXPECT_GE(updater.drains(), 1);  // before the caller took the buffers
+  EXPECT_GE(work.drains(), 1);  // before the caller took the buffers
   ahead.restart();
   for (std::size_t sub = 0; sub < kSubs; ++sub) EXPECT_FALSE(ahead.done(sub));
 }
 
-TEST(AheadUpdates, AFailedReadUpdateOrWriteLeavesItsSubGroupNotDone) {
-  RecordingUpdater updater;
-  updater.failing_reads = {1};
-  updater.failing_updates = {3};
-  updater.failing_confirms = {5};  // position 5 is sub-group 5
-  AheadUpdates ahead(updater, 8, 4, 2);
+TEST(UpdateAheadThread, AFailedReadUpdateOrWriteLeavesItsSubGroupNotDone) {
+  RecordingWork work;
+  work.failing_reads = {1};
+  work.failing_updates = {3};
+  work.failing_confirms = {5};  // position 5 is sub-group 5
+  UpdateAheadThread ahead(work, 8, 4, 2);
   const Assumption first = assumption(1), second = assumption(2);
   ahead.add(0, 0, 8, first);
   ahead.settle(true);
   for (std::size_t sub = 0; sub < 8; ++sub) EXPECT_EQ(ahead.done(sub), sub != 1 && sub != 3 && sub != 5) << sub;
   // A sub-group whose states could not be read is not updated from whatever the slot held.
-  for (const Event& e : updater.events()) EXPECT_FALSE(e.kind == Event::update && e.sub == 1);
+  for (const Event& e : work.events()) EXPECT_FALSE(e.kind == Event::update && e.sub == 1);
   ahead.restart();
   // And the thread goes on with the next step.
-  updater.failing_reads.clear();
+  work.failing_reads.clear();
   ahead.add(0, 0, 2, second);
   ahead.settle(true);
   EXPECT_TRUE(ahead.done(0));
   EXPECT_TRUE(ahead.done(1));
 }
 
-TEST(AheadUpdates, CancelWaitsForTheUpdateUnderWayAndNothingOfTheGroupIsDone) {
-  RecordingUpdater updater;
-  AheadUpdates ahead(updater, 6, 4, 2);
-  updater.hold(1);
+TEST(UpdateAheadThread, CancelWaitsForTheUpdateUnderWayAndNothingOfTheGroupIsDone) {
+  RecordingWork work;
+  UpdateAheadThread ahead(work, 6, 4, 2);
+  work.hold(1);
   const Assumption assumed = assumption(1);
   ahead.add(0, 0, 3, assumed);  // group 0: sub-groups 0..2
   ahead.add(1, 3, 6, assumed);  // group 1: 3..5
-  updater.wait_until_holding();       // group 0's sub-group 1 is being updated
+  work.wait_until_holding();    // group 0's sub-group 1 is being updated
   std::atomic<bool> cancelled{false};
   std::thread canceller([&] {
     ahead.cancel(0);
@@ -169,32 +169,32 @@ TEST(AheadUpdates, CancelWaitsForTheUpdateUnderWayAndNothingOfTheGroupIsDone) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(cancelled.load()) << "cancel() returned while the group's gradient was being read";
-  updater.release();
+  work.release();
   canceller.join();
   EXPECT_TRUE(cancelled.load());
   ahead.settle(true);
   for (std::size_t sub = 0; sub < 3; ++sub) EXPECT_FALSE(ahead.done(sub)) << sub;
   for (std::size_t sub = 3; sub < 6; ++sub) EXPECT_TRUE(ahead.done(sub)) << sub;
   // Sub-group 2 came after the cancel: it was never updated.
-  for (const Event& e : updater.events()) EXPECT_FALSE(e.kind == Event::update && e.sub == 2);
+  for (const Event& e : work.events()) EXPECT_FALSE(e.kind == Event::update && e.sub == 2);
   ahead.restart();
 }
 
-TEST(AheadUpdates, SettleWithoutFinishingStopsAfterTheUpdateUnderWay) {
-  RecordingUpdater updater;
-  AheadUpdates ahead(updater, 10, 4, 2);
-  updater.hold(0);
+TEST(UpdateAheadThread, SettleWithoutFinishingStopsAfterTheUpdateUnderWay) {
+  RecordingWork work;
+  UpdateAheadThread ahead(work, 10, 4, 2);
+  work.hold(0);
   const Assumption assumed = assumption(1);
   ahead.add(0, 0, 10, assumed);
-  updater.wait_until_holding();
+  work.wait_until_holding();
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    updater.release();
+    work.release();
   });
   ahead.settle(false);
   releaser.join();
   std::size_t updates = 0;
-  for (const Event& e : updater.events()) updates += e.kind == Event::update;
+  for (const Event& e : work.events()) updates += e.kind == Event::update;
   EXPECT_EQ(updates, 1u);  // the one under way, nothing after it
   EXPECT_TRUE(ahead.done(0));
   for (std::size_t sub = 1; sub < 10; ++sub) EXPECT_FALSE(ahead.done(sub)) << sub;

@@ -1,9 +1,10 @@
-// offload.optimizer.overlap under mpirun with 1, 2 and 4 ranks: the offloaded states of each group
-// are updated while backward goes on, assuming the step neither overflows nor clips, and step()
-// keeps or redoes that work. Whatever happens — a clean step, a forced overflow, forced clipping,
-// a learning rate changed after backward, a micro-batch more than gradient_accumulation_steps —
-// the parameters are the bits of the same run without overlap, and EngineStats says which work was
-// kept and which redone, so a test that never overlapped would fail.
+// offload.optimizer.update_ahead under mpirun with 1, 2 and 4 ranks: the offloaded states of each
+// group are updated while backward goes on, assuming the step neither overflows nor clips, and
+// step() keeps or redoes that work. Whatever happens — a clean step, a forced overflow, forced
+// clipping, a learning rate changed after backward, a micro-batch more than
+// gradient_accumulation_steps — the parameters are the bits of the same run without update_ahead,
+// and EngineStats says which work was kept and which redone, so a test that never updated ahead
+// would fail.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -58,7 +59,7 @@ std::string mode_name(const testing::TestParamInfo<Mode>& info) {
 
 void PrintTo(const Mode& m, std::ostream* os) { *os << mode_name(testing::TestParamInfo<Mode>(m, 0)); }
 
-class Overlap : public testing::TestWithParam<Mode> {
+class UpdateAhead : public testing::TestWithParam<Mode> {
  protected:
   // One group per reduce bucket, so each group's gradient is final (and handed over) during
   // backward; sub-groups of 128 parameters, so the pipeline wraps around its slots in a group.
@@ -71,17 +72,17 @@ class Overlap : public testing::TestWithParam<Mode> {
     o.nvme_path = dir.path();
     o.sub_group_bytes = 12 * 128;
     o.reduce_bucket = 4;
-    o.overlap = true;
+    o.update_ahead = true;
     return o;
   }
-  // The same run without overlap.
+  // The same run without update_ahead.
   static std::vector<std::vector<float>> without(Options o, int steps = kSteps) {
-    o.overlap = false;
+    o.update_ahead = false;
     return train(o, steps).params;
   }
 };
 
-TEST_P(Overlap, EveryGroupIsUpdatedDuringBackwardAndTheBitsAreThoseWithout) {
+TEST_P(UpdateAhead, EveryGroupIsUpdatedDuringBackwardAndTheBitsAreThoseWithout) {
   test::ScratchDir dir;
   const Options o = options(dir);
   const TrainedRun got = train(o);
@@ -90,7 +91,7 @@ TEST_P(Overlap, EveryGroupIsUpdatedDuringBackwardAndTheBitsAreThoseWithout) {
   EXPECT_EQ(got.stats.groups_redone, 0);
 }
 
-TEST_P(Overlap, OneBucketForAllGroupsOverlapsOnlyInsideStepAndStillMatches) {
+TEST_P(UpdateAhead, OneBucketForAllGroupsIsUpdatedAheadOnlyInsideStepAndStillMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.reduce_bucket = 0;  // the default 25MiB: the whole model reduced by step()'s flush
@@ -99,7 +100,7 @@ TEST_P(Overlap, OneBucketForAllGroupsOverlapsOnlyInsideStepAndStillMatches) {
   EXPECT_EQ(got.stats.groups_updated_ahead, kSteps * kGroups);
 }
 
-TEST_P(Overlap, ForcedClippingRedoesEveryGroupAndMatches) {
+TEST_P(UpdateAhead, ForcedClippingRedoesEveryGroupAndMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.clip = 0.05;  // below every step's gradient norm
@@ -110,7 +111,7 @@ TEST_P(Overlap, ForcedClippingRedoesEveryGroupAndMatches) {
 }
 
 // An Inf gradient skips the step in every dtype (fp16 also halves its loss scale).
-TEST_P(Overlap, ForcedOverflowDropsTheStepsWorkAndMatches) {
+TEST_P(UpdateAhead, ForcedOverflowDropsTheStepsWorkAndMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.overflow_at_step = 3;
@@ -123,7 +124,7 @@ TEST_P(Overlap, ForcedOverflowDropsTheStepsWorkAndMatches) {
   EXPECT_LE(got.stats.groups_redone, kGroups);
 }
 
-TEST_P(Overlap, AccumulatedMicroBatchesOverlapTheLastOneAndMatch) {
+TEST_P(UpdateAhead, AccumulatedMicroBatchesAreUpdatedAheadInTheLastOneAndMatch) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.accumulation = 2;
@@ -135,7 +136,7 @@ TEST_P(Overlap, AccumulatedMicroBatchesOverlapTheLastOneAndMatch) {
 
 // The trainer runs two micro-batches where the config says one: each group is handed over after
 // the first, and its second reduction retracts it before changing the gradient.
-TEST_P(Overlap, AMicroBatchBeyondTheConfiguredCountRetractsTheGroupAndMatches) {
+TEST_P(UpdateAhead, AMicroBatchBeyondTheConfiguredCountRetractsTheGroupAndMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.accumulation = 2;
@@ -147,7 +148,7 @@ TEST_P(Overlap, AMicroBatchBeyondTheConfiguredCountRetractsTheGroupAndMatches) {
 
 // A schedule sets the learning rate after backward, before step(): the updates ahead assumed the
 // previous one (except the first step's factor, the same as the initial lr).
-TEST_P(Overlap, ALearningRateChangedAfterBackwardIsRedoneAndMatches) {
+TEST_P(UpdateAhead, ALearningRateChangedAfterBackwardIsRedoneAndMatches) {
   test::ScratchDir dir;
   Options o = options(dir);
   o.lr_factor = [](int step) { return 1.0 / step; };
@@ -158,7 +159,7 @@ TEST_P(Overlap, ALearningRateChangedAfterBackwardIsRedoneAndMatches) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Modes, Overlap,
+    Modes, UpdateAhead,
     testing::Values(Mode{2, OffloadDevice::cpu, OffloadDevice::none, DType::f32},
                     Mode{2, OffloadDevice::nvme, OffloadDevice::none, DType::f32},
                     Mode{2, OffloadDevice::nvme, OffloadDevice::none, DType::bf16},
@@ -190,11 +191,11 @@ std::string file_text(const std::string& path) {
 }
 
 // A checkpoint holds the committed states wherever the current copy is (a region of either pair,
-// or either pinned array): the overlapped engine's state files are the plain engine's byte for
-// byte, and either checkpoint resumes in either engine to the same bits.
-class OverlapCheckpoints : public testing::TestWithParam<OffloadDevice> {};
+// or either pinned array): the state files of the engine that updates ahead are the plain
+// engine's byte for byte, and either checkpoint resumes in either engine to the same bits.
+class UpdateAheadCheckpoints : public testing::TestWithParam<OffloadDevice> {};
 
-TEST_P(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
+TEST_P(UpdateAheadCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
   test::ScratchDir swap;    // this rank's
   test::SharedDir saved;    // every rank's checkpoint
   MpiSession session;
@@ -205,38 +206,38 @@ TEST_P(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
   o.offload_optimizer = GetParam();
   o.sub_group_bytes = 12 * 128;
   o.reduce_bucket = 4;
-  const std::string plain_swap = swap.path() + "/plain", overlap_swap = swap.path() + "/overlap";
+  const std::string plain_swap = swap.path() + "/plain", ahead_swap = swap.path() + "/ahead";
   ASSERT_EQ(::mkdir(plain_swap.c_str(), 0700), 0);
-  ASSERT_EQ(::mkdir(overlap_swap.c_str(), 0700), 0);
-  const auto config = [&](bool overlap) {
+  ASSERT_EQ(::mkdir(ahead_swap.c_str(), 0700), 0);
+  const auto config = [&](bool update_ahead) {
     Options with = o;
-    with.overlap = overlap;
-    with.nvme_path = overlap ? overlap_swap : plain_swap;
+    with.update_ahead = update_ahead;
+    with.nvme_path = update_ahead ? ahead_swap : plain_swap;
     return make_config(with);
   };
-  const std::string plain_dir = saved.path() + "/plain", overlap_dir = saved.path() + "/overlap";
+  const std::string plain_dir = saved.path() + "/plain", ahead_dir = saved.path() + "/ahead";
   {
     Engine plain(config(false), *device, *comm, model());
-    Engine overlapped(config(true), *device, *comm, model());
+    Engine ahead(config(true), *device, *comm, model());
     for (int step = 1; step <= 3; ++step) {
       backward(plain, step);
       plain.step();
-      backward(overlapped, step);
-      overlapped.step();
+      backward(ahead, step);
+      ahead.step();
     }
-    EXPECT_EQ(overlapped.stats().groups_updated_ahead, 3 * kGroups);
+    EXPECT_EQ(ahead.stats().groups_updated_ahead, 3 * kGroups);
     plain.save(plain_dir);
-    overlapped.save(overlap_dir);
+    ahead.save(ahead_dir);
   }
   for (const char* state : {"master", "m", "v"}) {
     const std::string name = "/rank" + std::to_string(comm->rank()) + "." + state + ".bin";
-    EXPECT_EQ(file_text(plain_dir + name), file_text(overlap_dir + name)) << name;
+    EXPECT_EQ(file_text(plain_dir + name), file_text(ahead_dir + name)) << name;
   }
   // Resume: each checkpoint into the other kind of engine, two more steps, the same bits.
   std::vector<std::vector<std::vector<float>>> results;
-  for (const bool overlap : {false, true}) {
-    Engine engine(config(overlap), *device, *comm, model());
-    engine.load(overlap ? plain_dir : overlap_dir);
+  for (const bool update_ahead : {false, true}) {
+    Engine engine(config(update_ahead), *device, *comm, model());
+    engine.load(update_ahead ? plain_dir : ahead_dir);
     for (int step = 4; step <= 5; ++step) {
       backward(engine, step);
       engine.step();
@@ -246,12 +247,12 @@ TEST_P(OverlapCheckpoints, SaveTheCommittedStatesAndResumeEitherWay) {
   EXPECT_TRUE(identical(results[0], results[1]));
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuAndNvme, OverlapCheckpoints, testing::Values(OffloadDevice::cpu, OffloadDevice::nvme),
+INSTANTIATE_TEST_SUITE_P(CpuAndNvme, UpdateAheadCheckpoints, testing::Values(OffloadDevice::cpu, OffloadDevice::nvme),
                          [](const testing::TestParamInfo<OffloadDevice>& info) { return name_of(info.param); });
 
 // The second copy of the states and the updated parameters are in the plan, the estimate and
 // what the engine holds: cpu pins 12 more bytes per parameter of the shard, nvme doubles the swap.
-TEST(OverlapMemory, TheSecondCopyIsCountedWhereItLives) {
+TEST(UpdateAheadMemory, TheSecondCopyIsCountedWhereItLives) {
   test::ScratchDir dir;
   for (const OffloadDevice where : {OffloadDevice::cpu, OffloadDevice::nvme}) {
     SCOPED_TRACE(name_of(where));
@@ -261,14 +262,14 @@ TEST(OverlapMemory, TheSecondCopyIsCountedWhereItLives) {
     o.nvme_path = dir.path();
     o.dtype = DType::bf16;
     const TrainedRun plain = train(o, 1);
-    o.overlap = true;
-    const TrainedRun overlapped = train(o, 1);
+    o.update_ahead = true;
+    const TrainedRun ahead = train(o, 1);
     int ranks = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     const MemoryEstimate estimate = estimate_memory(make_config(o), specs_of(o), ranks);
-    EXPECT_EQ(overlapped.stats.nvme_bytes, estimate.nvme);
-    EXPECT_EQ(overlapped.stats.nvme_bytes, 2 * plain.stats.nvme_bytes);
-    const std::size_t extra = overlapped.stats.offload_pinned_bytes - plain.stats.offload_pinned_bytes;
+    EXPECT_EQ(ahead.stats.nvme_bytes, estimate.nvme);
+    EXPECT_EQ(ahead.stats.nvme_bytes, 2 * plain.stats.nvme_bytes);
+    const std::size_t extra = ahead.stats.offload_pinned_bytes - plain.stats.offload_pinned_bytes;
     const std::size_t shard = engine::Layout(specs_of(o), ranks).shard_numel();
     // The updated parameters (bf16) of the shard, and for cpu the states again; both rounded up a
     // little (padding, slot alignment).

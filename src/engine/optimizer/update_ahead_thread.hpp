@@ -1,11 +1,11 @@
-// Work done ahead of the step (offload.optimizer.overlap): a thread that updates sub-groups of the
+// Work done ahead of the step (offload.optimizer.update_ahead): a thread that updates sub-groups of the
 // offloaded optimizer's states while backward goes on, as soon as their gradients are final, and
 // remembers which ones it updated and under which assumption, so that step() can commit that work
 // where the assumption held and redo the rest.
 //
-// SpeculativeUpdates does the I/O and the arithmetic through an AheadUpdater (the optimizer's
+// UpdatesAhead does the I/O and the arithmetic as this thread's UpdateAheadWork (the optimizer's
 // residency and its SubGroupAdam); this class decides the order: sub-groups in the order they were
-// handed over ("positions", counted from the last restart(), from which the updater picks its
+// handed over ("positions", counted from the last restart(), from which the work picks its
 // staging slots as the step's pipeline does), states read `reads_ahead` positions ahead, and a
 // position's stored result confirmed before its slot is read into again. A group whose gradient
 // changes after it was handed over (a micro-batch beyond gradient_accumulation_steps) is
@@ -15,7 +15,7 @@
 // Threading: add() and cancel() from any thread (the comm stream runs them as host tasks, in
 // stream order after the gradients they concern). settle(), done(), assumption() and restart()
 // from the thread that drives the optimizer; between settle() and restart() the thread is idle and
-// the updater's buffers belong to the caller.
+// the work's buffers belong to the caller.
 #pragma once
 
 #include <condition_variable>
@@ -37,9 +37,10 @@ struct Assumption {
   std::vector<optim::AdamHyperParams> hyper;
 };
 
-class AheadUpdater {
+// The work the thread does for each sub-group, in the order it decides: I/O and arithmetic.
+class UpdateAheadWork {
  public:
-  virtual ~AheadUpdater() = default;
+  virtual ~UpdateAheadWork() = default;
   // Starts bringing `sub`'s states into the staging of `position`.
   virtual void read(std::size_t position, std::size_t sub) = 0;
   // Updates `sub` (its states read for `position`) into its second copy and starts storing it.
@@ -51,13 +52,13 @@ class AheadUpdater {
   virtual void drain_transfers() noexcept = 0;
 };
 
-class AheadUpdates {
+class UpdateAheadThread {
  public:
   // `subs`: the optimizer's sub-group count; `slots`: its staging slots.
-  AheadUpdates(AheadUpdater& updater, std::size_t subs, std::size_t slots, std::size_t reads_ahead);
-  ~AheadUpdates();
-  AheadUpdates(const AheadUpdates&) = delete;
-  AheadUpdates& operator=(const AheadUpdates&) = delete;
+  UpdateAheadThread(UpdateAheadWork& work, std::size_t subs, std::size_t slots, std::size_t reads_ahead);
+  ~UpdateAheadThread();
+  UpdateAheadThread(const UpdateAheadThread&) = delete;
+  UpdateAheadThread& operator=(const UpdateAheadThread&) = delete;
 
   // Sub-groups [first, end) of `group` have their final gradients: update them. `assumed` stays as
   // it is until restart() (the optimizer keeps one per group, written before the group is handed
@@ -86,7 +87,7 @@ class AheadUpdates {
   void confirm_until(std::size_t end, std::unique_lock<std::mutex>& lock);
   bool cancelled(int group) const;
 
-  AheadUpdater& updater_;
+  UpdateAheadWork& work_;
   const std::size_t slots_, reads_ahead_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
