@@ -267,32 +267,31 @@ void check_compact_states(const Config& c, ProblemSink& sink) {
   }
 }
 
-void check_combinations(const Config& c, ProblemSink& sink) {
-  check_compact_states(c, sink);
-  const std::string stage_text = std::to_string(c.stage);
+// Settings that only a stage has: what each needs of it.
+void check_stage_settings(const Config& c, ProblemSink& sink) {
   if (sink.valid("stage") && sink.valid("offload.param.device") &&
       c.offload.param.device != OffloadDevice::none && c.stage != 3) {
-    std::string message = "offloading parameters needs stage 3, but stage is ";
-    message.append(stage_text).append(
-        ": below stage 3 every rank keeps the full parameters on its device. Set stage: 3, or "
-        "offload.param.device: none");
-    sink.report("offload.param.device", std::move(message));
+    sink.report("offload.param.device",
+                fmt::format("offloading parameters needs stage 3, but stage is {}: below stage 3 every rank keeps the "
+                            "full parameters on its device. Set stage: 3, or offload.param.device: none",
+                            c.stage));
   }
   if (sink.valid("stage") && sink.valid("partition.secondary") &&
       c.partition.secondary != SecondaryPartition::none && c.stage != 3) {
     sink.report("partition.secondary",
-                "a secondary partition copies stage 3's parameter shards within each host, but stage is " + stage_text +
-                    ": below stage 3 every rank keeps the full parameters and gathers nothing during "
-                    "backward. Set stage: 3, or partition.secondary: none");
+                fmt::format("a secondary partition copies stage 3's parameter shards within each host, but stage is "
+                            "{}: below stage 3 every rank keeps the full parameters and gathers nothing during "
+                            "backward. Set stage: 3, or partition.secondary: none",
+                            c.stage));
   }
   if (sink.valid("stage") && sink.valid("comm.quantize.params") &&
       c.comm.quantize.params != QuantizeParams::none && c.stage != 3) {
     sink.report("comm.quantize.params",
-                "quantized parameter all-gathers are stage 3's (each lease gathers the shards), but stage is " +
-                    stage_text +
-                    ": below stage 3 every rank keeps full-precision parameters, gathered once after the step, "
-                    "and quantizing them would leave the ranks' copies different. Set stage: 3, or "
-                    "comm.quantize.params: none");
+                fmt::format("quantized parameter all-gathers are stage 3's (each lease gathers the shards), but stage "
+                            "is {}: below stage 3 every rank keeps full-precision parameters, gathered once after the "
+                            "step, and quantizing them would leave the ranks' copies different. Set stage: 3, or "
+                            "comm.quantize.params: none",
+                            c.stage));
   }
   if (sink.valid("stage") && sink.valid("comm.quantize.grads") &&
       c.comm.quantize.grads != QuantizeGrads::none && c.stage == 0) {
@@ -307,6 +306,10 @@ void check_combinations(const Config& c, ProblemSink& sink) {
            "on every rank, with no partition to offload. Use stage 1+, or "
            "offload.optimizer.device: none");
   }
+}
+
+// offload.optimizer's ratio and update_ahead against the offload they refine.
+void check_optimizer_offload(const Config& c, ProblemSink& sink) {
   if (sink.valid("offload.optimizer.ratio") && sink.valid("offload.optimizer.device") &&
       c.offload.optimizer.device == OffloadDevice::none && c.offload.optimizer_ratio != 1.0) {
     std::string message = "ratio ";
@@ -330,10 +333,10 @@ void check_combinations(const Config& c, ProblemSink& sink) {
                   "needs stage 2 or 3 with the whole optimizer offloaded (device cpu or nvme, ratio 1), but " +
                       why + ". Set those, or update_ahead: false");
   }
-  check_offload_target("offload.optimizer", c.offload.optimizer, sink);
-  check_offload_target("offload.param", c.offload.param, sink);
-  check_shared_swap(c, sink);
+}
 
+// comm.backend against the device its collectives run on.
+void check_backend(const Config& c, ProblemSink& sink) {
   if (sink.valid("comm.backend") && sink.valid("device.type")) {
     if (c.comm.backend == CommBackend::nccl && c.device.type == DeviceType::cpu)
       sink.report("comm.backend",
@@ -345,7 +348,10 @@ void check_combinations(const Config& c, ProblemSink& sink) {
              "cpu devices. Use backend: nccl (or auto, which picks nccl for cuda), or "
              "device.type: cpu");
   }
+}
 
+// A stated device budget must hold the buckets and some working space.
+void check_device_memory(const Config& c, ProblemSink& sink) {
   // A cuda budget of 0 means "what the GPU has", so only a stated budget can be too small.
   if (sink.valid("device.type") && sink.valid("device.memory") && sink.valid("buckets.reduce") &&
       sink.valid("buckets.allgather") &&
@@ -367,7 +373,10 @@ void check_combinations(const Config& c, ProblemSink& sink) {
              {"device.memory", "buckets.reduce", "buckets.allgather", "device"});
     }
   }
+}
 
+// Loss scaling is fp16's; its floor below its start.
+void check_loss_scale(const Config& c, ProblemSink& sink) {
   const LossScaleConfig& scale = c.precision.loss_scale;
   if (sink.valid("precision.dtype") && c.precision.dtype != DType::f16) {
     const std::string dtype(detail::enum_name(detail::kDTypeNames, c.precision.dtype));
@@ -399,6 +408,18 @@ void check_combinations(const Config& c, ProblemSink& sink) {
              {"precision.loss_scale.min_scale", "precision.loss_scale.initial_scale_power"});
     }
   }
+}
+
+void check_combinations(const Config& c, ProblemSink& sink) {
+  check_compact_states(c, sink);
+  check_stage_settings(c, sink);
+  check_optimizer_offload(c, sink);
+  check_offload_target("offload.optimizer", c.offload.optimizer, sink);
+  check_offload_target("offload.param", c.offload.param, sink);
+  check_shared_swap(c, sink);
+  check_backend(c, sink);
+  check_device_memory(c, sink);
+  check_loss_scale(c, sink);
 }
 
 bool positive(double x) { return x > 0; }

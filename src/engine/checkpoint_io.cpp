@@ -241,8 +241,137 @@ class MomentWriter {
   std::vector<float> m_scales_, v_scales_;
 };
 
+// Rank 0 of a save: checks the target and creates the temporary directory, held open in `held`;
+// returns what every rank needs to find it (its token, its inode's low and high halves).
+std::vector<std::uint32_t> make_temp_dir(const std::string& target, std::optional<Directory>& held) {
+  check_save_target(target);
+  TempDir made = create_temp_dir(target, static_cast<std::uint32_t>(::getpid()));
+  const std::uint64_t inode = made.dir.identity().inode;
+  held.emplace(std::move(made.dir));
+  return {made.token, static_cast<std::uint32_t>(inode), static_cast<std::uint32_t>(inode >> 32)};
+}
+
+// This rank's three files in `dir`: each state of each of its ranges, in shard order, then read
+// back through the handle (synced: what a crash would leave), so that only a checkpoint whose every
+// byte checks out is published. Returns its entry of the manifest.
+RankEntry write_state_files(const CheckpointParts& e, const Directory& dir, const char* op, const std::string& target) {
+  const int rank = e.comm.rank();
+  RankEntry mine;
+  mine.ranges = ranges_of(e.layout, rank, true);
+  std::vector<std::unique_ptr<FileWriter>> writers;
+  MomentWriter moments(e.config.optimizer.states);
+  for (int k = 0; k < kStates; ++k)
+    writers.push_back(std::make_unique<FileWriter>(dir, state_file_name(rank, StateKind(k))));
+  if (!mine.ranges.empty()) {
+    // One pass over the shard: each NVMe sub-group is read once, into pinned host memory.
+    const auto& last = mine.ranges.back();
+    const std::size_t from = shard_position(e.layout, rank, mine.ranges.front().tensor, mine.ranges.front().lo);
+    const std::size_t to = shard_position(e.layout, rank, last.tensor, last.lo) + (last.hi - last.lo);
+    e.states.visit_states(
+        from, to - from, false, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
+          for_each_overlap(e.layout, rank, mine.ranges, from + first, n,
+                           [&](const Range& range, std::size_t a, std::size_t b, std::size_t at) {
+                             writers[0]->append(master + at, (b - a) * sizeof(float));
+                             moments.append(*writers[1], *writers[2], m + at, v + at, a - range.lo, b - a);
+                           });
+        });
+  }
+  moments.finish(*writers[1], *writers[2]);
+  for (int k = 0; k < kStates; ++k) {
+    auto& w = *writers[static_cast<std::size_t>(k)];
+    w.finish();
+    mine.files[static_cast<std::size_t>(k)] = {state_file_name(rank, StateKind(k)), w.bytes(), w.chunk_crcs()};
+  }
+  if (const auto problems = check_saved_files(dir, mine.files, kChunkBytes, true); !problems.empty())
+    throw Error(fmt::format("{}: rank {}'s file does not read back as written: {}; {} is unchanged: save again", op,
+                            rank, problems.front(), target));
+  return mine;
+}
+
+// Every rank's chunk checksums, gathered as 32-bit words: `per_rank` words from each rank (its
+// own, padded to the most any rank has).
+struct ChunkCrcs {
+  std::vector<std::uint32_t> words;
+  std::size_t per_rank = 0;
+};
+
+ChunkCrcs gather_chunk_crcs(const CheckpointParts& e, const RankEntry& mine) {
+  std::vector<std::uint32_t> crcs;
+  for (const auto& f : mine.files) crcs.insert(crcs.end(), f.chunk_crcs.begin(), f.chunk_crcs.end());
+  const auto counts = gather_words(e.device, e.comm, e.stream, {static_cast<std::uint32_t>(crcs.size())});
+  const std::size_t most = *std::max_element(counts.begin(), counts.end());
+  crcs.resize(most);
+  return {gather_words(e.device, e.comm, e.stream, crcs), most};
+}
+
+// The manifest of this save: the run, the model, and every rank's files with their checksums.
+Manifest manifest_of(const CheckpointParts& e, const ChunkCrcs& crcs) {
+  Manifest m;
+  m.world_size = e.comm.size();
+  m.stage = e.config.stage;
+  m.steps = e.steps;
+  m.skipped = e.skipped;
+  m.loss_scale = e.scaler.scale();
+  m.clean_steps = e.scaler.clean_steps();
+  m.hysteresis_left = e.scaler.hysteresis_left();
+  m.config = fingerprint(e.config);
+  m.states = e.config.optimizer.states;
+  for (const auto& h : e.optimizer_groups)
+    m.optimizer_groups.push_back({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay});
+  for (const ParamSpec& p : e.specs) m.tensors.push_back({p.name, p.shape, p.group, p.numel()});
+  for (int q = 0; q < e.comm.size(); ++q) {
+    RankEntry entry;
+    entry.ranges = ranges_of(e.layout, q, true);
+    auto next = crcs.words.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q) * crcs.per_rank);
+    for (int k = 0; k < kStates; ++k) {
+      const std::uint64_t bytes = state_file_bytes(m.states, StateKind(k), entry.ranges);
+      const auto chunks = static_cast<std::ptrdiff_t>((bytes + m.chunk_bytes - 1) / m.chunk_bytes);
+      entry.files[static_cast<std::size_t>(k)] = {state_file_name(q, StateKind(k)), bytes,
+                                                  std::vector<std::uint32_t>(next, next + chunks)};
+      next += chunks;
+    }
+    m.ranks.push_back(std::move(entry));
+  }
+  return m;
+}
+
+// Rank 0: the manifest into `dir`, synced with the directory; then every file it lists must still
+// be there as it says (each rank checked its own files' bytes). Returns those files.
+std::vector<StateFile> write_manifest(const Directory& dir, const Manifest& m, const char* op,
+                                      const std::string& target) {
+  const std::string text = serialize(m);
+  write_file_synced(dir, kManifestName, text.data(), text.size());
+  dir.sync();
+  std::vector<StateFile> every_file;
+  for (const RankEntry& entry : m.ranks) every_file.insert(every_file.end(), entry.files.begin(), entry.files.end());
+  if (const auto problems = check_saved_files(dir, every_file, m.chunk_bytes, false); !problems.empty())
+    throw Error(
+        fmt::format("{}: a file of the new checkpoint is gone before it was published ({}; removed by someone "
+                    "while the save ran?); {} is unchanged: save again",
+                    op, problems.front(), target));
+  return every_file;
+}
+
+// Rank 0: the complete checkpoint in `temp` put in place of `target`. A failure keeps it, and the
+// error says where it is.
+std::exception_ptr publish_or_keep(const Directory& held, const std::string& target, const std::string& temp,
+                                   const std::vector<StateFile>& every_file, const char* op) {
+  const std::string kept =
+      fmt::format("; the new checkpoint is complete in {}: move it into place yourself, or save again", temp);
+  try {
+    publish(held, target, every_file);
+  } catch (const Error& error) {
+    return std::make_exception_ptr(Error(std::string(error.what()).append(kept)));
+  } catch (const std::exception& error) {  // std::filesystem's
+    return std::make_exception_ptr(Error(fmt::format("{}: {}{}", op, error.what(), kept)));
+  }
+  return nullptr;
+}
+
 }  // namespace
 
+// Each step's failure on any rank is every rank's (agree): the ranks go on together or throw
+// together, the target untouched until the last step.
 void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
   Stream& stream = e.stream;
   const int rank = e.comm.rank();
@@ -253,111 +382,34 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
   // inode, and holds it open to write its files there.
   std::exception_ptr failure;
   std::optional<Directory> held;
-  std::uint64_t inode = 0;
-  std::uint32_t token = 0;
+  std::vector<std::uint32_t> words{0, 0, 0};
   if (rank == 0) {
     try {
-      check_save_target(target);
-      TempDir made = create_temp_dir(target, static_cast<std::uint32_t>(::getpid()));
-      token = made.token;
-      inode = made.dir.identity().inode;
-      held.emplace(std::move(made.dir));
+      words = make_temp_dir(target, held);
     } catch (...) {
       failure = std::current_exception();
     }
   }
   agree(e.device, e.comm, stream, failure, op);
-  const auto made = gather_words(e.device, e.comm, stream,
-                                 {token, static_cast<std::uint32_t>(inode), static_cast<std::uint32_t>(inode >> 32)});
+  const auto made = gather_words(e.device, e.comm, stream, words);
   const std::string temp = temp_dir(target, made[0]);
 
-  // This rank's three files: each state of each of its ranges, in shard order.
   RankEntry mine;
-  mine.ranges = ranges_of(e.layout, rank, true);
   try {
     if (rank != 0) held.emplace(open_temp_dir(temp, made[1] | std::uint64_t{made[2]} << 32));
-    std::vector<std::unique_ptr<FileWriter>> writers;
-    MomentWriter moments(e.config.optimizer.states);
-    for (int k = 0; k < kStates; ++k)
-      writers.push_back(std::make_unique<FileWriter>(*held, state_file_name(rank, StateKind(k))));
-    if (!mine.ranges.empty()) {
-      // One pass over the shard: each NVMe sub-group is read once, into pinned host memory.
-      const auto& last = mine.ranges.back();
-      const std::size_t from = shard_position(e.layout, rank, mine.ranges.front().tensor, mine.ranges.front().lo);
-      const std::size_t to = shard_position(e.layout, rank, last.tensor, last.lo) + (last.hi - last.lo);
-      e.states.visit_states(
-          from, to - from, false, [&](float* master, float* m, float* v, std::size_t first, std::size_t n) {
-            for_each_overlap(e.layout, rank, mine.ranges, from + first, n,
-                             [&](const Range& range, std::size_t a, std::size_t b, std::size_t at) {
-                               writers[0]->append(master + at, (b - a) * sizeof(float));
-                               moments.append(*writers[1], *writers[2], m + at, v + at, a - range.lo, b - a);
-                             });
-          });
-    }
-    moments.finish(*writers[1], *writers[2]);
-    for (int k = 0; k < kStates; ++k) {
-      auto& w = *writers[static_cast<std::size_t>(k)];
-      w.finish();
-      mine.files[static_cast<std::size_t>(k)] = {state_file_name(rank, StateKind(k)), w.bytes(), w.chunk_crcs()};
-    }
-    // Read back through the held handle (synced: what a crash would leave): only a checkpoint whose
-    // every byte checks out is published, and the previous one is kept otherwise.
-    if (const auto problems = check_saved_files(*held, mine.files, kChunkBytes, true); !problems.empty())
-      throw Error(fmt::format("{}: rank {}'s file does not read back as written: {}; {} is unchanged: save again", op,
-                              rank, problems.front(), target));
+    mine = write_state_files(e, *held, op, target);
   } catch (...) {
     failure = std::current_exception();
   }
   const auto discard = [&] { discard_temp(e, held ? &*held : nullptr); };
   agree(e.device, e.comm, stream, failure, op, std::string(target).append(" is unchanged"), discard);
 
-  // Rank 0 writes the manifest: every rank's chunk checksums travel to it as 32-bit words.
-  std::vector<std::uint32_t> crcs;
-  for (const auto& f : mine.files) crcs.insert(crcs.end(), f.chunk_crcs.begin(), f.chunk_crcs.end());
-  const auto counts = gather_words(e.device, e.comm, stream, {static_cast<std::uint32_t>(crcs.size())});
-  const std::size_t most = *std::max_element(counts.begin(), counts.end());
-  crcs.resize(most);
-  const auto all_crcs = gather_words(e.device, e.comm, stream, crcs);
+  // Rank 0 writes the manifest.
+  const ChunkCrcs crcs = gather_chunk_crcs(e, mine);
   std::vector<StateFile> every_file;  // rank 0: what the manifest lists, checked again once published
   if (rank == 0) {
     try {
-      Manifest m;
-      m.world_size = e.comm.size();
-      m.stage = e.config.stage;
-      m.steps = e.steps;
-      m.skipped = e.skipped;
-      m.loss_scale = e.scaler.scale();
-      m.clean_steps = e.scaler.clean_steps();
-      m.hysteresis_left = e.scaler.hysteresis_left();
-      m.config = fingerprint(e.config);
-      m.states = e.config.optimizer.states;
-      for (const auto& h : e.optimizer_groups)
-        m.optimizer_groups.push_back({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay});
-      for (const ParamSpec& p : e.specs) m.tensors.push_back({p.name, p.shape, p.group, p.numel()});
-      for (int q = 0; q < e.comm.size(); ++q) {
-        RankEntry entry;
-        entry.ranges = ranges_of(e.layout, q, true);
-        auto next = all_crcs.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q) * most);
-        for (int k = 0; k < kStates; ++k) {
-          const std::uint64_t bytes = state_file_bytes(m.states, StateKind(k), entry.ranges);
-          const auto chunks = static_cast<std::ptrdiff_t>((bytes + m.chunk_bytes - 1) / m.chunk_bytes);
-          entry.files[static_cast<std::size_t>(k)] = {state_file_name(q, StateKind(k)), bytes,
-                                                      std::vector<std::uint32_t>(next, next + chunks)};
-          next += chunks;
-        }
-        m.ranks.push_back(std::move(entry));
-      }
-      const std::string text = serialize(m);
-      write_file_synced(*held, kManifestName, text.data(), text.size());
-      held->sync();
-      // Every rank checked its own files' bytes; each one must still be there as the manifest says.
-      for (const RankEntry& entry : m.ranks)
-        every_file.insert(every_file.end(), entry.files.begin(), entry.files.end());
-      if (const auto problems = check_saved_files(*held, every_file, m.chunk_bytes, false); !problems.empty())
-        throw Error(
-            fmt::format("{}: a file of the new checkpoint is gone before it was published ({}; removed by someone "
-                        "while the save ran?); {} is unchanged: save again",
-                        op, problems.front(), target));
+      every_file = write_manifest(*held, manifest_of(e, crcs), op, target);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -365,17 +417,7 @@ void save_checkpoint(const CheckpointParts& e, const std::string& dir) {
   agree(e.device, e.comm, stream, failure, op, std::string(target).append(" is unchanged"), discard);
 
   // The new checkpoint is complete: a failure to put it in place keeps it, and says where it is.
-  if (rank == 0) {
-    const std::string kept = std::string("; the new checkpoint is complete in ").append(temp)
-                                 .append(": move it into place yourself, or save again");
-    try {
-      publish(*held, target, every_file);
-    } catch (const Error& error) {
-      failure = std::make_exception_ptr(Error(std::string(error.what()).append(kept)));
-    } catch (const std::exception& error) {  // std::filesystem's
-      failure = std::make_exception_ptr(Error(fmt::format("{}: {}{}", op, error.what(), kept)));
-    }
-  }
+  if (rank == 0) failure = publish_or_keep(*held, target, temp, every_file, op);
   agree(e.device, e.comm, stream, failure, op);
 }
 

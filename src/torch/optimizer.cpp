@@ -151,6 +151,19 @@ struct Optimizer::Impl {
   void finish_backward();
   void apply_group_options();
   void give_parameters_back() noexcept;
+
+  // The constructor's steps, in order.
+  // The trained tensors (frozen ones stay torch's) into `tensors`, in the module's order, each
+  // checked; returns their names.
+  std::vector<std::string> take_parameters(const NamedParameters& params, DType dtype);
+  // The runtime the engine runs on: `given`, or one of its own over `world` (or MPI's). The
+  // engine's config follows the parameters' device.
+  void start_runtime(Config& engine_config, Runtime* given, std::shared_ptr<World> world, const std::string& first);
+  // The engine over the tensors (layer groups `layer`), holding their values; the tensors alias its
+  // parameters (stages 0-2) or are released until gathered (stage 3).
+  void build_engine(const Config& engine_config, const std::vector<std::string>& names, const std::vector<int>& layer);
+  // Each tensor's gradient goes to the engine as autograd makes it; .grad holds a placeholder.
+  void take_gradients(const std::vector<std::string>& names, const std::vector<int>& layer, int accumulation);
 };
 
 namespace {
@@ -319,6 +332,193 @@ void Optimizer::Impl::finish_backward() {
                 "), or set gradient_accumulation_steps to the number of micro-batches");
 }
 
+std::vector<std::string> Optimizer::Impl::take_parameters(const NamedParameters& params, DType dtype) {
+  // A tensor listed twice (tied weights: libtorch's named_parameters() lists a shared module's
+  // tensors under each name) is one parameter with one update, as in torch, under its first name;
+  // two tensors sharing memory cannot be two parameters of zest's (each gets memory of its own),
+  // so they are refused.
+  std::vector<std::string> names;
+  std::unordered_set<const void*> listed;
+  for (const auto& item : params) {
+    if (!item.value().requires_grad()) continue;
+    if (!listed.insert(item.value().unsafeGetTensorImpl()).second) {
+      aliases.emplace_back(item.key(), item.value());  // tied: full_parameters() gives this name too
+      continue;
+    }
+    if (!item.value().is_leaf())
+      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is not a leaf tensor (it was computed from "
+                  "others, so autograd gives it no gradient of its own); give the module's parameters");
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      if (share_memory(tensors[t], item.value()))
+        throw Error("zest::torch::Optimizer: parameters '" + names[t] + "' and '" + item.key() +
+                    "' are different tensors over the same memory (views of one another); zest gives each "
+                    "parameter memory of its own, which would untie them. Register one tensor and use it in "
+                    "both places (tied weights), or make them separate tensors");
+    const DType given = zest_dtype(item.value(), item.key());
+    if (given != dtype)
+      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is " + std::string(dtype_name(given)) +
+                  " but precision.dtype is " + std::string(dtype_name(dtype)) +
+                  ": convert the module (module->to(...)) before building the optimizer, or change precision.dtype");
+    if (!item.value().is_cpu() && !item.value().is_cuda())
+      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is on " + item.value().device().str() +
+                  "; zest trains cpu and cuda tensors: move the module to one of them before building the optimizer");
+    if (!tensors.empty() && item.value().device() != tensors.front().device())
+      throw Error("zest::torch::Optimizer: parameter '" + names.front() + "' is on " + tensors.front().device().str() +
+                  " but '" + item.key() + "' is on " + item.value().device().str() +
+                  "; zest trains one device per rank: move the whole module to one device (one GPU per rank)");
+    names.push_back(item.key());
+    tensors.push_back(item.value());
+  }
+  if (tensors.empty()) throw Error("zest::torch::Optimizer: no parameter requires a gradient; nothing to train");
+  return names;
+}
+
+void Optimizer::Impl::start_runtime(Config& engine_config, Runtime* given, std::shared_ptr<World> world,
+                                    const std::string& first) {
+  // The engine runs where the parameters are: the config's device.type follows them.
+  const ::torch::Device where = tensors.front().device();
+  // A config written for the cpu budgets host memory (device.memory, 2 GiB by default); on a GPU
+  // that cap would be arbitrary, so the whole GPU is the budget unless the config names cuda itself.
+  if (where.is_cuda() && engine_config.device.type != DeviceType::cuda) engine_config.device.memory = 0;
+  engine_config.device.type = where.is_cuda() ? DeviceType::cuda : DeviceType::cpu;
+  if (where.is_cuda() && !detail::cuda_tensors_unavailable().empty())
+    throw Error("zest::torch::Optimizer: parameter '" + first + "' is on " + where.str() + ", but " +
+                detail::cuda_tensors_unavailable());
+  if (given) {
+    const Device& device = given->device();
+    const bool same =
+        where.is_cuda() ? detail::cuda_ordinal(device) == where.index() : device.type() == DeviceType::cpu;
+    if (!same)
+      throw Error(
+          "zest::torch::Optimizer: the parameters are on " + where.str() + " but the Runtime given runs on " +
+          device.name() + "; build the Runtime with device.type " + (where.is_cuda() ? "cuda" : "cpu") +
+          (where.is_cuda() ? " and RuntimeOptions::cuda_ordinal " + std::to_string(where.index()) : std::string()) +
+          ", or let the optimizer make its own");
+    runtime = given;
+    return;
+  }
+  RuntimeOptions options;
+  if (world) {
+    if (engine_config.comm.backend == CommBackend::mpi)
+      throw Error("zest::torch::Optimizer: a torch.distributed process group was given, but the config's "
+                  "comm.backend is mpi; set comm.backend auto (or nccl on a GPU) to use the group, or give no group "
+                  "to use MPI");
+    options.world = std::move(world);
+  }
+  if (where.is_cuda()) {
+    options.cuda_ordinal = where.index();
+    options.device_memory = detail::torch_cuda_memory(where.index());
+  }
+  owned_runtime = std::make_unique<Runtime>(engine_config, std::move(options));
+  runtime = owned_runtime.get();
+}
+
+void Optimizer::Impl::build_engine(const Config& engine_config, const std::vector<std::string>& names,
+                                   const std::vector<int>& layer) {
+  std::vector<ParamSpec> specs;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const auto sizes = tensors[t].sizes();
+    specs.push_back({names[t], std::vector<std::size_t>(sizes.begin(), sizes.end()), layer[t]});
+  }
+  engine = std::make_unique<Engine>(engine_config, runtime->device(), runtime->comm(), std::move(specs));
+  compute = std::make_unique<detail::TorchComputeStream>(*engine, runtime->device());
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const ::torch::Tensor values = tensors[t].detach().to(::torch::kCPU, ::torch::kFloat).contiguous();
+    engine->set_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
+  }
+  if (engine_config.stage == 3) {
+    residency = std::make_unique<detail::ParamResidency>(*engine, *compute, tensors, layer);
+    return;
+  }
+  ::torch::NoGradGuard no_grad;
+  for (int g = 0; g < engine->group_count(); ++g) {
+    const Engine::GroupLease lease = engine->acquire(g);
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      if (layer[t] != g) continue;
+      const TensorView view = lease.param(t);
+      tensors[t].set_data(::torch::from_blob(view.data, tensors[t].sizes(), tensors[t].options().requires_grad(false)));
+    }
+  }
+}
+
+void Optimizer::Impl::take_gradients(const std::vector<std::string>& names, const std::vector<int>& layer,
+                                     int accumulation) {
+  members.resize(static_cast<std::size_t>(engine->group_count()));
+  for (std::size_t t = 0; t < tensors.size(); ++t) members[static_cast<std::size_t>(layer[t])].push_back(t);
+  handed.assign(tensors.size(), 0);
+  passes.assign(members.size(), 0);
+  accumulation_steps = accumulation;
+  got_grad.assign(tensors.size(), 0);
+  for (const auto& tensors_of : members) waiting.push_back(tensors_of.size());
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    grad_placeholders.push_back(detail::storage_that_raises(
+        tensors[t], "zest: the gradient of parameter '" + names[t] +
+                        "' is not in .grad: zest's optimizer took it into its reduce buckets as backward made "
+                        "it (one copy, reduced while backward goes on), so .grad holds nothing to read or "
+                        "zero. To clip, set gradient_clipping in zest's config (the step's norm: last_step "
+                        "grad_norm); to clear gradients, nothing is needed (zero_grad() with set_to_none, "
+                        "torch's default, also works; zero_grad(set_to_none=False) does not); to read one, "
+                        "train this parameter with a torch optimizer"));
+    tensors[t].mutable_grad().reset();
+    auto accumulator = ::torch::autograd::impl::grad_accumulator(tensors[t]);
+    accumulator->add_pre_hook(std::make_unique<ClearPlaceholderHook>(link, t));
+    accumulator->add_post_hook(std::make_unique<HandOverHook>(link, t));
+    accumulators.push_back(std::move(accumulator));
+  }
+}
+
+namespace {
+
+// torch's param groups as the engine's optimizer groups: one per torch group, matching exactly
+// its tensors' names, with its options. Every trained tensor must be in exactly one.
+std::vector<OptimizerParamGroup> groups_from_torch(const std::vector<::torch::optim::OptimizerParamGroup>& groups,
+                                                   const std::vector<::torch::Tensor>& tensors,
+                                                   const std::vector<std::string>& names) {
+  std::map<const void*, std::string> name_of;
+  for (std::size_t t = 0; t < tensors.size(); ++t) name_of[tensors[t].unsafeGetTensorImpl()] = names[t];
+  std::map<const void*, std::size_t> group_of_tensor;
+  std::vector<OptimizerParamGroup> zest_groups;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    OptimizerParamGroup zest_group;
+    for (const ::torch::Tensor& tensor : groups[g].params()) {
+      const auto found = name_of.find(tensor.unsafeGetTensorImpl());
+      if (found == name_of.end())
+        throw Error(
+            "zest::torch::Optimizer: param group " + std::to_string(g) +
+            " holds a tensor that is not among the trained named parameters given (or does not require a gradient)");
+      if (!group_of_tensor.emplace(found->first, g).second)
+        throw Error("zest::torch::Optimizer: parameter '" + found->second + "' is in more than one param group");
+      zest_group.match.push_back(exact_pattern(found->second));
+    }
+    if (groups[g].has_options()) {
+      const OptimizerGroupOptions o = from_torch(groups[g].options(), g);
+      zest_group.lr = o.lr;
+      zest_group.beta1 = o.beta1;
+      zest_group.beta2 = o.beta2;
+      zest_group.eps = o.eps;
+      zest_group.weight_decay = o.weight_decay;
+    }
+    zest_groups.push_back(std::move(zest_group));
+  }
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    if (!group_of_tensor.count(tensors[t].unsafeGetTensorImpl()))
+      throw Error("zest::torch::Optimizer: parameter '" + names[t] +
+                  "' is in no param group; put every trained parameter in one");
+  return zest_groups;
+}
+
+// The same values on every rank, or the shards would mix models.
+void require_same_values(Communicator& comm, const std::vector<::torch::Tensor>& tensors) {
+  std::int64_t hashes[2] = {values_hash(tensors), 0};
+  hashes[1] = -hashes[0];
+  comm.all_reduce_host(hashes, ReduceOp::max);
+  if (hashes[0] != -hashes[1])
+    throw Error("zest::torch::Optimizer: the parameters differ across ranks; initialise the model the same way on "
+                "every rank (torch::manual_seed before building it) or load the same weights on each");
+}
+
+}  // namespace
+
 std::shared_ptr<World> process_group_world(ProcessGroup group, std::chrono::milliseconds timeout,
                                            GroupMaker make_group) {
   return detail::make_process_group_world(std::move(group), timeout, std::move(make_group));
@@ -346,184 +546,22 @@ Optimizer::Optimizer(const NamedParameters& params, std::vector<::torch::optim::
   Impl& s = *impl_;
   s.owner = this;
   validate(config);
-
-  // The trained tensors (frozen ones stay torch's) in the module's order. A tensor listed twice
-  // (tied weights: libtorch's named_parameters() lists a shared module's tensors under each name) is
-  // one parameter with one update, as in torch, under its first name; two tensors sharing memory
-  // cannot be two parameters of zest's (each gets memory of its own), so they are refused.
-  std::vector<std::string> names;
-  std::unordered_set<const void*> listed;
-  for (const auto& item : params) {
-    if (!item.value().requires_grad()) continue;
-    if (!listed.insert(item.value().unsafeGetTensorImpl()).second) {
-      s.aliases.emplace_back(item.key(), item.value());  // tied: full_parameters() gives this name too
-      continue;
-    }
-    if (!item.value().is_leaf())
-      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is not a leaf tensor (it was computed from "
-                  "others, so autograd gives it no gradient of its own); give the module's parameters");
-    for (std::size_t t = 0; t < s.tensors.size(); ++t)
-      if (share_memory(s.tensors[t], item.value()))
-        throw Error("zest::torch::Optimizer: parameters '" + names[t] + "' and '" + item.key() +
-                    "' are different tensors over the same memory (views of one another); zest gives each "
-                    "parameter memory of its own, which would untie them. Register one tensor and use it in "
-                    "both places (tied weights), or make them separate tensors");
-    const DType dtype = zest_dtype(item.value(), item.key());
-    if (dtype != config.precision.dtype)
-      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is " + std::string(dtype_name(dtype)) +
-                  " but precision.dtype is " + std::string(dtype_name(config.precision.dtype)) +
-                  ": convert the module (module->to(...)) before building the optimizer, or change precision.dtype");
-    if (!item.value().is_cpu() && !item.value().is_cuda())
-      throw Error("zest::torch::Optimizer: parameter '" + item.key() + "' is on " + item.value().device().str() +
-                  "; zest trains cpu and cuda tensors: move the module to one of them before building the optimizer");
-    if (!s.tensors.empty() && item.value().device() != s.tensors.front().device())
-      throw Error("zest::torch::Optimizer: parameter '" + names.front() + "' is on " +
-                  s.tensors.front().device().str() + " but '" + item.key() + "' is on " + item.value().device().str() +
-                  "; zest trains one device per rank: move the whole module to one device (one GPU per rank)");
-    names.push_back(item.key());
-    s.tensors.push_back(item.value());
-  }
-  if (s.tensors.empty()) throw Error("zest::torch::Optimizer: no parameter requires a gradient; nothing to train");
-  // The engine runs where the parameters are: the config's device.type follows them.
-  const ::torch::Device where = s.tensors.front().device();
+  const std::vector<std::string> names = s.take_parameters(params, config.precision.dtype);
   Config engine_config = config;
-  // A config written for the cpu budgets host memory (device.memory, 2 GiB by default); on a GPU
-  // that cap would be arbitrary, so the whole GPU is the budget unless the config names cuda itself.
-  if (where.is_cuda() && config.device.type != DeviceType::cuda) engine_config.device.memory = 0;
-  engine_config.device.type = where.is_cuda() ? DeviceType::cuda : DeviceType::cpu;
-  if (where.is_cuda() && !detail::cuda_tensors_unavailable().empty())
-    throw Error("zest::torch::Optimizer: parameter '" + names.front() + "' is on " + where.str() + ", but " +
-                detail::cuda_tensors_unavailable());
-  if (!runtime) {
-    RuntimeOptions options;
-    if (world) {
-      if (config.comm.backend == CommBackend::mpi)
-        throw Error("zest::torch::Optimizer: a torch.distributed process group was given, but the config's "
-                    "comm.backend is mpi; set comm.backend auto (or nccl on a GPU) to use the group, or give no group "
-                    "to use MPI");
-      options.world = std::move(world);
-    }
-    if (where.is_cuda()) {
-      options.cuda_ordinal = where.index();
-      options.device_memory = detail::torch_cuda_memory(where.index());
-    }
-    s.owned_runtime = std::make_unique<Runtime>(engine_config, std::move(options));
-    runtime = s.owned_runtime.get();
-  } else {
-    const Device& device = runtime->device();
-    const bool same =
-        where.is_cuda() ? detail::cuda_ordinal(device) == where.index() : device.type() == DeviceType::cpu;
-    if (!same)
-      throw Error(
-          "zest::torch::Optimizer: the parameters are on " + where.str() + " but the Runtime given runs on " +
-          device.name() + "; build the Runtime with device.type " + (where.is_cuda() ? "cuda" : "cpu") +
-          (where.is_cuda() ? " and RuntimeOptions::cuda_ordinal " + std::to_string(where.index()) : std::string()) +
-          ", or let the optimizer make its own");
-  }
-  s.runtime = runtime;
+  s.start_runtime(engine_config, runtime, std::move(world), names.front());
   claim(s.tensors, names);
   s.claimed = true;
-
   // Optimizer groups: the config's, or one per torch group matching exactly its tensors' names.
   const bool torch_groups = !groups.empty();
-  if (torch_groups) {
-    std::map<const void*, std::string> name_of;
-    for (std::size_t t = 0; t < s.tensors.size(); ++t) name_of[s.tensors[t].unsafeGetTensorImpl()] = names[t];
-    std::map<const void*, std::size_t> group_of_tensor;
-    engine_config.optimizer.param_groups.clear();
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      OptimizerParamGroup zest_group;
-      for (const ::torch::Tensor& tensor : groups[g].params()) {
-        const auto found = name_of.find(tensor.unsafeGetTensorImpl());
-        if (found == name_of.end())
-          throw Error(
-              "zest::torch::Optimizer: param group " + std::to_string(g) +
-              " holds a tensor that is not among the trained named parameters given (or does not require a gradient)");
-        if (!group_of_tensor.emplace(found->first, g).second)
-          throw Error("zest::torch::Optimizer: parameter '" + found->second + "' is in more than one param group");
-        zest_group.match.push_back(exact_pattern(found->second));
-      }
-      if (groups[g].has_options()) {
-        const OptimizerGroupOptions o = from_torch(groups[g].options(), g);
-        zest_group.lr = o.lr;
-        zest_group.beta1 = o.beta1;
-        zest_group.beta2 = o.beta2;
-        zest_group.eps = o.eps;
-        zest_group.weight_decay = o.weight_decay;
-      }
-      engine_config.optimizer.param_groups.push_back(std::move(zest_group));
-    }
-    for (std::size_t t = 0; t < s.tensors.size(); ++t)
-      if (!group_of_tensor.count(s.tensors[t].unsafeGetTensorImpl()))
-        throw Error("zest::torch::Optimizer: parameter '" + names[t] +
-                    "' is in no param group; put every trained parameter in one");
-  }
-
-  std::vector<int> layer = layer_groups(names);
-  std::vector<ParamSpec> specs;
-  for (std::size_t t = 0; t < s.tensors.size(); ++t) {
-    const auto sizes = s.tensors[t].sizes();
-    specs.push_back({names[t], std::vector<std::size_t>(sizes.begin(), sizes.end()), layer[t]});
-  }
-
-  // The same values on every rank, or the shards would mix models.
-  Communicator& comm = runtime->comm();
-  std::int64_t hashes[2] = {values_hash(s.tensors), 0};
-  hashes[1] = -hashes[0];
-  comm.all_reduce_host(hashes, ReduceOp::max);
-  if (hashes[0] != -hashes[1])
-    throw Error("zest::torch::Optimizer: the parameters differ across ranks; initialise the model the same way on "
-                "every rank (torch::manual_seed before building it) or load the same weights on each");
-
-  s.engine = std::make_unique<Engine>(engine_config, runtime->device(), comm, std::move(specs));
-  Engine& engine = *s.engine;
-  s.compute = std::make_unique<detail::TorchComputeStream>(engine, runtime->device());
-  for (std::size_t t = 0; t < s.tensors.size(); ++t) {
-    const ::torch::Tensor values = s.tensors[t].detach().to(::torch::kCPU, ::torch::kFloat).contiguous();
-    engine.set_param(t, {values.data_ptr<float>(), static_cast<std::size_t>(values.numel())});
-  }
-
-  // Parameters: aliased to the engine's (stages 0-2), or released until gathered (stage 3).
-  if (config.stage == 3) {
-    s.residency = std::make_unique<detail::ParamResidency>(engine, *s.compute, s.tensors, layer);
-  } else {
-    ::torch::NoGradGuard no_grad;
-    for (int g = 0; g < engine.group_count(); ++g) {
-      const Engine::GroupLease lease = engine.acquire(g);
-      for (std::size_t t = 0; t < s.tensors.size(); ++t) {
-        if (layer[t] != g) continue;
-        const TensorView view = lease.param(t);
-        s.tensors[t].set_data(
-            ::torch::from_blob(view.data, s.tensors[t].sizes(), s.tensors[t].options().requires_grad(false)));
-      }
-    }
-  }
-
-  s.members.resize(static_cast<std::size_t>(engine.group_count()));
-  for (std::size_t t = 0; t < s.tensors.size(); ++t) s.members[static_cast<std::size_t>(layer[t])].push_back(t);
-  s.handed.assign(s.tensors.size(), 0);
-  s.passes.assign(s.members.size(), 0);
-  s.accumulation_steps = config.gradient_accumulation_steps;
-  s.got_grad.assign(s.tensors.size(), 0);
-  for (const auto& tensors_of : s.members) s.waiting.push_back(tensors_of.size());
-  for (std::size_t t = 0; t < s.tensors.size(); ++t) {
-    s.grad_placeholders.push_back(detail::storage_that_raises(
-        s.tensors[t], "zest: the gradient of parameter '" + names[t] +
-                          "' is not in .grad: zest's optimizer took it into its reduce buckets as backward made "
-                          "it (one copy, reduced while backward goes on), so .grad holds nothing to read or "
-                          "zero. To clip, set gradient_clipping in zest's config (the step's norm: last_step "
-                          "grad_norm); to clear gradients, nothing is needed (zero_grad() with set_to_none, "
-                          "torch's default, also works; zero_grad(set_to_none=False) does not); to read one, "
-                          "train this parameter with a torch optimizer"));
-    s.tensors[t].mutable_grad().reset();
-    auto accumulator = ::torch::autograd::impl::grad_accumulator(s.tensors[t]);
-    accumulator->add_pre_hook(std::make_unique<ClearPlaceholderHook>(s.link, t));
-    accumulator->add_post_hook(std::make_unique<HandOverHook>(s.link, t));
-    s.accumulators.push_back(std::move(accumulator));
-  }
+  if (torch_groups) engine_config.optimizer.param_groups = groups_from_torch(groups, s.tensors, names);
+  require_same_values(s.runtime->comm(), s.tensors);
+  const std::vector<int> layer = layer_groups(names);
+  s.build_engine(engine_config, names, layer);
+  s.take_gradients(names, layer, config.gradient_accumulation_steps);
 
   // torch's param groups mirror the engine's optimizer groups (group 0, the unmatched, is empty
   // and left out when the groups are torch's).
+  const Engine& engine = *s.engine;
   for (int g = torch_groups ? 1 : 0; g < engine.optimizer_group_count(); ++g) {
     std::vector<::torch::Tensor> of_group;
     for (std::size_t t = 0; t < s.tensors.size(); ++t)

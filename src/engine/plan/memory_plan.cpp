@@ -173,69 +173,79 @@ int ranks_per_host(const Layout& layout, int host_ranks, const char* fallback) {
 
 }  // namespace
 
-MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups, int host_ranks) {
-  MemoryPlan p;
-  const DType dtype = config.precision.dtype;
-  auto bytes = [dtype](std::size_t elements) { return elements * dtype_size(dtype); };
-  auto add = [&p](MemoryCategory c, std::size_t n) { p.device[static_cast<std::size_t>(c)] += n; };
-  const bool sharded = config.stage == 3;
-  const std::size_t groups = static_cast<std::size_t>(layout.group_count());
-  const std::size_t partitions = static_cast<std::size_t>(layout.partitions());
-  p.offload_optimizer = config.offload.optimizer.device != OffloadDevice::none;
-  p.offload_params = sharded && config.offload.param.device != OffloadDevice::none;
+namespace {
 
-  if (sharded) {
-    if (!p.offload_params) p.param_shards = bytes(layout.shard_numel());
-    add(MemoryCategory::params, p.param_shards);
-    p.resident.assign(groups, 0);
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t segment = bytes(layout.group(static_cast<int>(g)).padded);
-      if (segment <= config.stage3.persistence_threshold_bytes) p.resident[g] = segment;
-      add(MemoryCategory::params, p.resident[g]);
-    }
-    if (config.partition.secondary == SecondaryPartition::host && partitions > 1) {
-      const int ranks = ranks_per_host(layout, host_ranks, "partition.secondary: none");
-      p.secondary_ranks = ranks;
-      // A segment is a multiple of 64 x partitions elements, so of the host's rank count too.
-      for (std::size_t g = 0; g < groups; ++g)
-        if (p.resident[g] == 0) p.secondary_params += bytes(layout.group(static_cast<int>(g)).padded) / ranks;
-      add(MemoryCategory::params, p.secondary_params);
-    }
-  } else {
-    p.full_params = bytes(layout.full_numel());
-    add(MemoryCategory::params, p.full_params);
+void add(MemoryPlan& p, MemoryCategory c, std::size_t n) { p.device[static_cast<std::size_t>(c)] += n; }
+
+std::size_t bytes_of(const Config& config, std::size_t elements) {
+  return elements * dtype_size(config.precision.dtype);
+}
+
+// The parameters on the device: every segment (stages 0-2), or this rank's shards, the resident
+// groups' segments and the host's secondary slice (stage 3).
+void plan_params(const Config& config, const Layout& layout, int host_ranks, MemoryPlan& p) {
+  const std::size_t groups = static_cast<std::size_t>(layout.group_count());
+  if (config.stage != 3) {
+    p.full_params = bytes_of(config, layout.full_numel());
+    add(p, MemoryCategory::params, p.full_params);
+    return;
   }
+  if (!p.offload_params) p.param_shards = bytes_of(config, layout.shard_numel());
+  add(p, MemoryCategory::params, p.param_shards);
+  p.resident.assign(groups, 0);
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::size_t segment = bytes_of(config, layout.group(static_cast<int>(g)).padded);
+    if (segment <= config.stage3.persistence_threshold_bytes) p.resident[g] = segment;
+    add(p, MemoryCategory::params, p.resident[g]);
+  }
+  if (config.partition.secondary == SecondaryPartition::host && layout.partitions() > 1) {
+    const int ranks = ranks_per_host(layout, host_ranks, "partition.secondary: none");
+    p.secondary_ranks = ranks;
+    // A segment is a multiple of 64 x partitions elements, so of the host's rank count too.
+    for (std::size_t g = 0; g < groups; ++g)
+      if (p.resident[g] == 0) p.secondary_params += bytes_of(config, layout.group(static_cast<int>(g)).padded) / ranks;
+    add(p, MemoryCategory::params, p.secondary_params);
+  }
+}
+
+// The accumulated gradient (on the device, or pinned with grads_on_host), the optimizer states
+// kept on the device, and the step's scalars.
+void plan_grads_and_states(const Config& config, const Layout& layout, MemoryPlan& p) {
   p.device_states = {0, device_kept_numel(config, layout)};
   p.grads_on_host = config.stage >= 2 && p.offload_optimizer && p.device_states.count() == 0;
-  const std::size_t grads = bytes(config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
+  const std::size_t grads = bytes_of(config, config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
   (p.grads_on_host ? p.host_grads : p.grads) = grads;
-  add(MemoryCategory::grads, p.grads);
+  add(p, MemoryCategory::grads, p.grads);
   const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
   p.master_in_params = config.precision.dtype == DType::f32 && form.master == DType::f32 && !p.offload_optimizer &&
                        !p.offload_params;
   p.device_states_bytes = optim::StatesLayout::bytes(
       form, p.device_states.count(),
       p.master_in_params ? optim::StatesLayout::Master::elsewhere : optim::StatesLayout::Master::here);
-  add(MemoryCategory::optimizer_states, p.device_states_bytes);
+  add(p, MemoryCategory::optimizer_states, p.device_states_bytes);
   p.scalars = sizeof(GradStatsScalars);
-  add(MemoryCategory::buffers, p.scalars);
+  add(p, MemoryCategory::buffers, p.scalars);
+}
 
-  const std::size_t segment_bytes = bytes(layout.largest_segment());
+// The reduction's buffers: the staging buckets, the pack of a bucket of several groups, the
+// quantized reduction's codes and sums, and the landing of a bucket's shard part on the host.
+void plan_reduce_buffers(const Config& config, const Layout& layout, int host_ranks, MemoryPlan& p) {
+  const std::size_t partitions = static_cast<std::size_t>(layout.partitions());
   // A reduce bucket holds consecutive groups up to buckets.reduce (never more than every group
   // together, so a small model does not pay for a large bucket), or one larger group alone.
-  p.bucket_fill = std::min(config.buckets.reduce_bytes / dtype_size(dtype), layout.full_numel());
+  p.bucket_fill = std::min(config.buckets.reduce_bytes / dtype_size(config.precision.dtype), layout.full_numel());
   p.bucket_elements = std::max(layout.largest_segment(), p.bucket_fill);
-  p.staging_slot = bytes(p.bucket_elements);
-  add(MemoryCategory::buffers, MemoryPlan::kStagingSlots * p.staging_slot);
+  p.staging_slot = bytes_of(config, p.bucket_elements);
+  add(p, MemoryCategory::buffers, MemoryPlan::kStagingSlots * p.staging_slot);
   if (config.stage >= 1 && partitions > 1 && layout.group_count() > 1) {
     std::vector<std::size_t> segments;
     for (int g = 0; g < layout.group_count(); ++g) segments.push_back(layout.group(g).padded);
     std::partial_sort(segments.begin(), segments.begin() + 2, segments.end());
     // Two groups share a bucket only where they fit in bucket_fill together; such a bucket never
     // holds more than that.
-    if (segments[0] + segments[1] <= p.bucket_fill) p.reduce_pack = bytes(p.bucket_fill);
+    if (segments[0] + segments[1] <= p.bucket_fill) p.reduce_pack = bytes_of(config, p.bucket_fill);
   }
-  add(MemoryCategory::buffers, p.reduce_pack);
+  add(p, MemoryCategory::buffers, p.reduce_pack);
   if (const auto bits = quantized_grad_bits(config); bits && partitions > 1) {
     const auto per_host = static_cast<std::size_t>(ranks_per_host(layout, host_ranks, "comm.quantize.grads: none"));
     // A bucket's piece per rank: its groups' shards, at most a bucket (or the largest segment,
@@ -243,49 +253,76 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
     p.quant_reduce_piece = p.bucket_elements / partitions;
     p.quant_reduce_codes = partitions * optim::quantized_bytes(*bits, p.quant_reduce_piece);
     p.quant_reduce_sums = partitions / per_host * p.quant_reduce_piece * sizeof(float);
-    add(MemoryCategory::buffers, 2 * p.quant_reduce_codes + p.quant_reduce_sums);
+    add(p, MemoryCategory::buffers, 2 * p.quant_reduce_codes + p.quant_reduce_sums);
   }
-  if (p.grads_on_host) p.grad_landing = bytes(p.bucket_elements / partitions);
-  if (sharded) {
-    // Gathered buffers for the groups that are not resident: as many as max_live_bytes holds, at
-    // least two (one in use, one prefetched), never more than such groups.
-    const std::size_t sharded_groups = static_cast<std::size_t>(std::count(p.resident.begin(), p.resident.end(), 0));
-    const std::size_t by_budget = config.stage3.max_live_bytes / segment_bytes;
-    p.gathered_count = std::min(sharded_groups, std::max<std::size_t>(2, by_budget));
-    p.gathered_slot = segment_bytes;
-    if (p.offload_params) p.gathered_shard = bytes(layout.largest_segment() / partitions);
-    add(MemoryCategory::buffers, p.gathered_count * (p.gathered_slot + p.gathered_shard));
-    if (config.comm.quantize.params != QuantizeParams::none && partitions > 1 && sharded_groups > 0)
-      p.quant_gather_codes =
-          partitions * optim::quantized_bytes(optim::QuantBits::int8, layout.largest_segment() / partitions);
-    add(MemoryCategory::buffers, p.quant_gather_codes);
-  }
-  plan_gather_runs(config, layout, dtype, p);
-  add(MemoryCategory::buffers, p.gather_bucket);
-  if (p.offload_optimizer)
-    plan_optimizer_offload(config, layout, dtype, {p.device_states.end, layout.shard_numel()}, p.grads_on_host,
-                           sub_groups, p.optimizer_offload);
-  if (p.offload_params) {
-    p.param_offload.offloaded.resize(groups);
-    for (std::size_t g = 0; g < groups; ++g) p.param_offload.offloaded[g] = p.resident[g] == 0;
-    plan_param_offload(config, layout, dtype, p.gathered_count, p.param_offload);
-    // The largest part of a group's shard whose states are on the device.
-    for (int g = 0; g < layout.group_count(); ++g)
-      p.update_out = std::max(p.update_out, bytes(group_part(layout, g, p.device_states).count()));
-    add(MemoryCategory::buffers, p.update_out);
-  }
+  if (p.grads_on_host) p.grad_landing = bytes_of(config, p.bucket_elements / partitions);
+}
 
+// Stage 3: the gathered buffers for the groups that are not resident, as many as max_live_bytes
+// holds, at least two (one in use, one prefetched), never more than such groups; the quantized
+// gather's codes.
+void plan_gathered_buffers(const Config& config, const Layout& layout, MemoryPlan& p) {
+  if (config.stage != 3) return;
+  const std::size_t partitions = static_cast<std::size_t>(layout.partitions());
+  const std::size_t segment_bytes = bytes_of(config, layout.largest_segment());
+  const std::size_t sharded_groups = static_cast<std::size_t>(std::count(p.resident.begin(), p.resident.end(), 0));
+  const std::size_t by_budget = config.stage3.max_live_bytes / segment_bytes;
+  p.gathered_count = std::min(sharded_groups, std::max<std::size_t>(2, by_budget));
+  p.gathered_slot = segment_bytes;
+  if (p.offload_params) p.gathered_shard = bytes_of(config, layout.largest_segment() / partitions);
+  add(p, MemoryCategory::buffers, p.gathered_count * (p.gathered_slot + p.gathered_shard));
+  if (config.comm.quantize.params != QuantizeParams::none && partitions > 1 && sharded_groups > 0)
+    p.quant_gather_codes =
+        partitions * optim::quantized_bytes(optim::QuantBits::int8, layout.largest_segment() / partitions);
+  add(p, MemoryCategory::buffers, p.quant_gather_codes);
+}
+
+// Offloaded parameters (stage 3): the offload's own plan, and where a group's update leaves the
+// device when its states are there.
+void plan_params_offload(const Config& config, const Layout& layout, MemoryPlan& p) {
+  const std::size_t groups = static_cast<std::size_t>(layout.group_count());
+  p.param_offload.offloaded.resize(groups);
+  for (std::size_t g = 0; g < groups; ++g) p.param_offload.offloaded[g] = p.resident[g] == 0;
+  plan_param_offload(config, layout, config.precision.dtype, p.gathered_count, p.param_offload);
+  // The largest part of a group's shard whose states are on the device.
+  for (int g = 0; g < layout.group_count(); ++g)
+    p.update_out = std::max(p.update_out, bytes_of(config, group_part(layout, g, p.device_states).count()));
+  add(p, MemoryCategory::buffers, p.update_out);
+}
+
+// The engine's own pinned memory: the scalars, then set_param/get_param staging.
+void plan_engine_pinned(const Config& config, const Layout& layout, MemoryPlan& p) {
   std::size_t largest_tensor = 0;
   for (std::size_t t = 0; t < layout.tensor_count(); ++t)
     largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
   // At least 3: the device-resident states pass through it for checkpoints a third each; compact
   // ones, on a device the host cannot read, a whole int8 block at least at a time.
+  const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
   const std::size_t least = form.plain() || p.device_states.count() == 0
                                 ? 3
                                 : optim::StatesLayout::bytes(form, optim::kInt8Block) / sizeof(float);
   p.staging_elements = std::min(std::max(largest_tensor, least), kStagingElements);
-  const std::size_t low_bytes = dtype == DType::f32 ? 0 : bytes(p.staging_elements);
+  const std::size_t low_bytes = config.precision.dtype == DType::f32 ? 0 : bytes_of(config, p.staging_elements);
   p.engine_pinned = kScalarsBytes + p.staging_elements * sizeof(float) + low_bytes;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub_groups, int host_ranks) {
+  MemoryPlan p;
+  p.offload_optimizer = config.offload.optimizer.device != OffloadDevice::none;
+  p.offload_params = config.stage == 3 && config.offload.param.device != OffloadDevice::none;
+  plan_params(config, layout, host_ranks, p);
+  plan_grads_and_states(config, layout, p);
+  plan_reduce_buffers(config, layout, host_ranks, p);
+  plan_gathered_buffers(config, layout, p);
+  plan_gather_runs(config, layout, config.precision.dtype, p);
+  add(p, MemoryCategory::buffers, p.gather_bucket);
+  if (p.offload_optimizer)
+    plan_optimizer_offload(config, layout, config.precision.dtype, {p.device_states.end, layout.shard_numel()},
+                           p.grads_on_host, sub_groups, p.optimizer_offload);
+  if (p.offload_params) plan_params_offload(config, layout, p);
+  plan_engine_pinned(config, layout, p);
 
   for (std::size_t n : p.device) p.device_total += n;
   p.pinned_total = p.engine_pinned + p.host_grads + p.grad_landing + p.optimizer_offload.pinned_bytes +
