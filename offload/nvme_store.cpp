@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <utility>
 
 #include <fmt/core.h>
@@ -44,16 +45,16 @@ NvmeStoreOptions checked(NvmeStoreOptions options) {
   if (options.directories.empty())
     throw Error("NvmeStore needs at least one directory (offload.*.path)");
   // The same directory twice would put two stripes' files on one path: each truncating the other.
-  std::vector<std::pair<dev_t, ino_t>> seen;
+  // Each directory looked at, by its index in the list (one that cannot be looked at is skipped).
+  std::map<std::pair<dev_t, ino_t>, std::size_t> seen;
   for (std::size_t i = 0; i < options.directories.size(); ++i) {
     struct stat info {};
     if (::stat(options.directories[i].c_str(), &info) != 0) continue;  // SwapFile names the problem
-    for (std::size_t j = 0; j < seen.size(); ++j)
-      if (seen[j] == std::pair<dev_t, ino_t>{info.st_dev, info.st_ino})
-        throw Error(
-            fmt::format("offload directories '{}' and '{}' are the same directory; list each drive's directory once",
-                        options.directories[j], options.directories[i]));
-    seen.emplace_back(info.st_dev, info.st_ino);
+    const auto [at, fresh] = seen.emplace(std::pair<dev_t, ino_t>{info.st_dev, info.st_ino}, i);
+    if (!fresh)
+      throw Error(
+          fmt::format("offload directories '{}' and '{}' are the same directory; list each drive's directory once",
+                      options.directories[at->second], options.directories[i]));
   }
   if (!options.warn) options.warn = warn_to_stderr;
   return options;

@@ -214,6 +214,15 @@ TEST(NvmeStriping, TheSameDirectoryTwiceOrNoneIsRefused) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("same directory"), std::string::npos) << error.what();
   }
+  // After a directory that cannot be looked at, the two names of one directory are still the ones named.
+  try {
+    NvmeStore store(striped_options({a.path() + "/missing", a.path(), a.path() + "/."}, 1));
+    FAIL() << "the same directory was taken twice";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("'" + a.path() + "' and '" + a.path() + "/.' are the same directory"),
+              std::string::npos)
+        << error.what();
+  }
   EXPECT_THROW(NvmeStore(striped_options({}, 1)), Error);
   EXPECT_THROW(NvmeStore(striped_options({a.path()}, 0)), Error);
 }
