@@ -116,7 +116,8 @@ class ConfigReader final : public detail::ProblemSink {
   // Walks `root` (nullptr for an empty file) against the schema and checks the combinations.
   Config read(const YAML::Node* root);
 
-  void report_at(const YAML::Mark& mark, const std::string& key, std::string message) {
+  // What `message` says of `key`, at `mark` in this file.
+  ConfigProblem problem_at(const YAML::Mark& mark, const std::string& key, std::string message) const {
     ConfigProblem problem;
     problem.file = file_;
     if (!mark.is_null()) {
@@ -125,7 +126,11 @@ class ConfigReader final : public detail::ProblemSink {
     }
     problem.key = key;
     problem.message = std::move(message);
-    problems_.push_back(std::move(problem));
+    return problem;
+  }
+
+  void report_at(const YAML::Mark& mark, const std::string& key, std::string message) {
+    problems_.push_back(problem_at(mark, key, std::move(message)));
     invalid_.insert(key);
   }
 
@@ -331,17 +336,11 @@ void ConfigReader::read_old_names(const std::string& path, const std::vector<Fie
       values.erase(std::string(field.key));
       continue;
     }
-    ConfigProblem warning;
-    warning.file = file_;
-    if (!mark.is_null()) {
-      warning.line = mark.line + 1;
-      warning.column = mark.column + 1;
-    }
-    warning.key = old_path;
-    warning.message = fmt::format(
-        "deprecated: renamed {}; the old name is read as the new one for now and will be removed in a later release",
-        new_path);
-    warnings_.push_back(std::move(warning));
+    warnings_.push_back(
+        problem_at(mark, old_path,
+                   fmt::format("deprecated: renamed {}; the old name is read as the new one for now and will "
+                               "be removed in a later release",
+                               new_path)));
     // The checks of the setting name its new key: they point at the line that sets it.
     marks_.emplace(new_path, mark);
   }
