@@ -202,23 +202,23 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
         nvme_store(config, config.offload.optimizer, comm.rank(), device.host_cpus(), shared_store, store_path);
   if (s.plan.offload_params)
     param_store = nvme_store(config, config.offload.param, comm.rank(), device.host_cpus(), shared_store, store_path);
-  s.staging = std::make_unique<engine::HostStaging>(device, s.plan, config.precision.dtype);
-  if (s.plan.quant_gather_codes > 0)
+  s.staging = std::make_unique<engine::HostStaging>(device, s.plan.engine, config.precision.dtype);
+  if (s.plan.gather.quant_gather_codes > 0)
     s.quantized_gather =
-        std::make_unique<engine::QuantizedGather>(device, s.comm, *s.math, s.plan, config.precision.dtype);
-  if (s.plan.quant_reduce_codes > 0)
+        std::make_unique<engine::QuantizedGather>(device, s.comm, *s.math, s.plan.gather, config.precision.dtype);
+  if (s.plan.reduce.quant_reduce_codes > 0)
     s.quantized_reduce = std::make_unique<engine::QuantizedReduceScatter>(
-        device, s.comm, *s.comms.host(), s.comms.across(), *s.math, s.plan, *engine::quantized_grad_bits(config),
+        device, s.comm, *s.comms.host(), s.comms.across(), *s.math, s.plan.reduce, *engine::quantized_grad_bits(config),
         config.precision.dtype);
   s.params = std::make_unique<engine::ParamGather>(engine::param_gather_options(config), device, s.comm, stream,
                                                    s.layout, s.plan, *s.staging, std::move(param_store), s.comms.host(),
                                                    s.quantized_gather.get());
   s.grads = std::make_unique<engine::GradBuckets>(engine::grad_buckets_options(config), device, s.comm, stream, *s.math,
-                                                  s.layout, s.plan, *s.staging, s.quantized_reduce.get());
+                                                  s.layout, s.plan.reduce, *s.staging, s.quantized_reduce.get());
   // The optimizer states on the device, offloaded, or split between the two (offload.optimizer.ratio).
   const auto on_device = [&] {
     std::vector<float*> params_shards;  // the master weights, where they are the parameters
-    if (s.plan.master_in_params)
+    if (s.plan.device_states.master_in_params)
       for (int g = 0; g < s.layout.group_count(); ++g)
         params_shards.push_back(reinterpret_cast<float*>(s.params->shard_out(g)));
     return std::make_unique<engine::DeviceOptimizerStates>(device, stream, *s.math, s.layout, s.plan,
@@ -232,13 +232,13 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
   };
   if (!s.plan.offload_optimizer) {
     s.states = on_device();
-  } else if (s.plan.device_states.count() == 0) {
+  } else if (s.plan.device_states.range.count() == 0) {
     std::unique_ptr<engine::OffloadedOptimizer> optimizer = offloaded();
     s.updates_ahead = optimizer->updates_ahead();
     s.states = std::move(optimizer);
   } else {
     s.states = std::make_unique<engine::SplitOptimizerStates>(s.layout, stream, on_device(), offloaded(),
-                                                              s.plan.device_states.end);
+                                                              s.plan.device_states.range.end);
   }
   // Only with offload.optimizer.update_ahead (which validation allows only with the whole optimizer
   // offloaded) is there work ahead of the step to feed.
@@ -246,7 +246,7 @@ Engine::Engine(const Config& config, Device& device, Communicator& comm, std::ve
     s.ahead = std::make_unique<AheadOfStep>(s, *s.updates_ahead);
     s.grads->watch(s.ahead.get());
   }
-  s.scalars = device.allocate(s.plan.scalars, MemoryCategory::buffers);
+  s.scalars = device.allocate(s.plan.engine.scalars, MemoryCategory::buffers);
   s.step_groups.resize(groups);
   stream.synchronize();
 }

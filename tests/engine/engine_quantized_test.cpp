@@ -31,7 +31,8 @@
 namespace zest {
 namespace {
 
-using engine::MemoryPlan;
+using engine::GatherPlan;
+using engine::ReducePlan;
 using optim::QuantBits;
 using optim::quantized_bytes;
 using test_hosts::SimulatedHosts;
@@ -78,7 +79,7 @@ TEST(QuantizedGather, EveryRankGetsEveryShardDecodedFromItsCodes) {
   const int n = rig.world->size(), me = rig.world->rank();
   for (DType dtype : {DType::f32, DType::bf16}) {
     CountingCommunicator comm(*rig.world);
-    MemoryPlan plan;
+    GatherPlan plan;
     plan.quant_gather_codes = static_cast<std::size_t>(n) * quantized_bytes(QuantBits::int8, kPiece);
     engine::QuantizedGather gather(*rig.device, comm, *rig.math, plan, dtype);
     const std::size_t bytes = kPiece * dtype_size(dtype);
@@ -140,7 +141,7 @@ TEST(QuantizedReduceScatter, TheTwoLevelSumBitForBitOnEveryHostShape) {
     const int host_count = n / per_host;
     for (QuantBits bits : {QuantBits::int8, QuantBits::int4})
       for (DType dtype : {DType::f32, DType::bf16}) {
-        MemoryPlan plan;
+        ReducePlan plan;
         plan.quant_reduce_piece = kPiece;
         plan.quant_reduce_codes = static_cast<std::size_t>(n) * quantized_bytes(bits, kPiece);
         plan.quant_reduce_sums = static_cast<std::size_t>(host_count) * kPiece * sizeof(float);

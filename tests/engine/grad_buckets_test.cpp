@@ -78,10 +78,10 @@ struct Rig {
         math(make_cpu_device_math(optim::hyper_params_from(config.optimizer), 1)),
         layout(kParams, 1),
         plan(plan_memory(config, layout)),
-        staging(*device, plan, c.dtype),
+        staging(*device, plan.engine, c.dtype),
         stats(device->allocate(sizeof(GradStatsScalars), MemoryCategory::buffers)),
         before(device->memory_stats()),
-        buckets(grad_buckets_options(config), *device, *comm, *stream, *math, layout, plan, staging) {
+        buckets(grad_buckets_options(config), *device, *comm, *stream, *math, layout, plan.reduce, staging) {
     stream->synchronize();  // as the Engine's constructor: the zeroed buffers are ready
   }
 
@@ -148,7 +148,7 @@ class GradBucketsTest : public testing::TestWithParam<Case> {};
 
 TEST_P(GradBucketsTest, EveryGroupLandsWhereTheStepReadsIt) {
   Rig rig(GetParam(), 1);
-  ASSERT_EQ(rig.plan.grads_on_host, GetParam().host_shard);
+  ASSERT_EQ(rig.plan.reduce.grads_on_host, GetParam().host_shard);
   EXPECT_FALSE(rig.buckets.any_grad());
   rig.backward(0);
   rig.buckets.flush();
@@ -228,12 +228,13 @@ TEST_P(GradBucketsTest, StatisticsAreTakenAtEachGroupsLastReduction) {
 TEST_P(GradBucketsTest, TheDeviceHoldsThePlannedMemoryAndNoMore) {
   Rig rig(GetParam(), 2);
   const MemoryStats built = rig.device->memory_stats();
-  EXPECT_EQ(built.current_of(MemoryCategory::grads) - rig.before.current_of(MemoryCategory::grads), rig.plan.grads);
+  EXPECT_EQ(built.current_of(MemoryCategory::grads) - rig.before.current_of(MemoryCategory::grads),
+            rig.plan.reduce.grads);
   EXPECT_EQ(built.current_of(MemoryCategory::buffers) - rig.before.current_of(MemoryCategory::buffers),
-            MemoryPlan::kStagingSlots * rig.plan.staging_slot);
-  EXPECT_EQ(rig.plan.staging_slot, kBucketElements * dtype_size(rig.dtype()));
-  EXPECT_EQ(rig.plan.grads, GetParam().host_shard ? 0 : rig.layout.full_numel() * dtype_size(rig.dtype()));
-  EXPECT_EQ(rig.buckets.pinned_bytes(), rig.plan.host_grads + rig.plan.grad_landing);
+            ReducePlan::kStagingSlots * rig.plan.reduce.staging_slot);
+  EXPECT_EQ(rig.plan.reduce.staging_slot, kBucketElements * dtype_size(rig.dtype()));
+  EXPECT_EQ(rig.plan.reduce.grads, GetParam().host_shard ? 0 : rig.layout.full_numel() * dtype_size(rig.dtype()));
+  EXPECT_EQ(rig.buckets.pinned_bytes(), rig.plan.reduce.host_grads + rig.plan.reduce.grad_landing);
   for (int step = 0; step < 3; ++step) {
     rig.backward(2 * step);
     rig.backward(2 * step + 1);

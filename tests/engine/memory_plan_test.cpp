@@ -91,12 +91,12 @@ TEST(MemoryPlan, TheMasterIsTheParametersOnlyWhereBothAreFp32OnTheDevice) {
   };
   for (int stage = 0; stage <= 3; ++stage) {
     const MemoryPlan p = plan([&](Config& c) { c.stage = stage; });
-    EXPECT_TRUE(p.master_in_params) << stage;
-    EXPECT_EQ(p.device_states_bytes, 8 * layout.shard_numel()) << stage;
+    EXPECT_TRUE(p.device_states.master_in_params) << stage;
+    EXPECT_EQ(p.device_states.bytes, 8 * layout.shard_numel()) << stage;
   }
   const std::size_t n = layout.shard_numel();
-  EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::bf16; }).device_states_bytes, 4 * n);
-  EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::int8; }).device_states_bytes,
+  EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::bf16; }).device_states.bytes, 4 * n);
+  EXPECT_EQ(plan([](Config& c) { c.optimizer.states = StatesFormat::int8; }).device_states.bytes,
             2 * n + 2 * n / 64 * 4);
   const MemoryPlan apart[] = {
       plan([](Config& c) { c.precision.dtype = DType::bf16; }),
@@ -111,10 +111,10 @@ TEST(MemoryPlan, TheMasterIsTheParametersOnlyWhereBothAreFp32OnTheDevice) {
         c.offload.param.device = OffloadDevice::cpu;
       }),
   };
-  for (const MemoryPlan& p : apart) EXPECT_FALSE(p.master_in_params);
-  EXPECT_EQ(apart[0].device_states_bytes, 12 * n);
-  EXPECT_EQ(apart[1].device_states_bytes, 4 * n + 2 * n / 64 * 4);
-  EXPECT_EQ(apart[3].device_states_bytes, 12 * n);
+  for (const MemoryPlan& p : apart) EXPECT_FALSE(p.device_states.master_in_params);
+  EXPECT_EQ(apart[0].device_states.bytes, 12 * n);
+  EXPECT_EQ(apart[1].device_states.bytes, 4 * n + 2 * n / 64 * 4);
+  EXPECT_EQ(apart[3].device_states.bytes, 12 * n);
 }
 
 TEST(Layout, ElementsPastTheLimitAreRefused) {

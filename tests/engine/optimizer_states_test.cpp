@@ -74,12 +74,12 @@ struct Rig {
         runs(hyper_runs(layout, 0, optimizer_groups_of(config, kModel), hyper)),
         states_options(engine::states_options(config, layout, 0)),
         math(make_device_math(*device, hyper.front(), 1, static_cast<std::size_t>(layout.group_count()) + runs.size())),
-        staging(*device, plan, DType::f32),
+        staging(*device, plan.engine, DType::f32),
         n(layout.shard_numel()),
         grads(device->allocate(n * sizeof(float), MemoryCategory::grads)),
         outs(device->allocate(n * sizeof(float), MemoryCategory::params)) {
     std::vector<float*> params_shards;  // states on the device alone, an fp32 master: it is `outs`
-    if (plan.master_in_params)
+    if (plan.device_states.master_in_params)
       for (int g = 0; g < layout.group_count(); ++g)
         params_shards.push_back(outs.as<float>() + layout.group(g).shard_offset);
     auto on_device = std::make_unique<DeviceOptimizerStates>(*device, *stream, *math, layout, plan, DType::f32, staging,
@@ -88,7 +88,7 @@ struct Rig {
       auto offloaded = std::make_unique<OffloadedOptimizer>(*device, plan.optimizer_offload, DType::f32, 1,
                                                             nullptr, runs, states_options);
       states = std::make_unique<SplitOptimizerStates>(layout, *stream, std::move(on_device), std::move(offloaded),
-                                                      plan.device_states.end);
+                                                      plan.device_states.range.end);
     } else {
       states = std::move(on_device);
     }
@@ -180,8 +180,8 @@ TEST(DeviceOptimizerStates, StepEqualsTheReferenceAdam) {
 // parameters between steps is what the next step starts from, as with torch's AdamW.
 TEST(DeviceOptimizerStates, AMasterInTheParametersIsTheirMemory) {
   Rig rig(1.0, false);
-  ASSERT_TRUE(rig.plan.master_in_params);
-  EXPECT_EQ(rig.plan.device_states_bytes, 2 * rig.n * sizeof(float));
+  ASSERT_TRUE(rig.plan.device_states.master_in_params);
+  EXPECT_EQ(rig.plan.device_states.bytes, 2 * rig.n * sizeof(float));
   EXPECT_EQ(std::memcmp(rig.outs.data(), rig.init.data(), rig.n * sizeof(float)), 0);
   for (std::size_t i = 0; i < rig.n; i += 3) rig.outs.as<float>()[i] = rig.init[i] = -2.0f * rig.init[i];
   expect_reference(rig);
@@ -196,8 +196,8 @@ TEST(DeviceOptimizerStates, ACompactStatesMasterInTheParametersIsTheirMemory) {
     Rig cpu(1.0, false, form);
     Rig opaque(1.0, false, form, std::make_unique<OpaqueDevice>(std::size_t{64} << 20));
     for (Rig* rig : {&cpu, &opaque}) {
-      ASSERT_TRUE(rig->plan.master_in_params);
-      EXPECT_EQ(rig->plan.device_states_bytes, optim::StatesLayout::bytes(form, rig->n) - rig->n * sizeof(float));
+      ASSERT_TRUE(rig->plan.device_states.master_in_params);
+      EXPECT_EQ(rig->plan.device_states.bytes, optim::StatesLayout::bytes(form, rig->n) - rig->n * sizeof(float));
       const auto params = [rig] { return std::vector<float>(rig->outs.as<float>(), rig->outs.as<float>() + rig->n); };
       EXPECT_EQ(params(), rig->init);
       rig->step({1, 0.5, 1.0}, nullptr);
@@ -308,14 +308,14 @@ TEST(CompactStatesLayout, PiecesAreVisitedInsideThemAndInt8InWholeBlocks) {
 
 TEST(SplitOptimizerStates, StepEqualsTheReferenceAdamOnBothSides) {
   Rig rig(0.5, false);
-  ASSERT_GT(rig.plan.device_states.count(), 0u);
-  ASSERT_LT(rig.plan.device_states.end, rig.n);
+  ASSERT_GT(rig.plan.device_states.range.count(), 0u);
+  ASSERT_LT(rig.plan.device_states.range.end, rig.n);
   expect_reference(rig);
 }
 
 TEST(SplitOptimizerStates, TheCutGroupIsBegunAndEndedOnce) {
   Rig rig(0.5, true);
-  const std::size_t boundary = rig.plan.device_states.end;
+  const std::size_t boundary = rig.plan.device_states.range.end;
   int cut = -1;
   for (int g = 0; g < rig.layout.group_count(); ++g)
     if (rig.layout.group(g).shard_offset < boundary &&

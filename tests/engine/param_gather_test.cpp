@@ -58,7 +58,7 @@ struct Rig {
         stream(device->create_stream()),
         layout(kModel, 1),
         plan(plan_memory(config, layout)),
-        staging(*device, plan, dtype),
+        staging(*device, plan.engine, dtype),
         params(param_gather_options(config), *device, *comm, *stream, layout, plan, staging, nullptr) {}
 
   // A prefetch may still be copying into the gathered buffers: it ends before they go, as the
@@ -147,9 +147,9 @@ TEST(ParamGather, SetTensorReadsBackAtEveryStageInFp32AndBf16) {
 
 TEST(ParamGather, Stage3GroupIsGatheredOnlyWhileLeased) {
   Rig rig(3, DType::f32);
-  ASSERT_EQ(rig.plan.gathered_count, 2u);
-  ASSERT_GT(rig.plan.resident[2], 0u);
-  ASSERT_EQ(rig.plan.resident[1], 0u);
+  ASSERT_EQ(rig.plan.gather.gathered_count, 2u);
+  ASSERT_GT(rig.plan.params.resident[2], 0u);
+  ASSERT_EQ(rig.plan.params.resident[1], 0u);
   const std::vector<float> c = values_for(2, 1000);
   rig.params.set_tensor(2, c.data());
   const MemoryStats before = rig.device->memory_stats();
@@ -175,7 +175,8 @@ TEST(ParamGather, Stage3GroupIsGatheredOnlyWhileLeased) {
   EXPECT_EQ(after.current_of(MemoryCategory::params), before.current_of(MemoryCategory::params));
   EXPECT_EQ(after.peak_of(MemoryCategory::buffers), before.current_of(MemoryCategory::buffers));
   EXPECT_EQ(before.current_of(MemoryCategory::buffers),
-            rig.plan.gathered_count * (rig.plan.gathered_slot + rig.plan.gathered_shard) + rig.plan.gather_bucket);
+            rig.plan.gather.gathered_count * (rig.plan.gather.gathered_slot + rig.plan.gather.gathered_shard) +
+                rig.plan.gather.gather_bucket);
 }
 
 TEST(ParamGather, Stage3LeasesBeyondTheGatheredBuffersAreRefused) {

@@ -37,7 +37,7 @@ GradBucketsOptions grad_buckets_options(const Config& config) {
 }
 
 GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
-                         DeviceMath& math, const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
+                         DeviceMath& math, const Layout& layout, const ReducePlan& plan, HostStaging& staging,
                          QuantizedReduceScatter* quantized)
     : device_(device),
       comm_(comm),
@@ -70,7 +70,7 @@ GradBuckets::GradBuckets(const GradBucketsOptions& options, Device& device, Comm
     }
   }
   spans_.reserve(groups);
-  for (std::size_t i = 0; i < MemoryPlan::kStagingSlots; ++i)
+  for (std::size_t i = 0; i < ReducePlan::kStagingSlots; ++i)
     slots_.add(Slot{device.allocate(plan.staging_slot, MemoryCategory::buffers), device.create_event(), -1, {}});
   buckets_.resize(slots_.size());
   for (Bucket& b : buckets_) b.entries.reserve(groups);

@@ -10,11 +10,11 @@
 // a step overwrites it) and zeroed for its next use. Stage 0 all-reduces and accumulates every group
 // in full; stages 1-3 reduce-scatter and accumulate this rank's shard (stage 1 at its place in a
 // full-sized gradient, ZeRO-1's memory; stages 2-3 in a shard-sized one). Two buckets exist
-// (MemoryPlan::kStagingSlots). A world of one has nothing to reduce: a step's first contribution of
+// (ReducePlan::kStagingSlots). A world of one has nothing to reduce: a step's first contribution of
 // each group is written straight into the accumulated gradient, and only later micro-batches take
 // buckets.
 //
-// With the whole optimizer offloaded at stages 2-3 (MemoryPlan::grads_on_host) the accumulated
+// With the whole optimizer offloaded at stages 2-3 (ReducePlan::grads_on_host) the accumulated
 // shard lives in pinned host memory, where the CPU Adam reads it: after each bucket's reduction its
 // shard parts go device -> host on the comm stream (a second micro-batch's through a landing
 // buffer, added by the cpu math's host task, the same arithmetic as the device's add), before the
@@ -76,7 +76,7 @@ class GradBuckets {
   // scalars are where the host computes the statistics of a host shard. `quantized` (null: exact)
   // must outlive this.
   GradBuckets(const GradBucketsOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
-              DeviceMath& math, const Layout& layout, const MemoryPlan& plan, HostStaging& staging,
+              DeviceMath& math, const Layout& layout, const ReducePlan& plan, HostStaging& staging,
               QuantizedReduceScatter* quantized = nullptr);
 
   // Where tensor t's gradient of this micro-batch is written (overwrite it), at its place in its

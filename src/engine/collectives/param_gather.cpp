@@ -34,13 +34,13 @@ ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Comm
       gather_(sharded() && quantized ? static_cast<ShardGather&>(*quantized) : exact_),
       gathered_("gathered-parameter", "release leases sooner, or raise stage3.max_live") {
   const auto groups = static_cast<std::size_t>(layout.group_count());
-  shards_ = device.allocate(plan.param_shards, MemoryCategory::params);
-  for (std::size_t size : plan.resident) resident_.push_back(device.allocate(size, MemoryCategory::params));
-  full_params_ = device.allocate(plan.full_params, MemoryCategory::params);
-  for (std::size_t i = 0; i < plan.gathered_count; ++i)
-    gathered_.add(Slot{device.allocate(plan.gathered_slot, MemoryCategory::buffers), device.create_event(), -1,
-                       device.allocate(plan.gathered_shard, MemoryCategory::buffers)});
-  gather_bucket_ = device.allocate(plan.gather_bucket, MemoryCategory::buffers);
+  shards_ = device.allocate(plan.params.param_shards, MemoryCategory::params);
+  for (std::size_t size : plan.params.resident) resident_.push_back(device.allocate(size, MemoryCategory::params));
+  full_params_ = device.allocate(plan.params.full_params, MemoryCategory::params);
+  for (std::size_t i = 0; i < plan.gather.gathered_count; ++i)
+    gathered_.add(Slot{device.allocate(plan.gather.gathered_slot, MemoryCategory::buffers), device.create_event(), -1,
+                       device.allocate(plan.gather.gathered_shard, MemoryCategory::buffers)});
+  gather_bucket_ = device.allocate(plan.gather.gather_bucket, MemoryCategory::buffers);
   gathered_of_.assign(groups, -1);
   leases_.assign(groups, 0);
   for (const DeviceBuffer* b : {&full_params_, &shards_})
@@ -49,20 +49,20 @@ ParamGather::ParamGather(const ParamGatherOptions& options, Device& device, Comm
     if (r) device.memset_async(r.data(), 0, r.bytes(), stream_);
   if (plan.offload_params)
     offload_ = std::make_unique<ParamOffload>(device, layout, plan.param_offload, dtype_, std::move(store));
-  if (plan.secondary_ranks > 0) {
-    if (host_comm == nullptr || host_comm->size() != plan.secondary_ranks)
-      throw Error(
-          fmt::format("Engine: partition.secondary: host planned {} ranks per host, but the host communicator has {}",
-                      plan.secondary_ranks, host_comm ? std::to_string(host_comm->size()) : std::string("none")));
+  if (plan.params.secondary_ranks > 0) {
+    if (host_comm == nullptr || host_comm->size() != plan.params.secondary_ranks)
+      throw Error(fmt::format(
+          "Engine: partition.secondary: host planned {} ranks per host, but the host communicator has {}",
+          plan.params.secondary_ranks, host_comm ? std::to_string(host_comm->size()) : std::string("none")));
     host_comm_ = host_comm;
-    secondary_ = device.allocate(plan.secondary_params, MemoryCategory::params);
+    secondary_ = device.allocate(plan.params.secondary_params, MemoryCategory::params);
     secondary_at_.assign(groups, 0);
     secondary_fresh_.assign(groups, false);
     std::size_t at = 0;
     for (std::size_t g = 0; g < groups; ++g) {
-      if (plan.resident[g] > 0) continue;
+      if (plan.params.resident[g] > 0) continue;
       secondary_at_[g] = at;
-      at += layout.group(static_cast<int>(g)).padded / static_cast<std::size_t>(plan.secondary_ranks);
+      at += layout.group(static_cast<int>(g)).padded / static_cast<std::size_t>(plan.params.secondary_ranks);
     }
   }
 }
@@ -249,7 +249,7 @@ void ParamGather::gather_all() {
   drop_prefetched();
   {
     const StreamSpan span(stream_, "all-gather", trace::Lane::comm_stream);
-    for (const GatherRun& run : plan_.gather_runs) {
+    for (const GatherRun& run : plan_.gather.gather_runs) {
       if (run.groups.size() == 1) gather_in_place(run.groups.front());
       else gather_through_bucket(run);
     }

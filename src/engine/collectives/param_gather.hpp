@@ -9,7 +9,7 @@
 // After a step, consecutive groups whose full parameters fit in buckets.allgather share one
 // all-gather through a bucket (config buckets.allgather): with many small groups the collective's
 // latency, not the bytes, is what a gather costs.
-// With partition.secondary: host (MemoryPlan::secondary_params) a group's first gather after its
+// With partition.secondary: host (ParamsPlan::secondary_params) a group's first gather after its
 // shards changed spans every rank and leaves this rank's slice of the full group among its host's
 // ranks in a secondary copy; until the shards change again (the step, set_param, a load) the group's
 // gathers run over `host_comm`, each of the host's ranks giving its slice.
@@ -48,9 +48,9 @@ class ParamGather {
  public:
   // Allocates the parameters, the gathered-parameter pool and the gather bucket (sizes from
   // `plan`), zeroed; `store` is the NVMe store for offload.param: nvme (null otherwise);
-  // `host_comm`: the ranks of this rank's host, with plan.secondary_params (null otherwise; Error
-  // when it is missing or not plan.secondary_ranks large); `quantized`: stage 3's gathers over
-  // every rank, with comm.quantize.params (null: exact). Both must outlive this.
+  // `host_comm`: the ranks of this rank's host, with plan.params.secondary_params (null otherwise;
+  // Error when it is missing or not plan.params.secondary_ranks large); `quantized`: stage 3's
+  // gathers over every rank, with comm.quantize.params (null: exact). Both must outlive this.
   ParamGather(const ParamGatherOptions& options, Device& device, Communicator& comm, Stream& comm_stream,
               const Layout& layout, const MemoryPlan& plan, HostStaging& staging, std::shared_ptr<offload::Store> store,
               Communicator* host_comm = nullptr, QuantizedGather* quantized = nullptr);

@@ -20,7 +20,7 @@ char* at(const DeviceBuffer& buffer, std::size_t bytes) { return buffer.as<char>
 
 }  // namespace
 
-QuantizedGather::QuantizedGather(Device& device, Communicator& comm, DeviceMath& math, const MemoryPlan& plan,
+QuantizedGather::QuantizedGather(Device& device, Communicator& comm, DeviceMath& math, const GatherPlan& plan,
                                  DType dtype)
     : comm_(comm),
       math_(math),
@@ -40,7 +40,7 @@ void QuantizedGather::all_gather(const void* own, void* full, std::size_t shard,
 }
 
 QuantizedReduceScatter::QuantizedReduceScatter(Device& device, Communicator& world, Communicator& host,
-                                               Communicator* across, DeviceMath& math, const MemoryPlan& plan,
+                                               Communicator* across, DeviceMath& math, const ReducePlan& plan,
                                                QuantBits bits, DType dtype)
     : host_(host),
       across_(across),

@@ -25,7 +25,7 @@ namespace zest::engine {
 class QuantizedGather final : public ShardGather {
  public:
   // The codes of plan.quant_gather_codes bytes: every rank's records of the largest shard.
-  QuantizedGather(Device& device, Communicator& comm, DeviceMath& math, const MemoryPlan& plan, DType dtype);
+  QuantizedGather(Device& device, Communicator& comm, DeviceMath& math, const GatherPlan& plan, DType dtype);
 
   // full = comm.size() shards of `shard` elements of the working dtype, block r rank r's `own`
   // decoded. `own` may be full's block rank() (in place).
@@ -53,7 +53,7 @@ class QuantizedReduceScatter final : public ShardReduceScatter {
   // ranks of `world`, every host holding as many (Error otherwise). Buffers:
   // plan.quant_reduce_codes (twice) and plan.quant_reduce_sums.
   QuantizedReduceScatter(Device& device, Communicator& world, Communicator& host, Communicator* across,
-                         DeviceMath& math, const MemoryPlan& plan, optim::QuantBits bits, DType dtype);
+                         DeviceMath& math, const ReducePlan& plan, optim::QuantBits bits, DType dtype);
 
   // send: world.size() pieces of `piece` elements of the working dtype, rank-major; recv: `piece`
   // elements, the sum over ranks of this rank's piece (formed in fp32 from the decoded codes,

@@ -22,18 +22,18 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       dtype_(dtype),
       staging_(staging),
       runs_(runs),
-      range_(plan.device_states),
+      range_(plan.device_states.range),
       options_(states),
-      layout_of_states_(
-          states.form(), plan.device_states.count(),
-          plan.master_in_params ? optim::StatesLayout::Master::elsewhere : optim::StatesLayout::Master::here),
+      layout_of_states_(states.form(), plan.device_states.range.count(),
+                        plan.device_states.master_in_params ? optim::StatesLayout::Master::elsewhere
+                                                            : optim::StatesLayout::Master::here),
       params_shards_(std::move(params_shards)) {
-  if (plan.master_in_params != !params_shards_.empty() ||
-      (plan.master_in_params && params_shards_.size() != static_cast<std::size_t>(layout.group_count())))
-    throw Error(
-        fmt::format("device optimizer states: the plan {} the master weights in the parameters, but {} parameter "
-                    "shards were given for {} groups; this is a zest bug",
-                    plan.master_in_params ? "keeps" : "does not keep", params_shards_.size(), layout.group_count()));
+  if (plan.device_states.master_in_params != !params_shards_.empty() ||
+      (plan.device_states.master_in_params && params_shards_.size() != static_cast<std::size_t>(layout.group_count())))
+    throw Error(fmt::format(
+        "device optimizer states: the plan {} the master weights in the parameters, but {} parameter "
+        "shards were given for {} groups; this is a zest bug",
+        plan.device_states.master_in_params ? "keeps" : "does not keep", params_shards_.size(), layout.group_count()));
   if (states.master == DType::bf16 && !device.host_accessible())
     throw Error("a bf16 master (optimizer.master: bf16) on this device is not implemented: its Adam keeps an fp32 "
                 "master. Use optimizer.master: fp32 (bf16 or int8 optimizer.states stay compact on the device), or "
@@ -42,10 +42,10 @@ DeviceOptimizerStates::DeviceOptimizerStates(Device& device, Stream& stream, Dev
       staging_.elements() * sizeof(float) < optim::StatesLayout::bytes(layout_of_states_.form(), optim::kInt8Block))
     throw Error(
         fmt::format("device optimizer states: the engine's staging holds {} floats, less than one block of {} states, "
-                    "which pass through it; this is a zest bug: MemoryPlan::staging_elements must hold a block",
+                    "which pass through it; this is a zest bug: EnginePlan::staging_elements must hold a block",
                     staging_.elements(), states_format_name(states.format)));
-  states_ = device.allocate(plan.device_states_bytes, MemoryCategory::optimizer_states);
-  if (plan.offload_params) update_out_ = device.allocate(plan.update_out, MemoryCategory::buffers);
+  states_ = device.allocate(plan.device_states.bytes, MemoryCategory::optimizer_states);
+  if (plan.offload_params) update_out_ = device.allocate(plan.device_states.update_out, MemoryCategory::buffers);
   shards_.reserve(static_cast<std::size_t>(layout.group_count()) + runs.size());
   // Padding and the moments are read before anything is written.
   if (states_) device.memset_async(states_.data(), 0, states_.bytes(), stream_);

@@ -1,13 +1,13 @@
 // Optimizer states on the device: fp32 master weights, m and v of this rank's shard (of
-// plan.device_states, the part a partial offload keeps on the device) in one device buffer laid out
-// by optim::StatesLayout (m and v in optimizer.states' format), stepped by the device's Adam
-// (DeviceMath) on the comm stream. Host access (set_param, get_param, checkpoints) goes through the
-// engine's pinned staging in chunks; compact states are visited in place where the device is host
-// memory (cpu), and elsewhere a chunk of whole int8 blocks at a time, laid out in the staging as a
-// piece of their own. Where plan.master_in_params, the master weights are the fp32 parameters' own
-// shard: the buffer holds m and v (StatesLayout::Master::elsewhere), and the Adam updates the
-// parameters in place. Offsets are of the
-// shard buffer and must lie in plan.device_states.
+// plan.device_states.range, the part a partial offload keeps on the device) in one device buffer
+// laid out by optim::StatesLayout (m and v in optimizer.states' format), stepped by the device's
+// Adam (DeviceMath) on the comm stream. Host access (set_param, get_param, checkpoints) goes through
+// the engine's pinned staging in chunks; compact states are visited in place where the device is
+// host memory (cpu), and elsewhere a chunk of whole int8 blocks at a time, laid out in the staging
+// as a piece of their own. Where plan.device_states.master_in_params, the master weights are the
+// fp32 parameters' own shard: the buffer holds m and v (StatesLayout::Master::elsewhere), and the
+// Adam updates the parameters in place. Offsets are of the shard buffer and must lie in
+// plan.device_states.range.
 #pragma once
 
 #include <vector>
@@ -23,12 +23,13 @@ namespace zest::engine {
 
 class DeviceOptimizerStates final : public OptimizerStates {
  public:
-  // Allocates the states of plan.device_states (plan.device_states_bytes, zeroed) and, where
-  // stage 3's parameters are offloaded, the buffer their updates pass through (plan.update_out).
-  // `states`: the format and rounding of m and v (kept by the caller); a bf16 master needs a
-  // host-accessible device (Error otherwise: the CUDA Adam keeps an fp32 master).
-  // `params_shards`: where plan.master_in_params, each layout group's shard of the fp32 parameters
-  // on the device (ParamGather::shard_out), which then are the master weights; empty otherwise.
+  // Allocates the states of plan.device_states.range (plan.device_states.bytes, zeroed) and, where
+  // stage 3's parameters are offloaded, the buffer their updates pass through
+  // (plan.device_states.update_out). `states`: the format and rounding of m and v (kept by the
+  // caller); a bf16 master needs a host-accessible device (Error otherwise: the CUDA Adam keeps an
+  // fp32 master). `params_shards`: where plan.device_states.master_in_params, each layout group's
+  // shard of the fp32 parameters on the device (ParamGather::shard_out), which then are the master
+  // weights; empty otherwise.
   DeviceOptimizerStates(Device& device, Stream& stream, DeviceMath& math, const Layout& layout, const MemoryPlan& plan,
                         DType dtype, HostStaging& staging, const HyperRuns& runs, const StatesOptions& states,
                         std::vector<float*> params_shards = {});

@@ -38,7 +38,7 @@ class HostParamSink {
 
 // One group's part of the step: this rank's reduced gradient shard (in dtype) where GradBuckets
 // keeps it — on the device, or in pinned host memory when the whole optimizer is offloaded
-// (MemoryPlan::grads_on_host, which OffloadedOptimizer is built from) — and where the updated
+// (ReducePlan::grads_on_host, which OffloadedOptimizer is built from) — and where the updated
 // parameters of the shard go: device memory, or (device_out null) the step's HostParamSink.
 struct StepGroup {
   const void* grad = nullptr;

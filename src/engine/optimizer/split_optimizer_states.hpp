@@ -1,5 +1,5 @@
 // Partial optimizer offload (offload.optimizer.ratio < 1): the states of the first part of the
-// shard stay on the device (DeviceOptimizerStates over plan.device_states), those of the rest are
+// shard stay on the device (DeviceOptimizerStates over plan.device_states.range), those of the rest are
 // offloaded (OffloadedOptimizer over plan.optimizer_offload.range), and this forwards each call to
 // the one that holds the elements, cutting ranges at the boundary (where it falls and why:
 // device_kept_numel in memory_plan.cpp). A step launches the device's Adam on the stream first,

@@ -29,13 +29,13 @@ MemoryEstimate estimate_memory(const Config& config, const std::vector<ParamSpec
   const auto set = [&e](HostPurpose p, std::size_t bytes) { e.pinned_by[static_cast<std::size_t>(p)] = bytes; };
   const engine::OptimizerOffloadPlan& opt = plan.optimizer_offload;
   const engine::ParamOffloadPlan& par = plan.param_offload;
-  set(HostPurpose::engine, plan.engine_pinned);
+  set(HostPurpose::engine, plan.engine.pinned);
   set(HostPurpose::optimizer_states, opt.states_bytes + opt.spare_states_bytes);
   set(HostPurpose::optimizer_staging, opt.grad_staging_bytes + opt.staging_bytes + opt.updated_params_bytes);
   set(HostPurpose::optimizer_swap, opt.state_slots_bytes);
   set(HostPurpose::param_shards, par.shards_bytes);
   set(HostPurpose::param_swap, par.staging_bytes + par.updates_bytes);
-  set(HostPurpose::grad_shards, plan.host_grads + plan.grad_landing);
+  set(HostPurpose::grad_shards, plan.reduce.host_grads + plan.reduce.grad_landing);
   e.nvme = plan.nvme_total;
   return e;
 }
@@ -94,16 +94,16 @@ WireEstimate estimate_wire_bytes(const Config& config, const std::vector<ParamSp
       // Stage 3 gathers a group on use each micro-batch, forward and backward; the others once,
       // after the step. With a secondary partition all but the first run inside the host; with
       // quantized parameters the gathers over every rank send int8 codes.
-      const bool gathered_on_use = config.stage == 3 && plan.resident[static_cast<std::size_t>(g)] == 0;
+      const bool gathered_on_use = config.stage == 3 && plan.params.resident[static_cast<std::size_t>(g)] == 0;
       const std::uint64_t on_use = config.comm.quantize.params != QuantizeParams::none
                                        ? optim::quantized_bytes(optim::QuantBits::int8, shard_elements)
                                        : shard;
       if (!gathered_on_use) {
         gather += shard;
-      } else if (plan.secondary_ranks > 0) {
+      } else if (plan.params.secondary_ranks > 0) {
         gather += on_use;
         host_gather += times(2 * micro_batches - 1, layout.group(g).padded * element /
-                                                        static_cast<std::uint64_t>(plan.secondary_ranks));
+                                                        static_cast<std::uint64_t>(plan.params.secondary_ranks));
       } else {
         gather += times(2 * micro_batches, on_use);
       }

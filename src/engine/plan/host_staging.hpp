@@ -1,6 +1,6 @@
 // The engine's block of pinned host memory: the step's scalars as the host reads them, then a
 // staging area through which set_param/get_param, checkpoints and the device-resident optimizer
-// states move values between the host and the device in chunks (MemoryPlan::staging_elements fp32
+// states move values between the host and the device in chunks (EnginePlan::staging_elements fp32
 // values, then as many in the working dtype). One host thread uses it at a time, synchronously:
 // every user waits for its copies before it returns, so the next user finds it free.
 #pragma once
@@ -15,8 +15,8 @@ namespace zest::engine {
 
 class HostStaging {
  public:
-  HostStaging(Device& device, const MemoryPlan& plan, DType dtype)
-      : buffer_(device.allocate_pinned(plan.engine_pinned, HostPurpose::engine)),
+  HostStaging(Device& device, const EnginePlan& plan, DType dtype)
+      : buffer_(device.allocate_pinned(plan.pinned, HostPurpose::engine)),
         elements_(plan.staging_elements),
         dtype_(dtype) {}
 

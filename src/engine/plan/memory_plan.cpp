@@ -34,8 +34,9 @@ std::size_t device_kept_numel(const Config& config, const Layout& layout) {
   return std::min(kept / Layout::kAlign * Layout::kAlign, layout.shard_numel() - Layout::kAlign);
 }
 
-void plan_optimizer_offload(const Config& config, const Layout& layout, DType dtype, ShardRange range,
-                            bool grads_on_host, SubGroups list, OptimizerOffloadPlan& p) {
+OptimizerOffloadPlan plan_optimizer_offload(const Config& config, const Layout& layout, DType dtype, ShardRange range,
+                                            bool grads_on_host, SubGroups list) {
+  OptimizerOffloadPlan p;
   p.range = range;
   p.grads_on_host = grads_on_host;
   p.slots = static_cast<std::size_t>(std::max(0, config.offload.optimizer.buffer_count));
@@ -89,15 +90,21 @@ void plan_optimizer_offload(const Config& config, const Layout& layout, DType dt
   }
   p.pinned_bytes = p.grad_staging_bytes + p.staging_bytes + p.states_bytes + p.state_slots_bytes +
                    p.spare_states_bytes + p.updated_params_bytes;
+  return p;
 }
 
-void plan_param_offload(const Config& config, const Layout& layout, DType dtype, std::size_t fetch_slots,
-                        ParamOffloadPlan& p) {
+// Offloaded parameters (stage 3): the groups that are not resident, and the offload's buffers.
+ParamOffloadPlan plan_param_offload(const Config& config, const Layout& layout, DType dtype,
+                                    const std::vector<std::size_t>& resident, std::size_t fetch_slots) {
+  ParamOffloadPlan p;
+  const std::size_t groups = static_cast<std::size_t>(layout.group_count());
+  p.offloaded.resize(groups);
+  for (std::size_t g = 0; g < groups; ++g) p.offloaded[g] = resident[g] == 0;
   const std::size_t element = dtype_size(dtype);
   if (config.offload.param.device != OffloadDevice::nvme) {
     p.shards_bytes = layout.shard_numel() * element;
     p.pinned_bytes = p.shards_bytes;
-    return;
+    return p;
   }
   std::size_t largest = 0;
   for (int g = 0; g < layout.group_count(); ++g) {
@@ -105,25 +112,27 @@ void plan_param_offload(const Config& config, const Layout& layout, DType dtype,
     largest = std::max(largest, layout.group(g).shard * element);
     p.nvme_bytes += round_up(layout.group(g).shard * element, kNvmeAlignment);
   }
-  if (largest == 0) return;
+  if (largest == 0) return p;
   p.slot_bytes = round_up(largest, kNvmeAlignment);
   p.staging_bytes = std::max<std::size_t>(1, fetch_slots) * p.slot_bytes;
   p.updates_bytes = 2 * p.slot_bytes;
   p.pinned_bytes = p.staging_bytes + p.updates_bytes;
+  return p;
 }
 
 // Consecutive gathered groups share a run while the run's gathered bytes (every rank's shards:
 // partitions x its shard) fit in buckets.allgather; a larger group is a run of its own. Runs skip
 // the groups that are not gathered after a step (stage 3's gathered-on-use ones): which groups
 // share a run only decides where they sit in the bucket, not what the gather computes.
-void plan_gather_runs(const Config& config, const Layout& layout, DType dtype, MemoryPlan& p) {
+void plan_gather_runs(const Config& config, const Layout& layout, DType dtype, const ParamsPlan& params,
+                      GatherPlan& p) {
   if (config.stage == 0) return;  // one partition: the full parameters are what the step updated
   const std::size_t element = dtype_size(dtype);
   // One partition gathers nothing, so groups gain nothing from sharing a bucket.
   const std::size_t capacity = layout.partitions() > 1 ? config.buckets.allgather_bytes : 0;
   std::size_t run_bytes = 0;
   for (int g = 0; g < layout.group_count(); ++g) {
-    if (config.stage == 3 && p.resident[static_cast<std::size_t>(g)] == 0) continue;
+    if (config.stage == 3 && params.resident[static_cast<std::size_t>(g)] == 0) continue;
     const auto& place = layout.group(g);
     const std::size_t need = place.padded * element;
     if (p.gather_runs.empty() || run_bytes + need > capacity) {
@@ -175,7 +184,10 @@ int ranks_per_host(const Layout& layout, int host_ranks, const char* fallback) {
 
 namespace {
 
-void add(MemoryPlan& p, MemoryCategory c, std::size_t n) { p.device[static_cast<std::size_t>(c)] += n; }
+// The device bytes by MemoryCategory, which each step adds its buffers to.
+using DeviceBytes = std::array<std::size_t, kMemoryCategoryCount>;
+
+void add(DeviceBytes& device, MemoryCategory c, std::size_t n) { device[static_cast<std::size_t>(c)] += n; }
 
 std::size_t bytes_of(const Config& config, std::size_t elements) {
   return elements * dtype_size(config.precision.dtype);
@@ -183,20 +195,22 @@ std::size_t bytes_of(const Config& config, std::size_t elements) {
 
 // The parameters on the device: every segment (stages 0-2), or this rank's shards, the resident
 // groups' segments and the host's secondary slice (stage 3).
-void plan_params(const Config& config, const Layout& layout, int host_ranks, MemoryPlan& p) {
+ParamsPlan plan_params(const Config& config, const Layout& layout, int host_ranks, bool offload_params,
+                       DeviceBytes& device) {
+  ParamsPlan p;
   const std::size_t groups = static_cast<std::size_t>(layout.group_count());
   if (config.stage != 3) {
     p.full_params = bytes_of(config, layout.full_numel());
-    add(p, MemoryCategory::params, p.full_params);
-    return;
+    add(device, MemoryCategory::params, p.full_params);
+    return p;
   }
-  if (!p.offload_params) p.param_shards = bytes_of(config, layout.shard_numel());
-  add(p, MemoryCategory::params, p.param_shards);
+  if (!offload_params) p.param_shards = bytes_of(config, layout.shard_numel());
+  add(device, MemoryCategory::params, p.param_shards);
   p.resident.assign(groups, 0);
   for (std::size_t g = 0; g < groups; ++g) {
     const std::size_t segment = bytes_of(config, layout.group(static_cast<int>(g)).padded);
     if (segment <= config.stage3.persistence_threshold_bytes) p.resident[g] = segment;
-    add(p, MemoryCategory::params, p.resident[g]);
+    add(device, MemoryCategory::params, p.resident[g]);
   }
   if (config.partition.secondary == SecondaryPartition::host && layout.partitions() > 1) {
     const int ranks = ranks_per_host(layout, host_ranks, "partition.secondary: none");
@@ -204,39 +218,50 @@ void plan_params(const Config& config, const Layout& layout, int host_ranks, Mem
     // A segment is a multiple of 64 x partitions elements, so of the host's rank count too.
     for (std::size_t g = 0; g < groups; ++g)
       if (p.resident[g] == 0) p.secondary_params += bytes_of(config, layout.group(static_cast<int>(g)).padded) / ranks;
-    add(p, MemoryCategory::params, p.secondary_params);
+    add(device, MemoryCategory::params, p.secondary_params);
   }
+  return p;
 }
 
-// The accumulated gradient (on the device, or pinned with grads_on_host), the optimizer states
-// kept on the device, and the step's scalars.
-void plan_grads_and_states(const Config& config, const Layout& layout, MemoryPlan& p) {
-  p.device_states = {0, device_kept_numel(config, layout)};
-  p.grads_on_host = config.stage >= 2 && p.offload_optimizer && p.device_states.count() == 0;
+// The optimizer states kept on the device, and, with offloaded parameters, the buffer through
+// which a group's update leaves the device when its states are there.
+DeviceStatesPlan plan_device_states(const Config& config, const Layout& layout, bool offload_optimizer,
+                                    bool offload_params, DeviceBytes& device) {
+  DeviceStatesPlan p;
+  p.range = {0, device_kept_numel(config, layout)};
+  const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
+  p.master_in_params =
+      config.precision.dtype == DType::f32 && form.master == DType::f32 && !offload_optimizer && !offload_params;
+  p.bytes = optim::StatesLayout::bytes(
+      form, p.range.count(),
+      p.master_in_params ? optim::StatesLayout::Master::elsewhere : optim::StatesLayout::Master::here);
+  add(device, MemoryCategory::optimizer_states, p.bytes);
+  if (offload_params) {
+    // The largest part of a group's shard whose states are on the device.
+    for (int g = 0; g < layout.group_count(); ++g)
+      p.update_out = std::max(p.update_out, bytes_of(config, group_part(layout, g, p.range).count()));
+    add(device, MemoryCategory::buffers, p.update_out);
+  }
+  return p;
+}
+
+// The accumulated gradient (on the device, or pinned with grads_on_host) and the reduction's
+// buffers: the staging buckets, the pack of a bucket of several groups, the quantized reduction's
+// codes and sums, and the landing of a bucket's shard part on the host.
+ReducePlan plan_reduce(const Config& config, const Layout& layout, int host_ranks, bool grads_on_host,
+                       DeviceBytes& device) {
+  ReducePlan p;
+  p.grads_on_host = grads_on_host;
   const std::size_t grads = bytes_of(config, config.stage <= 1 ? layout.full_numel() : layout.shard_numel());
   (p.grads_on_host ? p.host_grads : p.grads) = grads;
-  add(p, MemoryCategory::grads, p.grads);
-  const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
-  p.master_in_params = config.precision.dtype == DType::f32 && form.master == DType::f32 && !p.offload_optimizer &&
-                       !p.offload_params;
-  p.device_states_bytes = optim::StatesLayout::bytes(
-      form, p.device_states.count(),
-      p.master_in_params ? optim::StatesLayout::Master::elsewhere : optim::StatesLayout::Master::here);
-  add(p, MemoryCategory::optimizer_states, p.device_states_bytes);
-  p.scalars = sizeof(GradStatsScalars);
-  add(p, MemoryCategory::buffers, p.scalars);
-}
-
-// The reduction's buffers: the staging buckets, the pack of a bucket of several groups, the
-// quantized reduction's codes and sums, and the landing of a bucket's shard part on the host.
-void plan_reduce_buffers(const Config& config, const Layout& layout, int host_ranks, MemoryPlan& p) {
+  add(device, MemoryCategory::grads, p.grads);
   const std::size_t partitions = static_cast<std::size_t>(layout.partitions());
   // A reduce bucket holds consecutive groups up to buckets.reduce (never more than every group
   // together, so a small model does not pay for a large bucket), or one larger group alone.
   p.bucket_fill = std::min(config.buckets.reduce_bytes / dtype_size(config.precision.dtype), layout.full_numel());
   p.bucket_elements = std::max(layout.largest_segment(), p.bucket_fill);
   p.staging_slot = bytes_of(config, p.bucket_elements);
-  add(p, MemoryCategory::buffers, MemoryPlan::kStagingSlots * p.staging_slot);
+  add(device, MemoryCategory::buffers, ReducePlan::kStagingSlots * p.staging_slot);
   if (config.stage >= 1 && partitions > 1 && layout.group_count() > 1) {
     std::vector<std::size_t> segments;
     for (int g = 0; g < layout.group_count(); ++g) segments.push_back(layout.group(g).padded);
@@ -245,7 +270,7 @@ void plan_reduce_buffers(const Config& config, const Layout& layout, int host_ra
     // holds more than that.
     if (segments[0] + segments[1] <= p.bucket_fill) p.reduce_pack = bytes_of(config, p.bucket_fill);
   }
-  add(p, MemoryCategory::buffers, p.reduce_pack);
+  add(device, MemoryCategory::buffers, p.reduce_pack);
   if (const auto bits = quantized_grad_bits(config); bits && partitions > 1) {
     const auto per_host = static_cast<std::size_t>(ranks_per_host(layout, host_ranks, "comm.quantize.grads: none"));
     // A bucket's piece per rank: its groups' shards, at most a bucket (or the largest segment,
@@ -253,57 +278,58 @@ void plan_reduce_buffers(const Config& config, const Layout& layout, int host_ra
     p.quant_reduce_piece = p.bucket_elements / partitions;
     p.quant_reduce_codes = partitions * optim::quantized_bytes(*bits, p.quant_reduce_piece);
     p.quant_reduce_sums = partitions / per_host * p.quant_reduce_piece * sizeof(float);
-    add(p, MemoryCategory::buffers, 2 * p.quant_reduce_codes + p.quant_reduce_sums);
+    add(device, MemoryCategory::buffers, 2 * p.quant_reduce_codes + p.quant_reduce_sums);
   }
   if (p.grads_on_host) p.grad_landing = bytes_of(config, p.bucket_elements / partitions);
+  return p;
 }
 
 // Stage 3: the gathered buffers for the groups that are not resident, as many as max_live_bytes
 // holds, at least two (one in use, one prefetched), never more than such groups; the quantized
-// gather's codes.
-void plan_gathered_buffers(const Config& config, const Layout& layout, MemoryPlan& p) {
-  if (config.stage != 3) return;
-  const std::size_t partitions = static_cast<std::size_t>(layout.partitions());
-  const std::size_t segment_bytes = bytes_of(config, layout.largest_segment());
-  const std::size_t sharded_groups = static_cast<std::size_t>(std::count(p.resident.begin(), p.resident.end(), 0));
-  const std::size_t by_budget = config.stage3.max_live_bytes / segment_bytes;
-  p.gathered_count = std::min(sharded_groups, std::max<std::size_t>(2, by_budget));
-  p.gathered_slot = segment_bytes;
-  if (p.offload_params) p.gathered_shard = bytes_of(config, layout.largest_segment() / partitions);
-  add(p, MemoryCategory::buffers, p.gathered_count * (p.gathered_slot + p.gathered_shard));
-  if (config.comm.quantize.params != QuantizeParams::none && partitions > 1 && sharded_groups > 0)
-    p.quant_gather_codes =
-        partitions * optim::quantized_bytes(optim::QuantBits::int8, layout.largest_segment() / partitions);
-  add(p, MemoryCategory::buffers, p.quant_gather_codes);
+// gather's codes. Then the runs of the gather after each step, and their bucket.
+GatherPlan plan_gather(const Config& config, const Layout& layout, const ParamsPlan& params, bool offload_params,
+                       DeviceBytes& device) {
+  GatherPlan p;
+  if (config.stage == 3) {
+    const std::size_t partitions = static_cast<std::size_t>(layout.partitions());
+    const std::size_t segment_bytes = bytes_of(config, layout.largest_segment());
+    const std::size_t sharded_groups =
+        static_cast<std::size_t>(std::count(params.resident.begin(), params.resident.end(), 0));
+    const std::size_t by_budget = config.stage3.max_live_bytes / segment_bytes;
+    p.gathered_count = std::min(sharded_groups, std::max<std::size_t>(2, by_budget));
+    p.gathered_slot = segment_bytes;
+    if (offload_params) p.gathered_shard = bytes_of(config, layout.largest_segment() / partitions);
+    add(device, MemoryCategory::buffers, p.gathered_count * (p.gathered_slot + p.gathered_shard));
+    if (config.comm.quantize.params != QuantizeParams::none && partitions > 1 && sharded_groups > 0)
+      p.quant_gather_codes =
+          partitions * optim::quantized_bytes(optim::QuantBits::int8, layout.largest_segment() / partitions);
+    add(device, MemoryCategory::buffers, p.quant_gather_codes);
+  }
+  plan_gather_runs(config, layout, config.precision.dtype, params, p);
+  add(device, MemoryCategory::buffers, p.gather_bucket);
+  return p;
 }
 
-// Offloaded parameters (stage 3): the offload's own plan, and where a group's update leaves the
-// device when its states are there.
-void plan_params_offload(const Config& config, const Layout& layout, MemoryPlan& p) {
-  const std::size_t groups = static_cast<std::size_t>(layout.group_count());
-  p.param_offload.offloaded.resize(groups);
-  for (std::size_t g = 0; g < groups; ++g) p.param_offload.offloaded[g] = p.resident[g] == 0;
-  plan_param_offload(config, layout, config.precision.dtype, p.gathered_count, p.param_offload);
-  // The largest part of a group's shard whose states are on the device.
-  for (int g = 0; g < layout.group_count(); ++g)
-    p.update_out = std::max(p.update_out, bytes_of(config, group_part(layout, g, p.device_states).count()));
-  add(p, MemoryCategory::buffers, p.update_out);
-}
-
-// The engine's own pinned memory: the scalars, then set_param/get_param staging.
-void plan_engine_pinned(const Config& config, const Layout& layout, MemoryPlan& p) {
+// The engine's own buffers: the step's scalars on the device; pinned, the scalars, then
+// set_param/get_param staging.
+EnginePlan plan_engine(const Config& config, const Layout& layout, const DeviceStatesPlan& device_states,
+                       DeviceBytes& device) {
+  EnginePlan p;
+  p.scalars = sizeof(GradStatsScalars);
+  add(device, MemoryCategory::buffers, p.scalars);
   std::size_t largest_tensor = 0;
   for (std::size_t t = 0; t < layout.tensor_count(); ++t)
     largest_tensor = std::max(largest_tensor, layout.tensor(t).numel);
   // At least 3: the device-resident states pass through it for checkpoints a third each; compact
   // ones, on a device the host cannot read, a whole int8 block at least at a time.
   const optim::StatesForm form{config.optimizer.states, config.optimizer.master};
-  const std::size_t least = form.plain() || p.device_states.count() == 0
+  const std::size_t least = form.plain() || device_states.range.count() == 0
                                 ? 3
                                 : optim::StatesLayout::bytes(form, optim::kInt8Block) / sizeof(float);
   p.staging_elements = std::min(std::max(largest_tensor, least), kStagingElements);
   const std::size_t low_bytes = config.precision.dtype == DType::f32 ? 0 : bytes_of(config, p.staging_elements);
-  p.engine_pinned = kScalarsBytes + p.staging_elements * sizeof(float) + low_bytes;
+  p.pinned = kScalarsBytes + p.staging_elements * sizeof(float) + low_bytes;
+  return p;
 }
 
 }  // namespace
@@ -312,20 +338,22 @@ MemoryPlan plan_memory(const Config& config, const Layout& layout, SubGroups sub
   MemoryPlan p;
   p.offload_optimizer = config.offload.optimizer.device != OffloadDevice::none;
   p.offload_params = config.stage == 3 && config.offload.param.device != OffloadDevice::none;
-  plan_params(config, layout, host_ranks, p);
-  plan_grads_and_states(config, layout, p);
-  plan_reduce_buffers(config, layout, host_ranks, p);
-  plan_gathered_buffers(config, layout, p);
-  plan_gather_runs(config, layout, config.precision.dtype, p);
-  add(p, MemoryCategory::buffers, p.gather_bucket);
+  const DType dtype = config.precision.dtype;
+  p.params = plan_params(config, layout, host_ranks, p.offload_params, p.device);
+  p.device_states = plan_device_states(config, layout, p.offload_optimizer, p.offload_params, p.device);
+  // The whole optimizer offloaded at stages 2-3: the gradient shard lives in pinned host memory.
+  const bool grads_on_host = config.stage >= 2 && p.offload_optimizer && p.device_states.range.count() == 0;
+  p.reduce = plan_reduce(config, layout, host_ranks, grads_on_host, p.device);
+  p.gather = plan_gather(config, layout, p.params, p.offload_params, p.device);
   if (p.offload_optimizer)
-    plan_optimizer_offload(config, layout, config.precision.dtype, {p.device_states.end, layout.shard_numel()},
-                           p.grads_on_host, sub_groups, p.optimizer_offload);
-  if (p.offload_params) plan_params_offload(config, layout, p);
-  plan_engine_pinned(config, layout, p);
+    p.optimizer_offload = plan_optimizer_offload(
+        config, layout, dtype, {p.device_states.range.end, layout.shard_numel()}, p.reduce.grads_on_host, sub_groups);
+  if (p.offload_params)
+    p.param_offload = plan_param_offload(config, layout, dtype, p.params.resident, p.gather.gathered_count);
+  p.engine = plan_engine(config, layout, p.device_states, p.device);
 
   for (std::size_t n : p.device) p.device_total += n;
-  p.pinned_total = p.engine_pinned + p.host_grads + p.grad_landing + p.optimizer_offload.pinned_bytes +
+  p.pinned_total = p.engine.pinned + p.reduce.host_grads + p.reduce.grad_landing + p.optimizer_offload.pinned_bytes +
                    p.param_offload.pinned_bytes;
   p.nvme_total = p.optimizer_offload.nvme_bytes + p.param_offload.nvme_bytes;
   return p;

@@ -3,6 +3,14 @@
 // and `zest estimate` (zest/estimate.hpp) reports the same figures without building an engine, so
 // the estimate cannot drift from what the engine really holds.
 //
+// The plan comes in parts, one per step of plan_memory and each for the classes that allocate it:
+// the parameters on the device (ParamsPlan: ParamGather), the optimizer states kept there
+// (DeviceStatesPlan: DeviceOptimizerStates), the gradients and their reduction (ReducePlan:
+// GradBuckets, QuantizedReduceScatter), stage 3's gathered buffers and the gather after a step
+// (GatherPlan: ParamGather, QuantizedGather), the engine's own buffers (EnginePlan: the Engine,
+// HostStaging), and the two offloads (OptimizerOffloadPlan, ParamOffloadPlan). MemoryPlan holds the
+// parts and the totals.
+//
 // All figures are per rank. The engine allocates everything at construction and nothing larger
 // during a step, so the device figures are also its peaks.
 #pragma once
@@ -62,7 +70,7 @@ struct OptimizerOffloadPlan {
   // sub-groups a model has.
   std::vector<SubGroupPlace> sub_groups;
   std::size_t largest = 0;               // elements of the largest sub-group
-  // The step reads the gradients in place from MemoryPlan's host shard (grads_on_host): no
+  // The step reads the gradients in place from ReducePlan's host shard (grads_on_host): no
   // gradient staging.
   bool grads_on_host = false;
   std::size_t grad_slot_bytes = 0;       // one gradient (and one output) staging slot
@@ -99,11 +107,36 @@ struct GatherRun {
   std::size_t shard = 0;    // elements: the groups' shards together, one rank's piece of the run
 };
 
-struct MemoryPlan {
+// The parameters on the device (plan_params).
+struct ParamsPlan {
   // Device buffers, bytes (0: not allocated).
   std::size_t full_params = 0;           // stages 0-2: every segment
   std::size_t param_shards = 0;          // stage 3 without parameter offload
   std::vector<std::size_t> resident;     // stage 3, per group: the full segment, or 0
+  // partition.secondary: host (stage 3, several ranks): 1/secondary_ranks of every non-resident
+  // group's full parameters, this rank's slice of it among its host's ranks (params).
+  int secondary_ranks = 0;               // ranks per host; 0 without a secondary partition
+  std::size_t secondary_params = 0;
+};
+
+// The optimizer states kept on the device (plan_device_states).
+struct DeviceStatesPlan {
+  // The optimizer states of `range` stay on the device; the rest of the shard (from range.end) is
+  // offloaded (offload.optimizer.ratio of it, see plan_memory).
+  ShardRange range;
+  std::size_t bytes = 0;                 // master, m, v (and scales) of range (StatesLayout)
+  // fp32 parameters and an fp32 master, nothing offloaded: the master weights are the parameters'
+  // own shard (ParamGather::shard_out), updated in place as torch's AdamW updates its parameters,
+  // and `bytes` holds m and v only (fp32 states: 8 bytes per parameter instead of 12; bf16 4
+  // instead of 8; int8 2.125 instead of 6.125).
+  bool master_in_params = false;
+  // Offloaded parameters (stage 3): where a group's update leaves the device, the largest part of a
+  // group's shard inside range.
+  std::size_t update_out = 0;
+};
+
+// The gradients and their reduction (plan_reduce).
+struct ReducePlan {
   // The accumulated gradient: full segments (stages 0, 1) or this rank's shards (stages 2, 3), on
   // the device, or, when the whole optimizer is offloaded at stages 2-3 (grads_on_host), in pinned
   // host memory: the CPU Adam reads it there, so the device keeps only the reduce buckets, and each
@@ -115,16 +148,6 @@ struct MemoryPlan {
   // Pinned: where a bucket's shard parts land to be added to the host shard (a gradient's second
   // micro-batch); a bucket's shard parts are at most bucket_elements / partitions elements.
   std::size_t grad_landing = 0;
-  // The optimizer states of device_states stay on the device; the rest of the shard (from
-  // device_states.end) is offloaded (offload.optimizer.ratio of it, see plan_memory).
-  ShardRange device_states;
-  std::size_t device_states_bytes = 0;   // master, m, v (and scales) of device_states (StatesLayout)
-  // fp32 parameters and an fp32 master, nothing offloaded: the master weights are the parameters'
-  // own shard (ParamGather::shard_out), updated in place as torch's AdamW updates its parameters,
-  // and device_states_bytes holds m and v only (fp32 states: 8 bytes per parameter instead of 12;
-  // bf16 4 instead of 8; int8 2.125 instead of 6.125).
-  bool master_in_params = false;
-  std::size_t scalars = 0;
   // Gradient staging: kStagingSlots reduce buckets of bucket_elements each (in dtype), so backward
   // writes into one while the other reduces.
   std::size_t bucket_elements = 0;
@@ -135,37 +158,47 @@ struct MemoryPlan {
   // buffer, a bucket's groups packed rank-major (rank r's shards of each, one after another), as
   // ZeRO's byte count needs (an all-reduce moves twice the bytes). One: reductions run in order.
   std::size_t reduce_pack = 0;
-  // partition.secondary: host (stage 3, several ranks): 1/secondary_ranks of every non-resident
-  // group's full parameters, this rank's slice of it among its host's ranks (params).
-  int secondary_ranks = 0;               // ranks per host; 0 without a secondary partition
-  std::size_t secondary_params = 0;
-  // comm.quantize.params (stage 3, several ranks, some group not resident): every rank's int8
-  // records of the largest group's shard (as gathered_slot, sized by the largest segment), the
-  // codes of one quantized all-gather.
-  std::size_t quant_gather_codes = 0;
   // comm.quantize.grads (stages 1-3, several ranks): the most elements of one rank's piece of a
   // reduction (a bucket's shards), the codes of every rank's piece (one buffer to send, one to
   // receive, each this large) and the fp32 sums of one piece per host (buffers).
   std::size_t quant_reduce_piece = 0;
   std::size_t quant_reduce_codes = 0;
   std::size_t quant_reduce_sums = 0;
+};
+
+// Stage 3's gathered buffers and the gather after each step (plan_gather).
+struct GatherPlan {
   std::size_t gathered_slot = 0;         // stage 3: full parameters of one non-resident group
   std::size_t gathered_count = 0;
   std::size_t gathered_shard = 0;        // stage 3, offloaded parameters: per gathered buffer
-  std::size_t update_out = 0;            // offloaded parameters, optimizer states on the device
+  // comm.quantize.params (stage 3, several ranks, some group not resident): every rank's int8
+  // records of the largest group's shard (as gathered_slot, sized by the largest segment), the
+  // codes of one quantized all-gather.
+  std::size_t quant_gather_codes = 0;
   // After each step (config buckets.allgather): the groups whose full parameters are rebuilt
   // (stages 1-2: every group; stage 3: the resident ones; stage 0: none) in runs of consecutive
   // groups whose gathered bytes fit in buckets.allgather (one partition: a run per group). The
   // bucket holds the largest run of several groups (0 when none), rank-major.
   std::vector<GatherRun> gather_runs;
   std::size_t gather_bucket = 0;
+};
 
+// The engine's own buffers (plan_engine).
+struct EnginePlan {
+  std::size_t scalars = 0;  // device: the step's scalars (GradStatsScalars)
   // Pinned host memory of the engine itself: the scalars, then set_param/get_param staging.
   std::size_t staging_elements = 0;
-  std::size_t engine_pinned = 0;
+  std::size_t pinned = 0;
+};
 
+struct MemoryPlan {
   bool offload_optimizer = false;        // some of the optimizer states (optimizer_offload.range)
   bool offload_params = false;
+  ParamsPlan params;
+  DeviceStatesPlan device_states;
+  ReducePlan reduce;
+  GatherPlan gather;
+  EnginePlan engine;
   OptimizerOffloadPlan optimizer_offload;
   ParamOffloadPlan param_offload;
 
